@@ -1,0 +1,104 @@
+"""Small integer expressions over spec symbols: ``"QKV_ROWS // 16"``,
+``"tokens > 2"``, ``"min(tokens, 16) * 1540"``.
+
+A spec writes sizes, task counts and conditions in the model's symbols and
+build parameters; the lowering evaluates them for one build. Only arithmetic,
+comparisons, ``and``/``or``/``not``, ``min``/``max`` and the names in scope are
+allowed: a spec is data, never code."""
+
+from __future__ import annotations
+
+import ast
+import operator
+from typing import Any, Mapping
+
+_BINOPS = {
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.FloorDiv: operator.floordiv,
+    ast.Mod: operator.mod,
+    ast.Div: operator.truediv,
+    ast.Pow: operator.pow,
+}
+_CMPOPS = {
+    ast.Lt: operator.lt,
+    ast.LtE: operator.le,
+    ast.Gt: operator.gt,
+    ast.GtE: operator.ge,
+    ast.Eq: operator.eq,
+    ast.NotEq: operator.ne,
+}
+_FUNCS = {"min": min, "max": max, "ceil_div": lambda a, b: -(-a // b)}
+
+
+class ExprError(ValueError):
+    """An expression that does not parse, names an unknown symbol or divides by 0."""
+
+
+def names(text: str | int | float | bool) -> set[str]:
+    """The symbol names an expression reads (functions excluded)."""
+    if not isinstance(text, str):
+        return set()
+    try:
+        tree = ast.parse(text, mode="eval")
+    except SyntaxError as e:
+        raise ExprError(f"cannot parse expression {text!r}: {e.msg}") from None
+    return {
+        n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and n.id not in _FUNCS
+    }
+
+
+def evaluate(text: str | int | float | bool, scope: Mapping[str, Any]) -> Any:
+    """The value of ``text`` with the names of ``scope``; numbers pass through."""
+    if not isinstance(text, str):
+        return text
+    try:
+        tree = ast.parse(text, mode="eval")
+    except SyntaxError as e:
+        raise ExprError(f"cannot parse expression {text!r}: {e.msg}") from None
+    return _eval(tree.body, scope, text)
+
+
+def _eval(node: ast.AST, scope: Mapping[str, Any], text: str) -> Any:
+    if isinstance(node, ast.Constant) and isinstance(node.value, (int, float, bool)):
+        return node.value
+    if isinstance(node, ast.Name):
+        if node.id not in scope:
+            known = ", ".join(sorted(scope)) or "none"
+            raise ExprError(f"unknown symbol {node.id!r} in {text!r} (known: {known})")
+        return scope[node.id]
+    if isinstance(node, ast.BinOp) and type(node.op) in _BINOPS:
+        left, right = _eval(node.left, scope, text), _eval(node.right, scope, text)
+        if isinstance(node.op, (ast.FloorDiv, ast.Mod, ast.Div)) and right == 0:
+            raise ExprError(f"division by zero in {text!r}")
+        return _BINOPS[type(node.op)](left, right)
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+        return -_eval(node.operand, scope, text)
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
+        return not _eval(node.operand, scope, text)
+    if isinstance(node, ast.BoolOp):
+        values = [_eval(v, scope, text) for v in node.values]
+        return all(values) if isinstance(node.op, ast.And) else any(values)
+    if isinstance(node, ast.Compare):
+        left = _eval(node.left, scope, text)
+        for op, comp in zip(node.ops, node.comparators):
+            if type(op) not in _CMPOPS:
+                break
+            right = _eval(comp, scope, text)
+            if not _CMPOPS[type(op)](left, right):
+                return False
+            left = right
+        else:
+            return True
+    if (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Name)
+        and node.func.id in _FUNCS
+        and not node.keywords
+    ):
+        return _FUNCS[node.func.id](*(_eval(a, scope, text) for a in node.args))
+    raise ExprError(
+        f"unsupported syntax in {text!r}: only numbers, symbols, + - * / // % **, "
+        "comparisons, and/or/not, min(), max(), ceil_div() are allowed"
+    )

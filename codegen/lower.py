@@ -1,0 +1,425 @@
+"""Lowering: a spec and one build -> ``KernelIR``, everything the templates
+need as named, checked values.
+
+Here Python computes: symbol values, the ABI with concrete shapes, the LDS
+layout (a union over stages: stages run one after another in a CTA, separated
+by barriers), the scratch byte layout (256-byte aligned regions), the task
+table of each stage. It refuses a build that cannot run: threads or LDS over
+the target's budget, tasks placed outside the grid, overlapping fixed CTA
+ranges, a wait on the same or a later stage (a deadlock: every CTA runs the
+stages in order, so it could wait on work queued behind itself)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from .errors import SpecError, SpecIssue
+from .expr import ExprError, evaluate
+from .spec import LoadedSpec, load_spec
+from .spec.kernel import DERIVED
+from .spec.models import Fixed
+from .stages import KINDS
+from .targets import Target, get_target
+
+SCRATCH_ALIGN = 256  # every mailbox region starts on its own 256-byte stretch
+LDS_ALIGN = 16  # 16-byte LDS loads and stores
+REGION_BYTES = {"pairs": 8, "flags": 8, "words": 4}
+CTYPES = {"bf16": "bf16_t", "f32": "float", "i32": "int", "i64": "long long", "u8": "u8", "fp8": "u8"}
+ELEM_BYTES = {"bf16": 2, "f32": 4, "i32": 4, "i64": 8, "u8": 1, "fp8": 1}
+LDS_CTYPES = {"float": 4, "u32": 4, "u64": 8}
+
+
+@dataclass(frozen=True)
+class Build:
+    """The frozen values one kernel binary is compiled for (part of the JIT key)."""
+
+    kernel: str
+    target: str
+    params: tuple[tuple[str, Any], ...]
+
+    def __getitem__(self, name: str) -> Any:
+        return dict(self.params)[name]
+
+    @property
+    def tokens(self) -> int:
+        return self["tokens"]
+
+    def label(self) -> str:
+        return " ".join(f"{k}={v}" for k, v in self.params)
+
+    def key(self) -> str:
+        """A short stable id of the build (file names, logs)."""
+        blob = json.dumps([self.kernel, self.target, self.params], sort_keys=True)
+        return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+
+def make_build(loaded: LoadedSpec, target: str, **values) -> Build:
+    """A build of ``loaded`` for ``target``: defaults filled in, every value checked."""
+    get_target(target)
+    spec = loaded.spec
+    unknown = sorted(set(values) - set(spec.params))
+    if unknown:
+        raise ValueError(
+            f"{spec.kernel}: unknown build parameter(s) {', '.join(unknown)}; "
+            f"the spec defines {', '.join(spec.params)}"
+        )
+    params = []
+    for name, param in spec.params.items():
+        value = values.get(name, param.default)
+        py = {"int": int, "float": (int, float), "bool": bool}[param.type]
+        if not isinstance(value, py) or (param.type != "bool" and isinstance(value, bool)):
+            raise ValueError(f"{spec.kernel}: build parameter {name}={value!r} must be of type {param.type}")
+        allowed = param.allowed()
+        if allowed is not None and value not in allowed:
+            raise ValueError(f"{spec.kernel}: build parameter {name}={value!r} is not allowed; values: {param.values}")
+        params.append((name, float(value) if param.type == "float" else value))
+    return Build(spec.kernel, target, tuple(params))
+
+
+@dataclass(frozen=True)
+class Const:
+    name: str
+    value: int | float | bool
+    doc: str = ""
+
+    @property
+    def c_value(self) -> str:
+        if isinstance(self.value, bool):
+            return "true" if self.value else "false"
+        if isinstance(self.value, float):
+            return f"{self.value!r}f"
+        return str(self.value)
+
+    @property
+    def c_type(self) -> str:
+        return {bool: "bool", float: "float"}.get(type(self.value), "int")
+
+
+@dataclass(frozen=True)
+class Arg:
+    """One ABI argument with concrete shape for the build."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...] | None
+    intent: str
+    optional: bool
+    range: tuple[int, int] | None
+    workspace: str | None
+    doc: str
+
+    @property
+    def is_tensor(self) -> bool:
+        return self.shape is not None
+
+    @property
+    def c_decl(self) -> str:
+        ctype = CTYPES[self.dtype]
+        if not self.is_tensor:
+            return f"{ctype} {self.name}"
+        const = "const " if self.intent == "in" else ""
+        return f"{const}{ctype}* __restrict__ {self.name}"
+
+    @property
+    def nbytes(self) -> int:
+        n = 1
+        for d in self.shape or ():
+            n *= d
+        return n * ELEM_BYTES[self.dtype]
+
+
+@dataclass(frozen=True)
+class Region:
+    name: str
+    kind: str
+    count: int
+    offset: int
+    nbytes: int
+    doc: str
+
+    @property
+    def c_type(self) -> str:
+        return "u32" if self.kind == "words" else "u64"
+
+
+@dataclass(frozen=True)
+class LdsBuf:
+    stage: str
+    name: str
+    ctype: str
+    count: int
+    offset: int
+
+    @property
+    def nbytes(self) -> int:
+        return self.count * LDS_CTYPES[self.ctype]
+
+    @property
+    def const_name(self) -> str:
+        """Its offset constant, inside the stage's namespace."""
+        return f"LDS_{self.name.upper()}"
+
+    @property
+    def qualified_name(self) -> str:
+        return self.const_name if self.stage == "kernel" else f"stage_{self.stage}::{self.const_name}"
+
+
+@dataclass(frozen=True)
+class StageIR:
+    index: int
+    name: str
+    kind: str
+    doc: str
+    tasks: int
+    placement: str  # "round_robin" | "fixed"
+    first: int
+    ctas: int
+    waits_on: tuple[str, ...]
+    values: dict = field(hash=False, compare=False)
+
+    @property
+    def template(self) -> str:
+        return f"stages/{self.kind}.j2"
+
+
+@dataclass(frozen=True)
+class KernelIR:
+    spec_path: str
+    kernel: str
+    name: str
+    doc: str
+    build: Build
+    target: Target
+    threads: int
+    blocks: int
+    constants: tuple[Const, ...]
+    abi: tuple[Arg, ...]
+    regions: tuple[Region, ...]
+    scratch_bytes: int
+    lds: tuple[LdsBuf, ...]
+    lds_bytes: int
+    stages: tuple[StageIR, ...]
+    timeline_points: tuple[str, ...]
+
+    @property
+    def waves(self) -> int:
+        return self.threads // self.target.wave_size
+
+    def arg(self, name: str) -> Arg:
+        return next(a for a in self.abi if a.name == name)
+
+    def region(self, name: str) -> Region:
+        return next(r for r in self.regions if r.name == name)
+
+
+class _Ctx:
+    """What a stage's lowering may ask for; every failure is located."""
+
+    def __init__(self, loaded: LoadedSpec, build: Build, target: Target, scope: dict, threads: int, active: dict):
+        self.loaded, self.build, self.target, self.scope = loaded, build, target, scope
+        self.threads, self.tokens = threads, build.tokens
+        self.active = active  # stage name -> bool
+        self.lds_bufs: list[tuple[str, str, str, int]] = []
+        self.issues: list[SpecIssue] = []
+        self.loc: tuple = ()
+        self.task_count = 0
+
+    def fail(self, loc: tuple, message: str, hint: str = "") -> None:
+        raise _Fail(self.loaded.issue(self.loc + tuple(loc), f"[{self.build.target} {self.build.label()}] {message}", hint))
+
+    def evaluate(self, value, loc: tuple) -> Any:
+        try:
+            return evaluate(value, self.scope)
+        except ExprError as e:
+            self.fail(loc, str(e))
+
+    def symbol(self, name: str, loc: tuple) -> Any:
+        if name not in self.scope:
+            self.fail(loc, f"unknown symbol {name!r}", "define it under 'symbols'")
+        return self.scope[name]
+
+    def abi_arg(self, name: str, loc: tuple) -> None:
+        if not any(a.name == name for a in self.loaded.spec.abi):
+            self.fail(loc, f"no ABI argument {name!r}", "add it under 'abi' or fix the name")
+
+    def region(self, name: str, loc: tuple, kind: str) -> None:
+        region = next((r for r in self.loaded.spec.scratch if r.name == name), None)
+        if region is None:
+            self.fail(loc, f"no scratch region {name!r}", "add it under 'scratch' or fix the name")
+        if region.kind != kind and not (kind == "pairs" and region.kind == "flags"):
+            self.fail(loc, f"scratch region {name!r} is {region.kind}, this needs {kind}", f"declare it with kind: {kind}")
+
+    def stage_model(self, name: str, loc: tuple, kind: str):
+        stage = next((s for s in self.loaded.spec.stages if s.name == name), None)
+        if stage is None or stage.kind != kind:
+            self.fail(loc, f"no {kind} stage {name!r}", f"name a stage of kind {kind}")
+        return stage
+
+    def stage_active(self, name: str) -> bool:
+        return self.active.get(name, False)
+
+    def lds(self, stage: str, name: str, ctype: str, count: int) -> None:
+        self.lds_bufs.append((stage, name, ctype, count))
+
+
+class _Fail(Exception):
+    def __init__(self, issue: SpecIssue):
+        self.issue = issue
+
+
+def _align(n: int, a: int) -> int:
+    return -(-n // a) * a
+
+
+def lower(loaded: LoadedSpec | str, build: Build | None = None, **values) -> KernelIR:
+    """The IR of ``loaded`` (a LoadedSpec or a spec name) for ``build``
+    (or for a build made from ``values``: ``target=...``, parameters)."""
+    if isinstance(loaded, str):
+        loaded = load_spec(loaded)
+    if build is None:
+        values.setdefault("target", "sm90")
+        build = make_build(loaded, **values)
+    try:
+        return _lower(loaded, build)
+    except _Fail as f:
+        raise SpecError([f.issue]) from None
+
+
+def _lower(loaded: LoadedSpec, build: Build) -> KernelIR:
+    spec, target = loaded.spec, get_target(build.target)
+    ctx_issue = loaded.issue
+
+    def fail(loc, message, hint=""):
+        raise _Fail(ctx_issue(loc, f"[{build.target} {build.label()}] {message}", hint))
+
+    scope: dict[str, Any] = dict(build.params)
+    threads = spec.grid.threads
+    if threads % target.wave_size or threads > target.max_threads:
+        fail(("grid", "threads"), f"{threads} threads: must be a multiple of {target.wave_size} and <= {target.max_threads}",
+             f"use at most {target.max_threads} threads, a multiple of the wave size")
+    scope.update(THREADS=threads, WAVE=target.wave_size, TL_POINTS=len(spec.timeline_points), FP8_MAX=target.fp8_max)
+    for name, value in spec.symbols.items():  # in file order: later symbols may use earlier ones
+        try:
+            scope[name] = evaluate(value, scope)
+        except ExprError as e:
+            fail(("symbols", name), str(e), "symbols may use parameters and symbols defined above them")
+    try:
+        blocks = evaluate(spec.grid.blocks.for_target(target.name), scope)
+    except ExprError as e:
+        fail(("grid", "blocks"), str(e))
+    if not isinstance(blocks, int) or blocks <= 0:
+        fail(("grid", "blocks"), f"blocks must be a positive integer, got {blocks!r}")
+    scope["BLOCKS"] = blocks
+
+    # scratch: regions in spec order, each 256-byte aligned
+    regions, offset = [], 0
+    for i, r in enumerate(spec.scratch):
+        try:
+            count = evaluate(r.count, scope)
+        except ExprError as e:
+            fail(("scratch", i, "count"), str(e))
+        if not isinstance(count, int) or count <= 0:
+            fail(("scratch", i, "count"), f"count must be a positive integer, got {count!r}")
+        nbytes = count * REGION_BYTES[r.kind]
+        regions.append(Region(r.name, r.kind, count, offset, nbytes, r.doc))
+        offset = _align(offset + nbytes, SCRATCH_ALIGN)
+    scratch_bytes = max(offset, SCRATCH_ALIGN)
+    scope["SCRATCH_BYTES"] = scratch_bytes
+
+    abi = []
+    for i, a in enumerate(spec.abi):
+        shape = None
+        if a.shape is not None:
+            dims = []
+            for j, d in enumerate(a.shape):
+                try:
+                    v = evaluate(d, scope)
+                except ExprError as e:
+                    fail(("abi", i, "shape", j), str(e))
+                if not isinstance(v, int) or v <= 0:
+                    fail(("abi", i, "shape", j), f"dimension must be a positive integer, got {v!r}")
+                dims.append(v)
+            shape = tuple(dims)
+        abi.append(Arg(a.name, a.dtype, shape, a.intent, a.optional, a.range, a.workspace, a.doc))
+
+    active = {}
+    for i, s in enumerate(spec.stages):
+        try:
+            active[s.name] = bool(evaluate(s.when, scope)) if s.when is not None else True
+        except ExprError as e:
+            fail(("stages", i, "when"), str(e))
+
+    ctx = _Ctx(loaded, build, target, scope, threads, active)
+    stages, fixed_ranges = [], []
+    for i, s in enumerate(spec.stages):
+        if not active[s.name]:
+            continue
+        loc = ("stages", i)
+        ctx.loc = loc
+        try:
+            tasks = evaluate(s.tasks, scope)
+        except ExprError as e:
+            fail(loc + ("tasks",), str(e))
+        if not isinstance(tasks, int) or tasks <= 0:
+            fail(loc + ("tasks",), f"tasks must be a positive integer, got {tasks!r}")
+        place = s.placement_for(target.name)
+        ploc = loc + (("placement_by_target", target.name) if target.name in s.placement_by_target else ("placement",))
+        if isinstance(place, Fixed):
+            first, ctas = evaluate(place.fixed.first, scope), evaluate(place.fixed.count, scope)
+            if tasks > ctas:
+                fail(ploc, f"{tasks} tasks do not fit the fixed range of {ctas} CTAs", "widen the range or use round_robin")
+            for other, (f0, c0) in fixed_ranges:
+                if first < f0 + c0 and f0 < first + ctas:
+                    fail(ploc, f"fixed CTAs {first}..{first + ctas - 1} overlap stage {other!r}'s {f0}..{f0 + c0 - 1}",
+                         "give each fixed-range stage its own CTAs")
+            fixed_ranges.append((s.name, (first, ctas)))
+            kind = "fixed"
+        else:
+            first = evaluate(place.round_robin.first, scope)
+            ctas = evaluate(place.round_robin.ctas, scope) if place.round_robin.ctas is not None else blocks - first
+            kind = "round_robin"
+        if first < 0 or ctas <= 0 or first + ctas > blocks:
+            fail(ploc, f"CTAs {first}..{first + ctas - 1} lie outside the grid of {blocks} CTAs",
+                 f"keep the range inside 0..{blocks - 1} for {target.name}")
+        ctx.task_count = tasks
+        values = KINDS[s.kind].lower(s, ctx)
+        waits = tuple(d for d in s.waits_on if active.get(d))
+        stages.append(StageIR(i, s.name, s.kind, s.doc, tasks, kind, first, ctas, waits, values))
+
+    # LDS: each stage's buffers packed from 0; stages share the space (union)
+    lds, lds_bytes = [], 0
+    by_stage: dict[str, int] = {}
+    for stage, name, ctype, count in ctx.lds_bufs:
+        off = by_stage.get(stage, 0)
+        buf = LdsBuf(stage, name, ctype, count, off)
+        lds.append(buf)
+        by_stage[stage] = _align(off + buf.nbytes, LDS_ALIGN)
+    timeline = build["timeline"] if "timeline" in dict(build.params) else False
+    tl_bytes = len(spec.timeline_points) * 8 if timeline else 0
+    lds_bytes = max(by_stage.values(), default=0)
+    if tl_bytes:  # the timeline stamps live beside the union, for the whole kernel
+        lds.append(LdsBuf("kernel", "tl", "u64", len(spec.timeline_points), lds_bytes))
+        lds_bytes += tl_bytes
+    if lds_bytes > target.lds_bytes:
+        worst = max(by_stage, key=by_stage.get)
+        i = next(st.index for st in stages if st.name == worst)
+        fail(("stages", i), f"LDS {lds_bytes} B exceeds {target.name}'s {target.lds_bytes} B (stage {worst!r} needs {by_stage[worst]} B)",
+             "use a smaller token_tile for this target, or fewer tokens")
+
+    constants = []
+    for k, v in scope.items():
+        if k in spec.params:
+            constants.append(Const(k.upper(), v, spec.params[k].doc))
+        elif k in spec.symbols:
+            constants.append(Const(k, v, loaded.comment(("symbols", k))))
+        else:
+            constants.append(Const(k, v, DERIVED.get(k, "")))
+    return KernelIR(
+        spec_path=loaded.path, kernel=spec.kernel, name=spec.c_name, doc=spec.doc.strip(), build=build,
+        target=target, threads=threads, blocks=blocks, constants=tuple(constants), abi=tuple(abi),
+        regions=tuple(regions), scratch_bytes=scratch_bytes, lds=tuple(lds), lds_bytes=lds_bytes,
+        stages=tuple(stages), timeline_points=tuple(spec.timeline_points),
+    )

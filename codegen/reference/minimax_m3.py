@@ -1,0 +1,217 @@
+"""PyTorch reference of the first stages of the MiniMax-M3 K1 kernel
+(unfused path, CONTRACTS.md A.5.1-A.5.3): residual add, gemma RMSNorm with the
+kernel's exact sum-of-squares order, per-token FP8 quant, and the qkv GEMV.
+
+Every function takes and returns torch tensors (CPU); S = number of token rows.
+All arithmetic is f32 with the rounding stated per function unless noted."""
+
+from __future__ import annotations
+
+import torch
+
+from codegen.fp import bf16_rn, fma_f32, fp8_dtype, sqrt_f32
+from codegen.targets import Target, get_target
+
+HIDDEN = 6144
+QKV_ROWS = 2560  # qkv_rows(1): q(16) | k | v | one index-q | index-k heads of 128
+HEAD_DIM = 128
+
+LT_ELEMS = 8  # elements per logical thread
+N_LT = HIDDEN // LT_ELEMS  # 768 logical threads
+WARP = 32  # logical threads per logical warp (and slots of the second butterfly)
+N_WARPS = N_LT // WARP  # 24
+BUTTERFLY = (16, 8, 4, 2, 1)
+
+__all__ = [
+    "HIDDEN",
+    "QKV_ROWS",
+    "HEAD_DIM",
+    "residual_add",
+    "rms_sumsq",
+    "rsq",
+    "gemma_rmsnorm",
+    "per_token_fp8",
+    "norm_quant",
+    "qkv_gemv",
+    "pre_attn_front",
+    "bf16_ulp_diff",
+]
+
+
+def _target(target: Target | str) -> Target:
+    return get_target(target) if isinstance(target, str) else target
+
+
+def _rows(x: torch.Tensor, what: str, width: int = HIDDEN) -> None:
+    if x.dim() != 2 or x.shape[1] != width:
+        raise ValueError(f"{what}: expected [S, {width}], got {tuple(x.shape)}")
+
+
+def residual_add(ar: torch.Tensor, res: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A.5.1: ``acc = f32(ar) + f32(res)`` (one f32 add, RNE) and
+    ``h_out = bf16(acc)`` (RNE, bf16 dtype). Returns ``(acc [S, 6144] f32, h_out)``;
+    the norm reads the unrounded ``acc``."""
+    _rows(ar, "residual_add(ar)")
+    _rows(res, "residual_add(res)")
+    acc = ar.float() + res.float()
+    return acc, acc.to(torch.bfloat16)
+
+
+def _butterfly(s: torch.Tensor) -> torch.Tensor:
+    """xor butterfly over the last dim (32 lanes), offsets 16, 8, 4, 2, 1:
+    every lane does ``s = s + s[lane ^ off]`` (f32 add, RN)."""
+    lanes = torch.arange(s.shape[-1])
+    for off in BUTTERFLY:
+        s = s + s[..., lanes ^ off]
+    return s
+
+
+def rms_sumsq(acc: torch.Tensor) -> torch.Tensor:
+    """Per-row sum of squares ``[S]`` f32 in exactly the A.5.2 order:
+
+    1. 768 logical threads (lt) of 8 consecutive elements: ``p = 0;
+       p = fma(v_e, v_e, p)`` for e = 0..7 (each fma rounds once to f32);
+    2. 24 logical warps of 32 lts: xor butterfly 16, 8, 4, 2, 1 (f32 adds);
+    3. the 24 warp sums (lane 0) in slots 0..23 of 32 (24..31 = 0.0),
+       butterflied again 16..1; the result is lane 0."""
+    _rows(acc, "rms_sumsq")
+    if acc.dtype != torch.float32:
+        raise TypeError(f"rms_sumsq: acc must be float32, got {acc.dtype}")
+    s_rows = acc.shape[0]
+    v = acc.reshape(s_rows, N_LT, LT_ELEMS)
+    p = torch.zeros(s_rows, N_LT, dtype=torch.float32)
+    for e in range(LT_ELEMS):
+        p = fma_f32(v[..., e], v[..., e], p)
+    warp = _butterfly(p.reshape(s_rows, N_WARPS, WARP))[..., 0]  # [S, 24]
+    slots = torch.zeros(s_rows, WARP, dtype=torch.float32)
+    slots[:, :N_WARPS] = warp
+    return _butterfly(slots)[:, 0].contiguous()
+
+
+def rsq(x: torch.Tensor, mode: str = "ieee") -> torch.Tensor:
+    """Reciprocal square root of f32 ``x``.
+
+    ``"ieee"``: ``1.0 / sqrt(x)``, the sqrt and the division each correctly
+    rounded in f32 (what the sm90 kernels compute; the sqrt is
+    :func:`codegen.fp.sqrt_f32`, torch's CPU sqrt is not correctly rounded).
+    ``"approx"``: AMD's hardware ``v_rsq_f32`` (~1 ulp) is not reproducible on
+    the CPU; this returns the ieee value. AMD comparisons of rstd-dependent
+    values (normed, x8, x_scale, qkv) must therefore feed the reference the
+    kernel's own intermediates (contract Decision 5), not rely on this."""
+    if mode not in ("ieee", "approx"):
+        raise ValueError(f"rsq: mode must be 'ieee' or 'approx', got {mode!r}")
+    x = x.float()
+    return torch.ones_like(x) / sqrt_f32(x)
+
+
+def gemma_rmsnorm(
+    acc: torch.Tensor, g_in: torch.Tensor, eps: float, rsq_mode: str = "ieee"
+) -> torch.Tensor:
+    """A.5.2 gemma RMSNorm of f32 ``acc [S, 6144]`` (no bf16 rounding):
+    ``tot`` = :func:`rms_sumsq`; ``rstd = rsq(tot / 6144 + eps)`` with an f32
+    IEEE division then an f32 add (``eps`` rounded to f32 first);
+    ``n = (acc * rstd) * (f32(g_in) + 1.0)``, f32 multiplies left to right."""
+    tot = rms_sumsq(acc)
+    mean = tot / torch.full_like(tot, float(HIDDEN))
+    rstd = rsq(mean + torch.tensor(eps, dtype=torch.float32), rsq_mode)
+    gain = g_in.float().reshape(1, HIDDEN) + torch.tensor(1.0, dtype=torch.float32)
+    return (acc * rstd[:, None]) * gain
+
+
+def per_token_fp8(
+    normed: torch.Tensor, target: Target | str
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A.5.2 per-token FP8 quant of f32 ``normed [S, K]``:
+    ``amax = max |n|`` per row; ``x_scale = 1.0 if amax == 0 else
+    amax / FP8_MAX`` (f32 IEEE division, FP8_MAX = 240 FNUZ / 448 OCP by
+    target); ``x8 = fp8(n / x_scale)``: f32 IEEE division (what the kernel's
+    Markstein sequence reproduces), then RNE to the target's FP8 dtype, no
+    clamp. Returns ``(x8 [S, K] fp8, x_scale [S] f32)``."""
+    t = _target(target)
+    if normed.dim() != 2:
+        raise ValueError(f"per_token_fp8: expected [S, K], got {tuple(normed.shape)}")
+    n = normed.float()
+    amax = n.abs().amax(dim=1)
+    x_scale = torch.where(
+        amax == 0,
+        torch.ones_like(amax),
+        amax / torch.full_like(amax, t.fp8_max),
+    )
+    x8 = (n / x_scale[:, None]).to(fp8_dtype(t))
+    return x8, x_scale
+
+
+def norm_quant(
+    ar: torch.Tensor,
+    res: torch.Tensor,
+    g_in: torch.Tensor,
+    eps: float,
+    target: Target | str,
+    rsq_mode: str = "ieee",
+) -> dict[str, torch.Tensor]:
+    """Residual add + gemma RMSNorm + per-token FP8 (A.5.1-A.5.2).
+    Returns ``dict(h_out bf16, normed f32, x8 fp8, x_scale f32)``."""
+    acc, h_out = residual_add(ar, res)
+    normed = gemma_rmsnorm(acc, g_in, eps, rsq_mode)
+    x8, x_scale = per_token_fp8(normed, target)
+    return {"h_out": h_out, "normed": normed, "x8": x8, "x_scale": x_scale}
+
+
+def qkv_gemv(
+    x8: torch.Tensor, x_scale: torch.Tensor, w: torch.Tensor, s_qkv: torch.Tensor
+) -> torch.Tensor:
+    """A.5.3 qkv GEMV on the LOGICAL (unshuffled) fp8 weight ``w [N, K]``.
+
+    ``tot[t, r] = sum_k f32(x8[t, k]) * f32(w[r, k])`` computed in f64 and
+    rounded once to f32: every e4m3 product has <= 8 significant bits within
+    2^-20..2^18, so the f64 sum of 6144 of them is exact (order-free) and this
+    is the exactly rounded dot product. Then
+    ``val = bf16((tot * x_scale[t]) * s_qkv[r])`` (f32 multiplies in that
+    order, RNE to bf16). Returns ``[S, N]`` f32 holding bf16 values.
+
+    The kernel accumulates in f32 in its MMA order, so its ``tot`` may differ
+    from this one in the last f32 bits: compare qkv within 1 bf16 ulp
+    (:func:`bf16_ulp_diff`)."""
+    if x8.dim() != 2 or w.dim() != 2 or x8.shape[1] != w.shape[1]:
+        raise ValueError(
+            f"qkv_gemv: x8 {tuple(x8.shape)} and w {tuple(w.shape)} must be [S, K] and [N, K]"
+        )
+    tot = (x8.double() @ w.double().T).float()
+    val = (tot * x_scale.float()[:, None]) * s_qkv.float()[None, :]
+    return bf16_rn(val)
+
+
+def pre_attn_front(
+    ar: torch.Tensor,
+    res: torch.Tensor,
+    g_in: torch.Tensor,
+    w: torch.Tensor,
+    s_qkv: torch.Tensor,
+    eps: float,
+    target: Target | str,
+    rsq_mode: str = "ieee",
+) -> dict[str, torch.Tensor]:
+    """A.5.1-A.5.3 in sequence (``w`` is the logical [N, 6144] fp8 weight).
+    Returns ``dict(h_out bf16, x8 fp8, x_scale f32, qkv f32 of bf16 values)``."""
+    nq = norm_quant(ar, res, g_in, eps, target, rsq_mode)
+    qkv = qkv_gemv(nq["x8"], nq["x_scale"], w, s_qkv)
+    return {"h_out": nq["h_out"], "x8": nq["x8"], "x_scale": nq["x_scale"], "qkv": qkv}
+
+
+def bf16_ulp_diff(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Distance in bf16 ulps between two tensors of bf16 values (bf16 dtype or
+    f32 holding bf16 values; ValueError otherwise), as an int32 tensor: the
+    absolute difference of the sign-magnitude bit patterns mapped to ordered
+    integers (+0 and -0 both map to 0; adjacent bf16 values differ by 1).
+    NaNs are not meaningful."""
+
+    def ordered(x: torch.Tensor) -> torch.Tensor:
+        xb = x.to(torch.bfloat16)
+        if x.dtype != torch.bfloat16:
+            same = (xb.float() == x) | torch.isnan(x)
+            if not bool(same.all()):
+                raise ValueError("bf16_ulp_diff: input holds values that are not bf16")
+        bits = xb.view(torch.int16).to(torch.int32)
+        return torch.where(bits < 0, -(bits & 0x7FFF), bits)
+
+    return (ordered(a) - ordered(b)).abs()

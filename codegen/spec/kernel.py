@@ -1,0 +1,136 @@
+"""The whole kernel spec (``KernelSpec``) and the checks across its parts:
+names defined once, every expression's symbols known, waits only on stages
+that exist."""
+
+from __future__ import annotations
+
+from typing import Annotated, Union
+
+from pydantic import Field, model_validator
+
+from ..errors import SpecIssue
+from ..expr import ExprError, names
+from ..stages import KINDS
+from .models import AbiArg, Grid, Model, Name, Param, ScratchRegion
+
+# names the lowering defines for every build, usable in shapes and counts
+DERIVED = {
+    "BLOCKS": "CTAs of the grid for the build's target",
+    "THREADS": "threads per CTA",
+    "WAVE": "lanes per wave (64 on AMD, 32 on NVIDIA)",
+    "SCRATCH_BYTES": "size of the scratch buffer (all regions, 256-byte aligned)",
+    "TL_POINTS": "timeline points per CTA",
+    "FP8_MAX": "largest finite e4m3 value of the target's FP8 flavour",
+}
+REQUIRED_TIMELINE_POINTS = ("start", "stages_done")  # stamped by the kernel template itself
+
+Stage = Annotated[Union[tuple(m.Model for m in KINDS.values())], Field(discriminator="kind")]
+
+
+class KernelSpec(Model):
+    """A fused persistent kernel: its model's symbols, build parameters, grid,
+    ABI, scratch mailboxes and stages (in the order every CTA runs them)."""
+
+    kernel: Annotated[str, Field(pattern=r"^[a-z0-9_]+/[a-z0-9_]+$")]
+    doc: str
+    symbols: dict[Name, Union[int, float, str]]
+    params: dict[Name, Param]
+    review_builds: list[dict[Name, Union[int, float, bool]]] = []
+    grid: Grid
+    timeline_points: list[Name] = Field(min_length=1)
+    abi: list[AbiArg] = Field(min_length=1)
+    scratch: list[ScratchRegion] = []
+    stages: list[Stage] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _tokens(self):
+        if "tokens" not in self.params or self.params["tokens"].type != "int":
+            raise ValueError("params must define 'tokens' (type int): the decode rows of a build")
+        return self
+
+    @property
+    def c_name(self) -> str:
+        """The kernel's C symbol: ``minimax_m3/pre_attn`` -> ``minimax_m3_pre_attn``."""
+        return self.kernel.replace("/", "_")
+
+
+def semantic_issues(spec: KernelSpec, file: str, pos) -> list[SpecIssue]:
+    """Cross-field problems: duplicate names, unknown symbols, bad waits."""
+    issues: list[SpecIssue] = []
+
+    def issue(loc, message, hint=""):
+        issues.append(SpecIssue(file, pos.line_of(loc), tuple(loc), message, hint))
+
+    scope = set(spec.symbols) | set(spec.params) | set(DERIVED)
+    for name in spec.params:
+        if name in spec.symbols:
+            issue(("params", name), f"{name!r} is both a symbol and a parameter", "rename one")
+
+    def check_expr(value, loc):
+        try:
+            unknown = names(value) - scope
+        except ExprError as e:
+            issue(loc, str(e), "write an integer expression over symbols and parameters")
+            return
+        for n in sorted(unknown):
+            issue(loc, f"unknown symbol {n!r}", f"define {n!r} under 'symbols' or 'params', or fix the spelling")
+
+    for name, value in spec.symbols.items():
+        check_expr(value, ("symbols", name))
+    for i, build in enumerate(spec.review_builds):
+        for key, value in build.items():
+            if key not in spec.params:
+                issue(("review_builds", i, key), f"unknown build parameter {key!r}",
+                      f"use one of {', '.join(spec.params)}")
+            else:
+                allowed = spec.params[key].allowed()
+                if allowed is not None and value not in allowed:
+                    issue(("review_builds", i, key), f"{value!r} not allowed (values: {spec.params[key].values})")
+    for target in ("default", "gfx942", "gfx950", "sm90"):
+        value = getattr(spec.grid.blocks, target)
+        if value is not None:
+            check_expr(value, ("grid", "blocks", target))
+
+    for p in REQUIRED_TIMELINE_POINTS:
+        if p not in spec.timeline_points:
+            issue(("timeline_points",), f"timeline point {p!r} is missing", f"add {p!r}: the kernel stamps it itself")
+    if len(set(spec.timeline_points)) != len(spec.timeline_points):
+        issue(("timeline_points",), "a timeline point is listed twice", "list each point once")
+    for name in ("scratch", "step", "layer"):
+        if not any(a.name == name for a in spec.abi):
+            issue(("abi",), f"the ABI lacks {name!r}, which every mono kernel takes (mailboxes and their tag)",
+                  f"add an argument named {name!r}")
+    seen: dict[str, int] = {}
+    for i, arg in enumerate(spec.abi):
+        if arg.name in seen:
+            issue(("abi", i, "name"), f"ABI name {arg.name!r} used twice (also abi[{seen[arg.name]}])",
+                  "give every argument its own name")
+        seen[arg.name] = i
+        for j, d in enumerate(arg.shape or []):
+            check_expr(d, ("abi", i, "shape", j))
+    seen = {}
+    for i, region in enumerate(spec.scratch):
+        if region.name in seen:
+            issue(("scratch", i, "name"), f"scratch region {region.name!r} defined twice", "rename one")
+        seen[region.name] = i
+        check_expr(region.count, ("scratch", i, "count"))
+
+    order: dict[str, int] = {}
+    for i, stage in enumerate(spec.stages):
+        if stage.name in order:
+            issue(("stages", i, "name"), f"stage name {stage.name!r} used twice", "rename one")
+        check_expr(stage.tasks, ("stages", i, "tasks"))
+        if stage.when is not None:
+            check_expr(stage.when, ("stages", i, "when"))
+        for j, dep in enumerate(stage.waits_on):
+            loc = ("stages", i, "waits_on", j)
+            if dep == stage.name:
+                issue(loc, f"stage {stage.name!r} waits on itself: a deadlock",
+                      "a stage may wait only on earlier stages")
+            elif dep not in order:
+                later = any(s.name == dep for s in spec.stages[i + 1:])
+                issue(loc, f"stage {stage.name!r} waits on {'later' if later else 'unknown'} stage {dep!r}"
+                      + (": a deadlock (CTAs run stages in order)" if later else ""),
+                      "a stage may wait only on stages listed before it")
+        order[stage.name] = i
+    return issues

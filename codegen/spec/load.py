@@ -1,0 +1,131 @@
+"""Reading a spec file: YAML with positions, pydantic validation, semantic
+checks; every problem becomes a located ``SpecIssue``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from ..errors import SpecError, SpecIssue
+from ..yamlpos import Positions, YamlSyntaxError, load
+from .kernel import KernelSpec, semantic_issues
+
+SPECS_DIR = Path(__file__).resolve().parents[2] / "specs"
+
+_HINTS = {
+    "missing": "add this field",
+    "extra_forbidden": "remove it, or check its spelling against the spec reference (docs/spec-reference.md)",
+    "int_type": "write an integer",
+    "int_parsing": "write an integer",
+    "float_type": "write a number",
+    "bool_type": "write true or false",
+    "string_type": "write a string",
+    "list_type": "write a YAML list",
+    "dict_type": "write a YAML mapping",
+    "model_type": "write a YAML mapping",
+    "literal_error": "use one of the values listed",
+    "union_tag_invalid": "use one of the stage kinds listed",
+    "union_tag_not_found": "add a 'kind' field",
+    "greater_than": "use a larger value",
+    "too_short": "add at least one entry",
+    "string_pattern_mismatch": "use letters, digits and '_' (and the form shown)",
+}
+
+
+@dataclass(frozen=True)
+class LoadedSpec:
+    spec: KernelSpec
+    path: str
+    positions: Positions
+    text: str
+
+    def comment(self, loc: tuple) -> str:
+        """The ``# comment`` on the line of ``loc`` (a symbol's doc, for example)."""
+        lines = self.text.splitlines()
+        line = self.positions.line_of(loc)
+        if not 0 < line <= len(lines):
+            return ""
+        _, hash_, comment = lines[line - 1].partition(" #")
+        return comment.strip() if hash_ else ""
+
+    def issue(self, loc: tuple, message: str, hint: str = "") -> SpecIssue:
+        return SpecIssue(self.path, self.positions.line_of(loc), tuple(loc), message, hint)
+
+
+def _clean_loc(loc: tuple) -> tuple:
+    """Drop pydantic's union-member names (e.g. 'rmsnorm_fp8', 'RoundRobin')
+    that do not exist in the YAML."""
+    from ..stages import KINDS
+
+    skip = set(KINDS) | {"RoundRobin", "Fixed", "int", "str", "float", "bool", "function-after[_range(), str]"}
+    return tuple(p for p in loc if not (isinstance(p, str) and (p in skip or p.startswith(("function-", "list[", "tuple[", "PerTarget")))))
+
+
+def parse_spec(text: str, path: str) -> LoadedSpec:
+    """Validate spec ``text`` read from ``path``; raise SpecError with every issue."""
+    try:
+        data, pos = load(text, path)
+    except YamlSyntaxError as e:
+        raise SpecError([SpecIssue(e.path, e.line, (), e.message, "fix the YAML syntax at that line")]) from None
+    if not isinstance(data, dict):
+        raise SpecError([SpecIssue(path, 1, (), "a spec must be a YAML mapping", "start with 'kernel: model/name'")])
+    try:
+        spec = KernelSpec.model_validate(data)
+    except ValidationError as e:
+        issues = []
+        for err in e.errors():
+            loc = _clean_loc(err["loc"])
+            msg = err["msg"].removeprefix("Value error, ")
+            issues.append(SpecIssue(path, pos.line_of(loc), loc, msg, _HINTS.get(err["type"], "")))
+        raise SpecError(_dedupe(issues)) from None
+    issues = semantic_issues(spec, path, pos)
+    if issues:
+        raise SpecError(issues)
+    return LoadedSpec(spec, path, pos, text)
+
+
+def _dedupe(issues: list[SpecIssue]) -> list[SpecIssue]:
+    seen, out = set(), []
+    for i in issues:
+        key = (i.line, i.loc, i.message)
+        if key not in seen:
+            seen.add(key)
+            out.append(i)
+    return out
+
+
+def load_spec_file(path: str | Path) -> LoadedSpec:
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise SpecError([SpecIssue(str(path), 1, (), f"cannot read spec: {e.strerror}", "check the path")]) from None
+    return parse_spec(text, _display(path))
+
+
+def _display(path: Path) -> str:
+    try:
+        return str(path.resolve().relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
+
+
+def spec_path(name: str) -> Path:
+    """``minimax_m3/pre_attn`` -> specs/minimax_m3/pre_attn.yaml."""
+    return SPECS_DIR / f"{name}.yaml"
+
+
+def spec_names() -> list[str]:
+    return sorted(str(p.relative_to(SPECS_DIR).with_suffix("")) for p in SPECS_DIR.rglob("*.yaml"))
+
+
+@lru_cache(maxsize=None)
+def load_spec(name: str) -> LoadedSpec:
+    """The spec called ``name`` (cached; specs are immutable while running)."""
+    path = spec_path(name)
+    if not path.exists():
+        raise ValueError(f"no spec {name!r}: expected {path}; known: {', '.join(spec_names()) or 'none'}")
+    return load_spec_file(path)

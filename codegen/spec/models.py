@@ -1,0 +1,195 @@
+"""Pydantic v2 models of a kernel spec's parts: build parameters, ABI
+arguments, scratch regions, grid, CTA placement and the base of every stage.
+
+Sizes, counts and conditions are written as expressions over the spec's
+symbols and build parameters (``codegen.expr``); the models check their form,
+``codegen.spec.kernel`` checks that every name they use exists, and the
+lowering evaluates them for one build."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from ..expr import ExprError, names
+from ..targets import TARGETS
+
+Expr = Union[int, str]  # an integer or an expression over symbols and parameters
+Name = Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]
+
+
+class Model(BaseModel):
+    """Strict base: unknown fields are errors (a typo is never silently ignored)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def _check_expr(value: Expr | float | bool) -> Expr | float | bool:
+    if isinstance(value, str):
+        try:
+            names(value)
+        except ExprError as e:
+            raise ValueError(str(e)) from None
+    return value
+
+
+CheckedExpr = Annotated[Expr, Field(description="integer or expression")]
+
+
+class PerTarget(Model):
+    """A value that may differ per target: ``default`` plus target overrides."""
+
+    default: Expr
+    gfx942: Expr | None = None
+    gfx950: Expr | None = None
+    sm90: Expr | None = None
+
+    def for_target(self, target: str) -> Expr:
+        value = getattr(self, target)
+        return self.default if value is None else value
+
+
+def per_target(value: Expr | dict | PerTarget) -> Expr | dict | PerTarget:
+    """Accept a plain value as the default for every target."""
+    return value if isinstance(value, (dict, PerTarget)) else {"default": value}
+
+
+class Param(Model):
+    """A build parameter: the kernel is compiled for one value of each."""
+
+    type: Literal["int", "float", "bool"]
+    default: int | float | bool
+    values: list[int | float | bool] | str | None = Field(
+        None, description="allowed values: a list, or 'lo..hi' for an int range"
+    )
+    doc: str = ""
+
+    @field_validator("values")
+    @classmethod
+    def _range(cls, v):
+        if isinstance(v, str):
+            lo, sep, hi = v.partition("..")
+            if not sep or not lo.strip().lstrip("-").isdigit() or not hi.strip().isdigit():
+                raise ValueError(f"range {v!r} must look like 'lo..hi', e.g. '1..16'")
+            if int(lo) > int(hi):
+                raise ValueError(f"range {v!r} is empty: lo must be <= hi")
+        return v
+
+    def allowed(self) -> list | None:
+        """The allowed values as a list (None: any value of the type)."""
+        if isinstance(self.values, str):
+            lo, _, hi = self.values.partition("..")
+            return list(range(int(lo), int(hi) + 1))
+        return self.values
+
+    @model_validator(mode="after")
+    def _default_allowed(self):
+        py = {"int": int, "float": (int, float), "bool": bool}[self.type]
+        if not isinstance(self.default, py) or (
+            self.type != "bool" and isinstance(self.default, bool)
+        ):
+            raise ValueError(f"default {self.default!r} is not of type {self.type}")
+        allowed = self.allowed()
+        if allowed is not None and self.default not in allowed:
+            raise ValueError(f"default {self.default!r} is not among values {self.values!r}")
+        return self
+
+
+DType = Literal["bf16", "f32", "i32", "i64", "u8", "fp8"]
+
+
+class AbiArg(Model):
+    """One kernel argument: a tensor (``shape`` given) or a scalar."""
+
+    name: Name
+    dtype: DType
+    shape: list[Expr] | None = Field(None, description="dimensions; omit for a scalar")
+    intent: Literal["in", "out", "inout"] = "in"
+    optional: bool = Field(False, description="may be None (passed as a null pointer)")
+    range: tuple[int, int] | None = Field(None, description="scalar bounds, inclusive")
+    workspace: Literal["scratch", "step", "timeline"] | None = Field(
+        None, description="allocated by kernel.workspace(device)"
+    )
+    doc: str = ""
+
+    _check_shape = field_validator("shape")(
+        classmethod(lambda cls, v: [_check_expr(d) for d in v] if v else v)
+    )
+
+    @model_validator(mode="after")
+    def _scalar_fields(self):
+        if self.range is not None and self.shape is not None:
+            raise ValueError("'range' applies to scalars only; remove it or the shape")
+        if self.range is not None and self.range[0] > self.range[1]:
+            raise ValueError(f"range {list(self.range)} is empty: lo must be <= hi")
+        return self
+
+
+class ScratchRegion(Model):
+    """A mailbox region of the scratch buffer (each starts 256-byte aligned).
+
+    ``pairs``: 8-byte (value, tag) pairs written with one store; ``words``:
+    plain 32-bit words published behind a flag; ``flags``: pairs whose value is
+    only a ready mark."""
+
+    name: Name
+    kind: Literal["pairs", "words", "flags"]
+    count: Expr
+    doc: str = ""
+
+    _check_count = field_validator("count")(classmethod(lambda cls, v: _check_expr(v)))
+
+
+class Grid(Model):
+    threads: int = Field(gt=0)
+    blocks: PerTarget
+
+    _blocks = field_validator("blocks", mode="before")(classmethod(lambda cls, v: per_target(v)))
+
+
+class RoundRobin(Model):
+    """Task t runs on CTA ``first + t % ctas`` (``ctas`` defaults to the rest of the grid)."""
+
+    round_robin: "RoundRobinArgs"
+
+
+class RoundRobinArgs(Model):
+    first: Expr = 0
+    ctas: Expr | None = None
+
+
+class Fixed(Model):
+    """Task t runs on CTA ``first + t``; the range holds ``count`` CTAs."""
+
+    fixed: "FixedArgs"
+
+
+class FixedArgs(Model):
+    first: Expr
+    count: Expr
+
+
+Placement = Union[RoundRobin, Fixed]
+
+
+class StageBase(Model):
+    """What every stage has: a name, a task count, where its tasks run, the
+    stages it waits on, and a condition for builds that include it."""
+
+    name: Name
+    kind: str
+    doc: str = ""
+    tasks: Expr
+    when: str | None = Field(None, description="expression; the stage exists iff true")
+    placement: Placement = Field(default_factory=lambda: RoundRobin(round_robin=RoundRobinArgs()))
+    placement_by_target: dict[Literal["gfx942", "gfx950", "sm90"], Placement] = {}
+    waits_on: list[Name] = []
+
+    _exprs = field_validator("tasks", "when")(classmethod(lambda cls, v: _check_expr(v)))
+
+    def placement_for(self, target: str) -> Placement:
+        return self.placement_by_target.get(target, self.placement)
+
+
+KNOWN_TARGETS = tuple(TARGETS)

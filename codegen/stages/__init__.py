@@ -1,0 +1,11 @@
+"""Stage kinds. One kind = one module here (its pydantic model and its
+lowering), one template ``templates/stages/<kind>.j2``, one reference function
+in ``codegen/reference/`` and its tests, all named alike.
+
+To add a kind: write ``codegen/stages/<kind>.py`` with ``Model`` (a
+``StageBase`` whose ``kind`` is ``Literal["<kind>"]``) and ``lower(stage, ctx)``,
+add it to ``KINDS`` below, and write its template."""
+
+from . import gemv_fp8, rmsnorm_fp8
+
+KINDS = {m.KIND: m for m in (rmsnorm_fp8, gemv_fp8)}

@@ -1,0 +1,84 @@
+"""Stage kind ``gemv_fp8``: FP8 activations times a preshuffled FP8 weight with
+per-row scales, 16 rows a task, bf16 results into a pairs mailbox.
+
+Per (token t, row r) (contract A.5.3): ``tot = sum_k x8[t, k] * w[r, k]`` in
+f32 (the MMA's order; waves' partials summed in wave order), then
+``bf16((tot * x_scale[t]) * w_scale[r])``, stored as f32 bits with the tag.
+
+The activations come from the ``rmsnorm_fp8`` stage named by ``x_from``:
+through its mailbox when that stage runs in the build, or computed by every
+GEMV CTA itself when the build leaves it out (few tokens: one hand-off less on
+the critical path; the CTA running task t writes the residual of token t)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import field_validator
+
+from ..spec.models import Expr, Name, PerTarget, StageBase, per_target
+from .rmsnorm_fp8 import norm_constants
+
+KIND = "gemv_fp8"
+ROWS_PER_TASK = 16  # one MMA tile of output rows
+K_CHUNK = {"amd": 64, "nvidia": 32}  # k per 16-byte weight load of a lane
+X8_ROW_PAD_WORDS = 4  # LDS row padding: token rows land on different banks
+
+
+class Model(StageBase):
+    kind: Literal["gemv_fp8"]
+    weight: Name  # ABI fp8 [rows, K], preshuffled for the target (codegen.weights)
+    weight_scale: Name  # ABI f32 [rows]
+    rows: Expr  # output rows of the whole projection
+    k: Name = "HIDDEN"
+    x_from: Name  # the rmsnorm_fp8 stage whose x8 rows and scales this reads
+    out: Name  # pairs region: row r of token t at pair t * rows + r
+    token_tile: PerTarget = PerTarget(default=16)  # tokens per pass over LDS x8
+
+    _tile = field_validator("token_tile", mode="before")(classmethod(lambda cls, v: per_target(v)))
+
+
+def lower(stage: Model, ctx) -> dict:
+    """Template values: chunking of K over the waves, token tiles, LDS use."""
+    t = ctx.target
+    rows = ctx.evaluate(stage.rows, ("rows",))
+    k = ctx.symbol(stage.k, ("k",))
+    tasks = ctx.task_count
+    if rows % ROWS_PER_TASK or tasks * ROWS_PER_TASK != rows:
+        ctx.fail(("tasks",), f"{tasks} tasks x {ROWS_PER_TASK} rows != rows = {rows}",
+                 f"set tasks to rows // {ROWS_PER_TASK}")
+    chunk = K_CHUNK[t.vendor]
+    waves = ctx.threads // t.wave_size
+    if k % (chunk * waves):
+        ctx.fail(("k",), f"K = {k} does not split into {waves} waves of {chunk}-k chunks",
+                 f"use K a multiple of {chunk * waves}")
+    ctx.abi_arg(stage.weight, ("weight",))
+    ctx.abi_arg(stage.weight_scale, ("weight_scale",))
+    ctx.region(stage.out, ("out",), kind="pairs")
+    src = ctx.stage_model(stage.x_from, ("x_from",), kind="rmsnorm_fp8")
+    inline = not ctx.stage_active(stage.x_from)
+    tokens = ctx.tokens
+    tile = min(tokens, ctx.evaluate(stage.token_tile.for_target(t.name), ("token_tile",)))
+    if inline and tile < tokens:
+        ctx.fail(("token_tile",), f"an inline norm needs every token in one tile ({tile} < {tokens})",
+                 "raise token_tile or let the rmsnorm_fp8 stage run for this build")
+    mma_n = 16 if t.vendor == "amd" else 8  # token columns of one MMA
+    stride_words = k // 4 + X8_ROW_PAD_WORDS
+    ctx.lds(stage.name, "x8", "u32", tile * stride_words)
+    ctx.lds(stage.name, "part", "float", waves * ROWS_PER_TASK * 16)  # per-wave C tiles
+    ctx.lds(stage.name, "xs", "float", max(tokens, 1))
+    ctx.lds(stage.name, "red", "float", 64)  # the inline norm's reductions
+    return {
+        "rows": rows,
+        "k": k,
+        "inline": inline,
+        "tile": tile,
+        "n_tiles": -(-tokens // tile),
+        "mma_tiles": -(-tile // mma_n),
+        "chunk": chunk,
+        "chunks_per_wave": k // chunk // waves,
+        "x8_stride_words": stride_words,
+        "norm": norm_constants(k, ctx.threads),
+        "src": src,
+        "fields": stage,
+    }

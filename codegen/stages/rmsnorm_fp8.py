@@ -1,0 +1,59 @@
+"""Stage kind ``rmsnorm_fp8``: residual add, gemma RMSNorm, per-token FP8.
+
+One task per token row (contract A.5.1, A.5.2): ``acc = f32(ar) + f32(res)``,
+``h_out = bf16(acc)``, the sum of squares in the fused all-reduce's order,
+``n = (acc * rsq(tot / HIDDEN + eps)) * (g + 1)``, then ``x8 = fp8(n / s)``
+with ``s = amax / FP8_MAX``. The row goes to a ``words`` mailbox region and
+its scale, the row's ready flag, to a ``pairs`` region. A GEMV stage can run
+the same math inline instead (``gemv_fp8.inline_norm``)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from ..spec.models import Name, StageBase
+
+KIND = "rmsnorm_fp8"
+LTS_WIDTH = 8  # elements per logical thread: one 16-byte bf16 load
+LOGICAL_WARP = 32  # logical threads per butterfly group of the original all-reduce
+
+
+class Model(StageBase):
+    kind: Literal["rmsnorm_fp8"]
+    hidden: Name = "HIDDEN"
+    ar: Name  # ABI tensor [tokens, HIDDEN] bf16: the all-reduced partials
+    res: Name  # ABI tensor [tokens, HIDDEN] bf16: residual in
+    residual_out: Name  # ABI tensor [tokens, HIDDEN] bf16: bf16(ar + res)
+    gamma: Name  # ABI tensor [HIDDEN] bf16: gemma weight (used as 1 + g)
+    x8: Name  # scratch words region: the token's FP8 row
+    x8_scale: Name  # scratch pairs region: the token's scale (its ready flag)
+
+
+def norm_constants(hidden: int, threads: int) -> dict:
+    """The layout of one row over a CTA: logical thread lt = i * THREADS + tid
+    holds elements 8lt .. 8lt + 7. Every aligned 32-lane group then holds 32
+    consecutive lts, so an xor butterfly over 16..1 is the original's logical
+    warp on a wave of 32 or 64 lanes alike."""
+    if hidden % (LTS_WIDTH * LOGICAL_WARP):
+        raise ValueError(f"HIDDEN = {hidden} is not a multiple of {LTS_WIDTH * LOGICAL_WARP}")
+    lts = hidden // LTS_WIDTH
+    warps = lts // LOGICAL_WARP
+    if warps > 32:
+        raise ValueError(f"HIDDEN = {hidden} needs {warps} > 32 logical warps")
+    return {
+        "NORM_LTS": lts,
+        "NORM_SLOTS": -(-lts // threads),
+        "NORM_WARPS": warps,
+        "ROW_WORDS": hidden // 4,
+    }
+
+
+def lower(stage: Model, ctx) -> dict:
+    """Template values of the stage: the norm layout and the bound names."""
+    hidden = ctx.symbol(stage.hidden, ("hidden",))
+    for arg, loc in ((stage.ar, "ar"), (stage.res, "res"), (stage.residual_out, "residual_out"), (stage.gamma, "gamma")):
+        ctx.abi_arg(arg, (loc,))
+    ctx.region(stage.x8, ("x8",), kind="words")
+    ctx.region(stage.x8_scale, ("x8_scale",), kind="pairs")
+    ctx.lds(stage.name, "red", "float", 64)  # warp sums, total, per-wave amax
+    return {"hidden": hidden, **norm_constants(hidden, ctx.threads), "fields": stage}
