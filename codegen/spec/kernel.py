@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Annotated, Union
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator
 
 from ..errors import SpecIssue
 from ..expr import ExprError, names
@@ -42,11 +42,12 @@ class KernelSpec(Model):
     scratch: list[ScratchRegion] = []
     stages: list[Stage] = Field(min_length=1)
 
-    @model_validator(mode="after")
-    def _tokens(self):
-        if "tokens" not in self.params or self.params["tokens"].type != "int":
+    @field_validator("params")
+    @classmethod
+    def _tokens(cls, params):  # a field check: located at 'params', not at the top of the file
+        if "tokens" not in params or params["tokens"].type != "int":
             raise ValueError("params must define 'tokens' (type int): the decode rows of a build")
-        return self
+        return params
 
     @property
     def c_name(self) -> str:

@@ -78,8 +78,12 @@ def parse_spec(text: str, path: str) -> LoadedSpec:
         issues = []
         for err in e.errors():
             loc = _clean_loc(err["loc"])
+            if err["type"].startswith("union_tag_"):  # point at the tag ('kind'), not the entry
+                loc += (str(err.get("ctx", {}).get("discriminator", "kind")).strip("'"),)
             msg = err["msg"].removeprefix("Value error, ")
             issues.append(SpecIssue(path, pos.line_of(loc), loc, msg, _HINTS.get(err["type"], "")))
+        # a missing field is most often a misspelled one: report the misspelling first
+        issues.sort(key=lambda i: i.message == "Field required")
         raise SpecError(_dedupe(issues)) from None
     issues = semantic_issues(spec, path, pos)
     if issues:

@@ -59,10 +59,11 @@ class Param(Model):
     """A build parameter: the kernel is compiled for one value of each."""
 
     type: Literal["int", "float", "bool"]
-    default: int | float | bool
+    # values before default: default's check reads it (and is then located at 'default')
     values: list[int | float | bool] | str | None = Field(
         None, description="allowed values: a list, or 'lo..hi' for an int range"
     )
+    default: int | float | bool
     doc: str = ""
 
     @field_validator("values")
@@ -78,22 +79,28 @@ class Param(Model):
 
     def allowed(self) -> list | None:
         """The allowed values as a list (None: any value of the type)."""
-        if isinstance(self.values, str):
-            lo, _, hi = self.values.partition("..")
-            return list(range(int(lo), int(hi) + 1))
-        return self.values
+        return _allowed(self.values)
 
-    @model_validator(mode="after")
-    def _default_allowed(self):
-        py = {"int": int, "float": (int, float), "bool": bool}[self.type]
-        if not isinstance(self.default, py) or (
-            self.type != "bool" and isinstance(self.default, bool)
-        ):
-            raise ValueError(f"default {self.default!r} is not of type {self.type}")
-        allowed = self.allowed()
-        if allowed is not None and self.default not in allowed:
-            raise ValueError(f"default {self.default!r} is not among values {self.values!r}")
-        return self
+    @field_validator("default")
+    @classmethod
+    def _default_allowed(cls, v, info):
+        if "type" not in info.data or "values" not in info.data:
+            return v  # already reported at its own field
+        type_ = info.data["type"]
+        py = {"int": int, "float": (int, float), "bool": bool}[type_]
+        if not isinstance(v, py) or (type_ != "bool" and isinstance(v, bool)):
+            raise ValueError(f"default {v!r} is not of type {type_}")
+        allowed = _allowed(info.data["values"])
+        if allowed is not None and v not in allowed:
+            raise ValueError(f"default {v!r} is not among values {info.data['values']!r}")
+        return v
+
+
+def _allowed(values) -> list | None:
+    if isinstance(values, str):
+        lo, _, hi = values.partition("..")
+        return list(range(int(lo), int(hi) + 1))
+    return values
 
 
 DType = Literal["bf16", "f32", "i32", "i64", "u8", "fp8"]

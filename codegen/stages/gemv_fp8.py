@@ -17,7 +17,7 @@ from typing import Literal
 from pydantic import field_validator
 
 from ..spec.models import Expr, Name, PerTarget, StageBase, per_target
-from .rmsnorm_fp8 import norm_constants
+from .rmsnorm_fp8 import checked_norm_constants
 
 KIND = "gemv_fp8"
 ROWS_PER_TASK = 16  # one MMA tile of output rows
@@ -78,7 +78,7 @@ def lower(stage: Model, ctx) -> dict:
         "chunk": chunk,
         "chunks_per_wave": k // chunk // waves,
         "x8_stride_words": stride_words,
-        "norm": norm_constants(k, ctx.threads),
+        "norm": checked_norm_constants(k, ctx, ("k",)),
         "src": src,
         "fields": stage,
     }

@@ -56,4 +56,13 @@ def lower(stage: Model, ctx) -> dict:
     ctx.region(stage.x8, ("x8",), kind="words")
     ctx.region(stage.x8_scale, ("x8_scale",), kind="pairs")
     ctx.lds(stage.name, "red", "float", 64)  # warp sums, total, per-wave amax
-    return {"hidden": hidden, **norm_constants(hidden, ctx.threads), "fields": stage}
+    return {"hidden": hidden, **checked_norm_constants(hidden, ctx, ("hidden",)), "fields": stage}
+
+
+def checked_norm_constants(hidden: int, ctx, loc: tuple) -> dict:
+    """``norm_constants``, its refusal reported as a located spec error."""
+    try:
+        return norm_constants(hidden, ctx.threads)
+    except ValueError as e:
+        width = LTS_WIDTH * LOGICAL_WARP
+        ctx.fail(loc, str(e), f"use a hidden size that is a multiple of {width} and at most {32 * width}")

@@ -1,0 +1,28 @@
+# The README's first two commands: `make generate` and `make test`. Each
+# bootstraps .venv by itself (torch 2.13.0: the CPU wheel already on disk here).
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: generate test test-gpu bench check clean-cache
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+generate: $(STAMP)
+	$(PY) -m codegen generate
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+# on a machine with a GPU (the lent H200: scripts/gpu_run.sh sets it up)
+test-gpu: $(STAMP)
+	$(PY) -m pytest -q -m gpu
+
+check: $(STAMP)
+	$(PY) -m codegen check specs/*/*.yaml

@@ -1,0 +1,208 @@
+"""Launching: ``load(name, tokens=S, target=None, **flags)`` -> ``Kernel``;
+``kernel(**tensors)`` checks every argument against the spec's ABI and
+launches on the current torch stream.
+
+Checks before any launch (a wrong argument is a pointer read as another,
+silently): names, dtype, shape, device, contiguity, 16-byte alignment, scalar
+ranges. The grid must be co-resident (the stages poll each other's
+mailboxes): the launcher refuses a grid larger than occupancy x SMs and uses
+the backend's cooperative launch."""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Any
+
+from .lower import Arg, KernelIR, lower, make_build
+from .render import render
+from .spec import load_spec
+from .targets import Target, get_target
+
+ALIGN = 16  # every tensor argument: 16-byte loads and stores
+SCALAR_CTYPES = {"i32": "i32", "i64": "i64", "f32": "f32"}
+
+
+class ArgumentError(ValueError):
+    """A kernel argument that does not match the ABI: names the argument,
+    what was expected and what was given."""
+
+
+class CoResidencyError(RuntimeError):
+    """The grid cannot be resident at once, so the mailbox waits could hang."""
+
+
+def _torch():
+    import torch
+
+    return torch
+
+
+def torch_dtype(dtype: str, target: Target):
+    """The torch dtype of an ABI dtype (``fp8`` is the target's flavour)."""
+    torch = _torch()
+    if dtype == "fp8":
+        return getattr(torch, target.torch_fp8_dtype_name)
+    return {"bf16": torch.bfloat16, "f32": torch.float32, "i32": torch.int32, "i64": torch.int64,
+            "u8": torch.uint8}[dtype]
+
+
+def detect_target() -> str:
+    """The target of torch's current GPU."""
+    torch = _torch()
+    if not torch.cuda.is_available():
+        raise RuntimeError("no GPU visible to torch: pass target='sm90' / 'gfx942' / 'gfx950' to render or report only")
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    arch = getattr(props, "gcnArchName", "") or ""
+    if getattr(torch.version, "hip", None):
+        name = arch.split(":")[0]
+        get_target(name)
+        return name
+    if (props.major, props.minor) == (9, 0):
+        return "sm90"
+    raise RuntimeError(f"GPU {props.name} (sm_{props.major}{props.minor}) is not a supported target (sm90, gfx942, gfx950)")
+
+
+@dataclass
+class Kernel:
+    """One build of a spec, compiled on first launch. ``kernel(**tensors)``."""
+
+    ir: KernelIR
+    source: str
+    backend: str | None = None
+    cooperative: bool = True
+
+    def __post_init__(self):
+        self._function = None
+        self.co_resident_ctas = None  # occupancy x SMs, once loaded
+
+    @property
+    def name(self) -> str:
+        return self.ir.name
+
+    @property
+    def target(self) -> Target:
+        return self.ir.target
+
+    @property
+    def dynamic_lds(self) -> int:
+        """NVIDIA kernels declare their LDS dynamically (over 48 KiB needs it)."""
+        return self.ir.lds_bytes if self.target.vendor == "nvidia" else 0
+
+    def compile(self):
+        """Compile (or take from the disk cache) and load; check co-residency."""
+        if self._function is not None:
+            return self._function
+        from . import jit
+
+        file_name = f"{self.ir.kernel.replace('/', '_')}.{self.target.name}.hip"
+        binary = jit.compile_binary(self.source, file_name, self.target, self.backend)
+        module = jit.load_module(binary, self.target, self.backend)
+        fn = module.function(self.name)
+        if self.dynamic_lds > 48 * 1024:
+            fn.set_max_dynamic_shared(self.dynamic_lds)
+        per_cu = fn.max_active_blocks_per_sm(self.ir.threads, self.dynamic_lds)
+        units = _compute_units()
+        self.co_resident_ctas = per_cu * units
+        if self.co_resident_ctas < self.ir.blocks:
+            attrs = fn.attributes()
+            raise CoResidencyError(
+                f"{self.ir.kernel} [{self.ir.build.label()}]: {self.ir.blocks} CTAs cannot be co-resident: "
+                f"{per_cu} CTA(s) of {self.ir.threads} threads fit per CU/SM x {units} = {self.co_resident_ctas} "
+                f"(registers {attrs.get('num_regs')}, LDS {self.ir.lds_bytes} B); lower grid.blocks for "
+                f"{self.target.name} in the spec"
+            )
+        self._function = fn
+        return fn
+
+    def workspace(self, device=None) -> dict[str, Any]:
+        """Fresh buffers for the ABI's workspace arguments (scratch zeroed once,
+        step counter, timeline), keyed by argument name. Reuse them across
+        launches: the kernel never needs them cleared again."""
+        torch = _torch()
+        device = torch.device(device if device is not None else "cuda")
+        out = {}
+        for a in self.ir.abi:
+            if a.workspace is None:
+                continue
+            if a.workspace == "timeline" and not dict(self.ir.build.params).get("timeline", False):
+                out[a.name] = None
+                continue
+            out[a.name] = torch.zeros(a.shape, dtype=torch_dtype(a.dtype, self.target), device=device)
+        return out
+
+    def pack(self, tensors: dict[str, Any]) -> list[tuple[str, int | float]]:
+        """The launch arguments in ABI order, after every check."""
+        names = [a.name for a in self.ir.abi]
+        unknown = sorted(set(tensors) - set(names))
+        if unknown:
+            raise ArgumentError(f"{self.ir.kernel}: unknown argument(s) {', '.join(unknown)}; the ABI is {', '.join(names)}")
+        missing = [n for n in names if n not in tensors and not self.ir.arg(n).optional]
+        if missing:
+            raise ArgumentError(f"{self.ir.kernel}: missing argument(s) {', '.join(missing)} "
+                                "(workspace arguments come from kernel.workspace(device))")
+        return [self._check(a, tensors.get(a.name)) for a in self.ir.abi]
+
+    def _check(self, a: Arg, value) -> tuple[str, int | float]:
+        torch = _torch()
+        where = f"{self.ir.kernel} argument {a.name!r}"
+        if not a.is_tensor:
+            if a.dtype == "f32":
+                if not isinstance(value, (int, float)) or isinstance(value, bool):
+                    raise ArgumentError(f"{where}: expected a float, got {type(value).__name__}")
+            elif not isinstance(value, int) or isinstance(value, bool):
+                raise ArgumentError(f"{where}: expected an int ({a.dtype}), got {type(value).__name__}")
+            if a.range is not None and not a.range[0] <= value <= a.range[1]:
+                raise ArgumentError(f"{where}: expected a value in [{a.range[0]}, {a.range[1]}], got {value}")
+            return (SCALAR_CTYPES[a.dtype], value)
+        if value is None:
+            if a.optional:
+                return ("u64", 0)
+            raise ArgumentError(f"{where}: expected a tensor, got None")
+        if not isinstance(value, torch.Tensor):
+            raise ArgumentError(f"{where}: expected a torch.Tensor, got {type(value).__name__}")
+        want = torch_dtype(a.dtype, self.target)
+        if value.dtype != want:
+            raise ArgumentError(f"{where}: expected dtype {want}, got {value.dtype}")
+        if tuple(value.shape) != a.shape:
+            raise ArgumentError(f"{where}: expected shape {list(a.shape)}, got {list(value.shape)}")
+        if value.device.type != "cuda":
+            raise ArgumentError(f"{where}: expected a tensor on the GPU, got device {value.device}")
+        if value.device.index != torch.cuda.current_device():
+            raise ArgumentError(f"{where}: expected device cuda:{torch.cuda.current_device()} "
+                                f"(the current device), got {value.device}")
+        if not value.is_contiguous():
+            raise ArgumentError(f"{where}: expected a contiguous tensor, got strides {list(value.stride())}")
+        if value.data_ptr() % ALIGN:
+            raise ArgumentError(f"{where}: expected a {ALIGN}-byte aligned address, got 0x{value.data_ptr():x}")
+        return ("u64", value.data_ptr())
+
+    def __call__(self, **tensors) -> None:
+        """Launch on the current torch stream (capturable into a CUDA graph)."""
+        torch = _torch()
+        args = self.pack(tensors)
+        fn = self.compile()
+        stream = torch.cuda.current_stream().cuda_stream
+        fn.launch(self.ir.blocks, self.ir.threads, self.dynamic_lds, stream, args, cooperative=self.cooperative)
+
+
+def _compute_units() -> int:
+    torch = _torch()
+    return torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+
+
+@functools.lru_cache(maxsize=None)
+def _kernel(name: str, target: str, params: tuple, backend: str | None, cooperative: bool) -> Kernel:
+    loaded = load_spec(name)
+    build = make_build(loaded, target, **dict(params))
+    ir = lower(loaded, build)
+    return Kernel(ir, render(ir), backend, cooperative)
+
+
+def load(name: str, tokens: int = 1, target: str | None = None, backend: str | None = None,
+         cooperative: bool = True, **flags) -> Kernel:
+    """The kernel of spec ``name`` for ``tokens`` rows and build ``flags`` on
+    ``target`` (default: torch's current GPU). Compiles on first launch (or
+    ``kernel.compile()``); the same build is returned from an in-process cache."""
+    target = target or detect_target()
+    return _kernel(name, target, tuple(sorted(dict(tokens=tokens, **flags).items())), backend, cooperative)

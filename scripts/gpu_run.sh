@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# On the lent GPU machine: install the carried wheels, run the GPU tests (and
+# whatever else is asked: `scripts/gpu_run.sh bench`), logs under $OUT.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 MONO_CACHE_DIR=/tmp/mono-cache
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader | tee "$OUT/gpu.txt"
+status=0
+for what in "${@:-tests}"; do
+    case "$what" in
+        tests) python3 -m pytest -q -m gpu -p no:cacheprovider tests 2>&1 | tee "$OUT/gpu-tests.log"; status=$((status | PIPESTATUS[0])) ;;
+        bench) python3 -m bench.run 2>&1 | tee "$OUT/bench.log"; status=$((status | PIPESTATUS[0])) ;;
+        *) echo "unknown step $what"; status=1 ;;
+    esac
+done
+exit $status
