@@ -203,6 +203,11 @@ class KernelIR:
     lds_bytes: int
     stages: tuple[StageIR, ...]
     timeline_points: tuple[str, ...]
+    scratch_arg: str  # the ABI argument holding the mailboxes
+    counter_arg: str  # i32 [2]: epoch, CTAs done
+    layer_arg: str | None  # i32 scalar mixed into the tag
+    tag_stride: int
+    timeline_arg: str | None  # i64 [BLOCKS, TL_POINTS] stamps
 
     @property
     def waves(self) -> int:
@@ -422,4 +427,8 @@ def _lower(loaded: LoadedSpec, build: Build) -> KernelIR:
         target=target, threads=threads, blocks=blocks, constants=tuple(constants), abi=tuple(abi),
         regions=tuple(regions), scratch_bytes=scratch_bytes, lds=tuple(lds), lds_bytes=lds_bytes,
         stages=tuple(stages), timeline_points=tuple(spec.timeline_points),
+        scratch_arg=next(a.name for a in spec.abi if a.workspace == "scratch"),
+        counter_arg=spec.mailbox.counter, layer_arg=spec.mailbox.layer,
+        tag_stride=evaluate(spec.mailbox.tag_stride, scope),
+        timeline_arg=next((a.name for a in spec.abi if a.workspace == "timeline"), None),
     )

@@ -11,7 +11,7 @@ from pydantic import Field, field_validator
 from ..errors import SpecIssue
 from ..expr import ExprError, names
 from ..stages import KINDS
-from .models import AbiArg, Grid, Model, Name, Param, ScratchRegion
+from .models import AbiArg, Grid, MailboxSpec, Model, Name, Param, ScratchRegion
 
 # names the lowering defines for every build, usable in shapes and counts
 DERIVED = {
@@ -39,6 +39,7 @@ class KernelSpec(Model):
     grid: Grid
     timeline_points: list[Name] = Field(min_length=1)
     abi: list[AbiArg] = Field(min_length=1)
+    mailbox: MailboxSpec
     scratch: list[ScratchRegion] = []
     stages: list[Stage] = Field(min_length=1)
 
@@ -97,10 +98,21 @@ def semantic_issues(spec: KernelSpec, file: str, pos) -> list[SpecIssue]:
             issue(("timeline_points",), f"timeline point {p!r} is missing", f"add {p!r}: the kernel stamps it itself")
     if len(set(spec.timeline_points)) != len(spec.timeline_points):
         issue(("timeline_points",), "a timeline point is listed twice", "list each point once")
-    for name in ("scratch", "step", "layer"):
-        if not any(a.name == name for a in spec.abi):
-            issue(("abi",), f"the ABI lacks {name!r}, which every mono kernel takes (mailboxes and their tag)",
-                  f"add an argument named {name!r}")
+    abi = {a.name: a for a in spec.abi}
+    scratch_args = [a.name for a in spec.abi if a.workspace == "scratch"]
+    if len(scratch_args) != 1:
+        issue(("abi",), f"expected exactly one argument with 'workspace: scratch', found {len(scratch_args)}",
+              "mark the u8 mailbox buffer with 'workspace: scratch'")
+    counter = abi.get(spec.mailbox.counter)
+    if counter is None or counter.dtype != "i32" or counter.shape != [2] or counter.intent != "inout":
+        issue(("mailbox", "counter"), f"the counter must name an i32 [2] inout ABI argument, got {spec.mailbox.counter!r}",
+              "declare it as {name: step, dtype: i32, shape: [2], intent: inout, workspace: step}")
+    if spec.mailbox.layer is not None:
+        layer = abi.get(spec.mailbox.layer)
+        if layer is None or layer.dtype != "i32" or layer.shape is not None:
+            issue(("mailbox", "layer"), f"'layer' must name an i32 scalar ABI argument, got {spec.mailbox.layer!r}",
+                  "declare it as {name: layer, dtype: i32, range: [0, 127]}")
+    check_expr(spec.mailbox.tag_stride, ("mailbox", "tag_stride"))
     seen: dict[str, int] = {}
     for i, arg in enumerate(spec.abi):
         if arg.name in seen:

@@ -148,6 +148,19 @@ class ScratchRegion(Model):
     _check_count = field_validator("count")(classmethod(lambda cls, v: _check_expr(v)))
 
 
+class MailboxSpec(Model):
+    """Where the epoch comes from and how it makes the tag of this launch's
+    mailbox values: ``tag = counter[0] * tag_stride + layer + 1``. The counter is
+    an i32 [2] ABI tensor (epoch, CTAs done); the last CTA out advances the epoch,
+    so repeated launches and graph replays need no host action."""
+
+    counter: Name
+    layer: Name | None = None  # i32 scalar ABI argument mixed into the tag (or none)
+    tag_stride: Expr = 1
+
+    _stride = field_validator("tag_stride")(classmethod(lambda cls, v: _check_expr(v)))
+
+
 class Grid(Model):
     threads: int = Field(gt=0)
     blocks: PerTarget

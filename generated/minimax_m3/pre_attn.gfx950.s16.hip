@@ -20,7 +20,7 @@
 //   9  layer      i32   scalar         in    layer id (part of the tag)
 //   10 tl         i64   [256, 5]       out   timeline stamps (timeline builds)
 //
-// scratch (426240 bytes; regions 256-byte aligned; tag = step * LAYER_SLOTS + layer + 1):
+// scratch (426240 bytes; regions 256-byte aligned; tag = step[0] * 128 + layer + 1):
 //   qkv      @        0    327680 B  40960 pairs: GEMV results: token t, row r at pair t * QKV_ROWS + r
 //   x8       @   327680     98304 B  24576 words: FP8 rows of the norm tasks
 //   x8s      @   425984       128 B  16 pairs: per-token x scale; the row's ready flag
@@ -149,6 +149,16 @@ MONO_DEVICE void mailbox_load(const u64* pair, u32& value, u32& tag) {
     tag = u32(v >> 32);
 }
 MONO_DEVICE void pause() { __builtin_amdgcn_s_sleep(1); }
+// Spin (with a pause between polls) until the pair carries `tag`; its value.
+MONO_DEVICE u32 mailbox_wait(const u64* pair, u32 tag) {
+    u32 value, seen;
+    mailbox_load(pair, value, seen);
+    while (seen != tag) {
+        pause();
+        mailbox_load(pair, value, seen);
+    }
+    return value;
+}
 
 // ---- timer --------------------------------------------------------------------------
 // s_memrealtime: a 100 MHz device-wide clock (NVIDIA: %globaltimer in ns)
@@ -358,12 +368,7 @@ MONO_DEVICE void run(const Args& a, const Mailbox& mb, u8* lds) {
     float* part = reinterpret_cast<float*>(lds + LDS_PART);
     float* xs = reinterpret_cast<float*>(lds + LDS_XS);
     // the norm tasks' scales (each put after its row's words: the row's flag) ...
-    if (tid < TOKENS) {
-        u32 value, tag;
-        for (mailbox_load(mb.x8s + tid, value, tag); tag != mb.tag; mailbox_load(mb.x8s + tid, value, tag))
-            pause();
-        xs[tid] = u32_as_float(value);
-    }
+    if (tid < TOKENS) xs[tid] = u32_as_float(mailbox_wait(mb.x8s + tid, mb.tag));
     barrier();
     fence_acquire();  // ... then the rows, as their writers published them
     stamp(lds, TL_X8_READY);
@@ -422,7 +427,7 @@ MONO_KERNEL minimax_m3_pre_attn(
     // CTA out advances it, so repeated launches and graph replays need no host action.
     const u32 epoch = u32(step[0]);
     Mailbox mb;
-    mb.tag = epoch * LAYER_SLOTS + u32(layer) + 1;
+    mb.tag = epoch * 128u + u32(layer) + 1u;
     mb.qkv = reinterpret_cast<u64*>(scratch + 0);
     mb.x8 = reinterpret_cast<u32*>(scratch + 327680);
     mb.x8s = reinterpret_cast<u64*>(scratch + 425984);
