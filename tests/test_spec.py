@@ -93,7 +93,7 @@ CASES = [
     ("malformed-range", ("values: 1..16", "values: 1-16"), "values: 1-16", "must look like 'lo..hi'"),
     ("abi-name-twice", ("{name: res, dtype", "{name: ar, dtype"), "{name: ar, dtype: bf16, shape: [tokens, HIDDEN], doc: residual in}", "ABI name 'ar' used twice"),
     ("abi-bad-dtype", ("{name: s_qkv, dtype: f32", "{name: s_qkv, dtype: f16"), "dtype: f16", "'bf16'"),
-    ("abi-lacks-layer", ("{name: layer, dtype", "{name: layer_id, dtype"), "abi:", "lacks 'layer'"),
+    ("param-shadows-symbol", ("  eps:\n", "  HIDDEN:   # clash\n    type: int\n    default: 1\n  eps:\n"), "# clash", "both a symbol and a parameter"),
     ("scratch-region-twice", ("{name: x8s, kind", "{name: x8, kind"), "{name: x8, kind: pairs", "scratch region 'x8' defined twice"),
     ("stage-name-twice", ("  - name: qkv\n", "  - name: norm   # again\n"), "# again", "stage name 'norm' used twice"),
     ("waits-on-itself", ("waits_on: [norm]", "waits_on: [qkv]"), "waits_on: [qkv]", "waits on itself"),

@@ -1,0 +1,232 @@
+"""Rendering: deterministic bytes (in this process and in a fresh one), no
+template leftovers, a header that documents the ABI and the scratch layout,
+one entry point, each constant once, the timeline only in timeline builds."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from functools import lru_cache
+from pathlib import Path
+
+import pytest
+
+from codegen.lower import lower, make_build
+from codegen.render import render, source
+from codegen.spec import load_spec
+
+ROOT = Path(__file__).resolve().parents[1]
+SPEC = "minimax_m3/pre_attn"
+ENTRY = "minimax_m3_pre_attn"
+TARGET_NAMES = ("sm90", "gfx942", "gfx950")
+BUILDS = [(t, n, tl) for t in TARGET_NAMES for n in (1, 3, 16) for tl in (False, True)]
+IDS = [f"{t}-s{n}-{'tl' if tl else 'notl'}" for t, n, tl in BUILDS]
+
+
+@lru_cache(maxsize=None)
+def built(target: str, tokens: int, timeline: bool):
+    loaded = load_spec(SPEC)
+    ir = lower(loaded, make_build(loaded, target, tokens=tokens, timeline=timeline))
+    return ir, render(ir)
+
+
+def header(text: str) -> list[str]:
+    """The leading comment block (up to the first blank line)."""
+    lines = text.split("\n\n", 1)[0].splitlines()
+    assert all(line.startswith("//") for line in lines)
+    return lines
+
+
+def constexpr_scopes(text: str) -> dict[str, list[str]]:
+    """Names declared ``constexpr T NAME =`` at namespace level (no indent), by
+    namespace ('' for the top level)."""
+    scopes: dict[str, list[str]] = {"": []}
+    ns = ""
+    for line in text.splitlines():
+        m = re.match(r"namespace (\w+) \{$", line)
+        if m:
+            assert ns == "", f"nested namespace {m.group(1)} in {ns}"
+            ns = m.group(1)
+            scopes.setdefault(ns, [])
+            continue
+        if re.match(r"\}\s*// namespace (\w+)$", line):
+            assert ns, "namespace closed twice"
+            ns = ""
+            continue
+        m = re.match(r"constexpr [\w ]+? (\w+) = ", line)
+        if m:
+            scopes[ns].append(m.group(1))
+    assert ns == "", f"namespace {ns} not closed"
+    return scopes
+
+
+# ---- determinism ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("build", BUILDS, ids=IDS)
+def test_render_twice_same_text(build):
+    ir, text = built(*build)
+    assert render(ir) == text
+    again = lower(load_spec(SPEC), ir.build)
+    assert render(again) == text
+    _, via_source = source(SPEC, build[0], tokens=build[1], timeline=build[2])
+    assert via_source == text
+    assert text.endswith("\n") and not text.endswith("\n\n")
+    assert not any(line != line.rstrip() for line in text.splitlines())
+
+
+def test_fresh_process_renders_same_text():
+    """A new interpreter (another hash seed, cold caches) gives the same bytes."""
+    script = (
+        "import json, sys\n"
+        "from codegen.render import source\n"
+        f"builds = {BUILDS!r}\n"
+        "out = {f'{t}/{n}/{tl}': source(%r, t, tokens=n, timeline=tl)[1] for t, n, tl in builds}\n"
+        "json.dump(out, sys.stdout)\n"
+    ) % SPEC
+    env = dict(os.environ, PYTHONHASHSEED="12345", PYTHONPATH=str(ROOT))
+    proc = subprocess.run([sys.executable, "-c", script], cwd=os.getcwd(), env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    fresh = json.loads(proc.stdout)
+    assert set(fresh) == {f"{t}/{n}/{tl}" for t, n, tl in BUILDS}
+    for t, n, tl in BUILDS:
+        assert fresh[f"{t}/{n}/{tl}"] == built(t, n, tl)[1], f"{t} tokens={n} timeline={tl} differs"
+
+
+def test_builds_differ():
+    texts = {built(*b)[1] for b in BUILDS}
+    assert len(texts) == len(BUILDS)
+
+
+# ---- content ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("build", BUILDS, ids=IDS)
+def test_no_template_leftovers(build):
+    target = build[0]
+    _, text = built(*build)
+    rest = text
+    if target == "sm90":  # inline PTX operand lists: "{%0, %1, %2, %3}"
+        asm_lines = [ln for ln in text.splitlines() if "{%" in ln]
+        assert asm_lines, "the sm90 device library should hold inline PTX"
+        for ln in asm_lines:
+            assert re.search(r"\{%\d", ln) and ("asm" in ln or ln.lstrip().startswith('"')), ln
+        rest = re.sub(r"\{%\d", "", text)
+    assert "{%" not in rest and "%}" not in rest
+    assert "{#" not in rest and "#}" not in rest
+    # C brace initializers ("{{0.0f, ...") are fine; a Jinja expression is not
+    assert not re.search(r"\{\{(?![\d{])", rest), re.search(r".*\{\{(?![\d{]).*", rest).group(0)
+    assert "Undefined" not in text and "None" not in text
+
+
+@pytest.mark.parametrize("build", BUILDS, ids=IDS)
+def test_header_lists_abi_and_scratch(build):
+    ir, text = built(*build)
+    head = header(text)
+    assert head[0].startswith(f"// {ir.kernel} for {ir.target.name} ")
+    assert f"// build:  {ir.build.label()}" in head
+
+    abi_rows = [re.match(r"//\s+(\d+)\s+(\w+)\s+(\w+)\s+(\[[\d, ]*\]|scalar)\s+(\w+)", ln) for ln in head]
+    abi_rows = [m.groups() for m in abi_rows if m]
+    expected = [
+        (str(i), a.name, a.dtype, str(list(a.shape)) if a.shape else "scalar", a.intent)
+        for i, a in enumerate(ir.abi, 1)
+    ]
+    assert abi_rows == expected
+
+    region_rows = [re.match(r"//\s+(\w+)\s+@\s+(\d+)\s+(\d+) B\s+(\d+) (\w+):", ln) for ln in head]
+    region_rows = [m.groups() for m in region_rows if m]
+    assert region_rows == [(r.name, str(r.offset), str(r.nbytes), str(r.count), r.kind) for r in ir.regions]
+    assert any(f"scratch ({ir.scratch_bytes} bytes;" in ln for ln in head)
+    # and the kernel points its mailboxes at the same offsets
+    for r in ir.regions:
+        assert f"mb.{r.name} = reinterpret_cast<{r.c_type}*>(scratch + {r.offset});" in text
+    for s in ir.stages:
+        assert any(re.match(rf"//\s+{s.index}\. {s.name}\s+{s.kind}\s+{s.tasks} tasks on CTAs {s.first}\.\.", ln)
+                   for ln in head), s.name
+
+
+@pytest.mark.parametrize("build", BUILDS, ids=IDS)
+def test_single_extern_c_entry(build):
+    ir, text = built(*build)
+    assert text.count('extern "C"') == 1
+    (define,) = [ln for ln in text.splitlines() if 'extern "C"' in ln]
+    assert define.startswith("#define MONO_KERNEL extern \"C\" __global__")
+    uses = re.findall(r"^MONO_KERNEL (\w+)\(", text, re.M)
+    assert uses == [ENTRY]
+    assert text.count("MONO_KERNEL") == 2  # the define and the entry
+    # the entry's parameters are the ABI, in order
+    params = re.search(rf"^MONO_KERNEL {ENTRY}\((.*?)\)\n\{{", text, re.M | re.S).group(1)
+    names = [re.search(r"(\w+)$", p.strip()).group(1) for p in params.split(",")]
+    assert names == [a.name for a in ir.abi]
+
+
+@pytest.mark.parametrize("build", BUILDS, ids=IDS)
+def test_constants_once(build):
+    ir, text = built(*build)
+    scopes = constexpr_scopes(text)
+    for ns, declared in scopes.items():
+        dupes = sorted({n for n in declared if declared.count(n) > 1})
+        assert not dupes, f"declared twice in {ns or 'the top level'}: {dupes}"
+    assert set(scopes) == {""} | {f"stage_{s.name}" for s in ir.stages}
+    top = scopes[""]
+    for c in ir.constants:
+        assert c.name in top
+        assert len(re.findall(rf"^constexpr {c.c_type} {c.name} = {re.escape(c.c_value)};", text, re.M)) == 1, c
+    # stage namespaces do not shadow a build constant
+    for ns, declared in scopes.items():
+        if ns:
+            assert not set(declared) & {c.name for c in ir.constants}, ns
+
+
+@pytest.mark.parametrize("build", BUILDS, ids=IDS)
+def test_lds_names_declared_before_use(build):
+    """Every LDS_* name the code reads is declared, and declared above its first use."""
+    ir, text = built(*build)
+    lines = text.splitlines()
+    declared: dict[str, int] = {}
+    for n, ln in enumerate(lines):
+        m = re.match(r"constexpr int (LDS_\w+) = ", ln)
+        if m:
+            declared.setdefault(m.group(1), n)
+    for n, ln in enumerate(lines):
+        if ln.startswith("//") or ln.startswith("constexpr int LDS_"):
+            continue
+        for name in re.findall(r"\b(LDS_\w+)\b", ln.split("//")[0]):
+            assert name in declared, f"line {n + 1}: {name} is not declared"
+            assert declared[name] < n, f"line {n + 1}: {name} used before its declaration"
+    assert f"constexpr int LDS_BYTES = {ir.lds_bytes};" in text
+
+
+@pytest.mark.parametrize("build", BUILDS, ids=IDS)
+def test_timeline_only_in_timeline_builds(build):
+    ir, text = built(*build)
+    timeline = build[2]
+    assert ("LDS_TL" in text) is timeline
+    assert (f"constexpr bool TIMELINE = {'true' if timeline else 'false'};") in text
+    if timeline:
+        (tl,) = [b for b in ir.lds if b.stage == "kernel"]
+        assert f"constexpr int LDS_TL = {tl.offset};" in text
+        assert "tl[block_id() * TL_POINTS + thread_id()]" in text
+        assert "MONO_DEVICE void stamp(u8* lds, int point)" in text
+    else:
+        assert "MONO_DEVICE void stamp(u8*, int) {}" in text
+        assert "tl[" not in text
+    for i, p in enumerate(ir.timeline_points):  # the stamp indices exist either way
+        assert f"constexpr int TL_{p.upper()} = {i};" in text
+
+
+@pytest.mark.parametrize("target", TARGET_NAMES)
+def test_stage_code_follows_the_build(target):
+    _, small = built(target, 1, False)
+    _, large = built(target, 16, False)
+    assert "namespace stage_norm" not in small and "norm_quant_row(a, tk, x8 + tk * X8_STRIDE" in small
+    assert "namespace stage_norm" in large and "(mb.x8s + tid" in large  # waits on the norm's flags
+    tile = 8 if target == "gfx942" else 16
+    assert f"constexpr int TILE = {tile};" in large
+    assert large.count("stage_norm::run(a, mb, lds);") == 1
+    assert large.index("stage_norm::run(") < large.index("stage_qkv::run(")
