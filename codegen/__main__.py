@@ -36,6 +36,18 @@ def cmd_check(args) -> int:
             print(e, file=sys.stderr)
             status = 1
             continue
+        # every target x review build must lower too (budgets, placement, deadlocks)
+        from .lower import lower, make_build
+        from .targets import TARGETS
+
+        try:
+            for target in TARGETS:
+                for values in loaded.spec.review_builds or [{}]:
+                    lower(loaded, make_build(loaded, target, **values))
+        except SpecError as e:
+            print(e, file=sys.stderr)
+            status = 1
+            continue
         print(f"{path}: ok ({loaded.spec.kernel}: {len(loaded.spec.stages)} stages, {len(loaded.spec.abi)} arguments)")
     return status
 

@@ -128,6 +128,8 @@ class Kernel:
             if a.workspace == "timeline" and not dict(self.ir.build.params).get("timeline", False):
                 out[a.name] = None
                 continue
+            if any(isinstance(d, str) for d in a.shape):
+                raise ValueError(f"workspace argument {a.name!r} has a runtime dimension: give it a fixed shape")
             out[a.name] = torch.zeros(a.shape, dtype=torch_dtype(a.dtype, self.target), device=device)
         return out
 
@@ -141,9 +143,10 @@ class Kernel:
         if missing:
             raise ArgumentError(f"{self.ir.kernel}: missing argument(s) {', '.join(missing)} "
                                 "(workspace arguments come from kernel.workspace(device))")
-        return [self._check(a, tensors.get(a.name)) for a in self.ir.abi]
+        dims: dict[str, tuple[str, int]] = {}  # runtime dimension -> (first argument, size)
+        return [self._check(a, tensors.get(a.name), dims) for a in self.ir.abi]
 
-    def _check(self, a: Arg, value) -> tuple[str, int | float]:
+    def _check(self, a: Arg, value, dims: dict) -> tuple[str, int | float]:
         torch = _torch()
         where = f"{self.ir.kernel} argument {a.name!r}"
         if not a.is_tensor:
@@ -164,8 +167,17 @@ class Kernel:
         want = torch_dtype(a.dtype, self.target)
         if value.dtype != want:
             raise ArgumentError(f"{where}: expected dtype {want}, got {value.dtype}")
-        if tuple(value.shape) != a.shape:
-            raise ArgumentError(f"{where}: expected shape {list(a.shape)}, got {list(value.shape)}")
+        if value.dim() != len(a.shape) or any(
+            isinstance(d, int) and d != n for d, n in zip(a.shape, value.shape)
+        ):
+            raise ArgumentError(f"{where}: expected shape {a.shape_text}, got {list(value.shape)}")
+        for d, n in zip(a.shape, value.shape):
+            if isinstance(d, str):
+                if n <= 0:
+                    raise ArgumentError(f"{where}: runtime dimension {d} must be positive, got {n}")
+                first = dims.setdefault(d, (a.name, n))
+                if first[1] != n:
+                    raise ArgumentError(f"{where}: dimension {d} = {n} disagrees with {first[0]!r} ({d} = {first[1]})")
         if value.device.type != "cuda":
             raise ArgumentError(f"{where}: expected a tensor on the GPU, got device {value.device}")
         if value.device.index != torch.cuda.current_device():

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,6 +25,7 @@ from .spec.models import Fixed
 from .stages import KINDS
 from .targets import Target, get_target
 
+INT_MIN, INT_MAX = -(2**31), 2**31 - 1  # int constants of the generated code
 SCRATCH_ALIGN = 256  # every mailbox region starts on its own 256-byte stretch
 LDS_ALIGN = 16  # 16-byte LDS loads and stores
 REGION_BYTES = {"pairs": 8, "flags": 8, "words": 4}
@@ -72,8 +74,7 @@ def make_build(loaded: LoadedSpec, target: str, **values) -> Build:
         py = {"int": int, "float": (int, float), "bool": bool}[param.type]
         if not isinstance(value, py) or (param.type != "bool" and isinstance(value, bool)):
             raise ValueError(f"{spec.kernel}: build parameter {name}={value!r} must be of type {param.type}")
-        allowed = param.allowed()
-        if allowed is not None and value not in allowed:
+        if param.problem(value):  # the type is right: a value outside 'values'
             raise ValueError(f"{spec.kernel}: build parameter {name}={value!r} is not allowed; values: {param.values}")
         params.append((name, float(value) if param.type == "float" else value))
     return Build(spec.kernel, target, tuple(params))
@@ -104,7 +105,7 @@ class Arg:
 
     name: str
     dtype: str
-    shape: tuple[int, ...] | None
+    shape: tuple[int | str, ...] | None  # a str is a runtime dimension (bound at launch)
     intent: str
     optional: bool
     range: tuple[int, int] | None
@@ -124,11 +125,8 @@ class Arg:
         return f"{const}{ctype}* __restrict__ {self.name}"
 
     @property
-    def nbytes(self) -> int:
-        n = 1
-        for d in self.shape or ():
-            n *= d
-        return n * ELEM_BYTES[self.dtype]
+    def shape_text(self) -> str:
+        return "scalar" if self.shape is None else "[" + ", ".join(str(d) for d in self.shape) + "]"
 
 
 @dataclass(frozen=True)
@@ -231,6 +229,8 @@ class _Ctx:
         self.issues: list[SpecIssue] = []
         self.loc: tuple = ()
         self.task_count = 0
+        self.args: dict[str, Arg] = {}  # the lowered ABI and regions, set by the lowering
+        self.regions: dict[str, Region] = {}
 
     def fail(self, loc: tuple, message: str, hint: str = "") -> None:
         raise _Fail(self.loaded.issue(self.loc + tuple(loc), f"[{self.build.target} {self.build.label()}] {message}", hint))
@@ -241,21 +241,49 @@ class _Ctx:
         except ExprError as e:
             self.fail(loc, str(e))
 
+    def integer(self, value, loc: tuple, minimum: int = 1) -> int:
+        """``evaluate``, refusing anything but an integer >= ``minimum`` (sizes, counts)."""
+        v = self.evaluate(value, loc)
+        if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
+            self.fail(loc, f"must be an integer >= {minimum}, got {v!r}")
+        return v
+
     def symbol(self, name: str, loc: tuple) -> Any:
         if name not in self.scope:
             self.fail(loc, f"unknown symbol {name!r}", "define it under 'symbols'")
         return self.scope[name]
 
-    def abi_arg(self, name: str, loc: tuple) -> None:
+    def abi_arg(self, name: str, loc: tuple, dtype: str | None = None, shape: tuple | None = None,
+                written: bool = False) -> None:
+        """Check that ABI argument ``name`` exists and, where given, that it has
+        the dtype and the exact shape the stage indexes it with (the launcher
+        checks tensors against the ABI, this checks the ABI against the kernel's
+        indices: together no index runs past a tensor) and is writable."""
         if not any(a.name == name for a in self.loaded.spec.abi):
             self.fail(loc, f"no ABI argument {name!r}", "add it under 'abi' or fix the name")
+        arg = self.args.get(name)
+        if arg is None:
+            return
+        if dtype is not None and arg.dtype != dtype:
+            self.fail(loc, f"ABI argument {name!r} is {arg.dtype}, this stage needs {dtype}", f"declare it with dtype: {dtype}")
+        if shape is not None and arg.shape != tuple(shape):
+            self.fail(loc, f"ABI argument {name!r} has shape {arg.shape_text}, this stage indexes it as {list(shape)}",
+                      "declare the shape the stage indexes: a smaller tensor would be read or written past its end")
+        if written and arg.intent == "in":
+            self.fail(loc, f"this stage writes ABI argument {name!r}, declared intent: in", "declare it with intent: out")
 
-    def region(self, name: str, loc: tuple, kind: str) -> None:
+    def region(self, name: str, loc: tuple, kind: str, min_count: int | None = None) -> None:
+        """Check that scratch region ``name`` exists, is of ``kind`` and holds at
+        least ``min_count`` entries (the largest index the stage forms, plus one)."""
         region = next((r for r in self.loaded.spec.scratch if r.name == name), None)
         if region is None:
             self.fail(loc, f"no scratch region {name!r}", "add it under 'scratch' or fix the name")
         if region.kind != kind and not (kind == "pairs" and region.kind == "flags"):
             self.fail(loc, f"scratch region {name!r} is {region.kind}, this needs {kind}", f"declare it with kind: {kind}")
+        lowered = self.regions.get(name)
+        if min_count is not None and lowered is not None and lowered.count < min_count:
+            self.fail(loc, f"scratch region {name!r} holds {lowered.count} {kind}, this stage uses {min_count}",
+                      "raise the region's count")
 
     def stage_model(self, name: str, loc: tuple, kind: str):
         stage = next((s for s in self.loaded.spec.stages if s.name == name), None)
@@ -300,6 +328,16 @@ def _lower(loaded: LoadedSpec, build: Build) -> KernelIR:
     def fail(loc, message, hint=""):
         raise _Fail(ctx_issue(loc, f"[{build.target} {build.label()}] {message}", hint))
 
+    def whole(value, loc, what, minimum):
+        """``value`` evaluated: an integer >= ``minimum``, else a located refusal."""
+        try:
+            v = evaluate(value, scope)
+        except ExprError as e:
+            fail(loc, str(e))
+        if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
+            fail(loc, f"{what} must be an integer >= {minimum}, got {v!r}")
+        return v
+
     scope: dict[str, Any] = dict(build.params)
     threads = spec.grid.threads
     if threads % target.wave_size or threads > target.max_threads:
@@ -311,6 +349,12 @@ def _lower(loaded: LoadedSpec, build: Build) -> KernelIR:
             scope[name] = evaluate(value, scope)
         except ExprError as e:
             fail(("symbols", name), str(e), "symbols may use parameters and symbols defined above them")
+        v = scope[name]
+        if isinstance(v, int) and not isinstance(v, bool) and not INT_MIN <= v <= INT_MAX:
+            fail(("symbols", name), f"{name} = {v} does not fit a 32-bit int (the generated constexpr int)",
+                 "symbols are C int constants: keep them within +-2^31")
+        if isinstance(v, float) and not math.isfinite(v):
+            fail(("symbols", name), f"{name} = {v} is not a finite number")
     try:
         blocks = evaluate(spec.grid.blocks.for_target(target.name), scope)
     except ExprError as e:
@@ -340,6 +384,9 @@ def _lower(loaded: LoadedSpec, build: Build) -> KernelIR:
         if a.shape is not None:
             dims = []
             for j, d in enumerate(a.shape):
+                if isinstance(d, str) and d in spec.runtime_dims:
+                    dims.append(d)  # known at launch
+                    continue
                 try:
                     v = evaluate(d, scope)
                 except ExprError as e:
@@ -349,6 +396,14 @@ def _lower(loaded: LoadedSpec, build: Build) -> KernelIR:
                 dims.append(v)
             shape = tuple(dims)
         abi.append(Arg(a.name, a.dtype, shape, a.intent, a.optional, a.range, a.workspace, a.doc))
+        # the workspaces the kernel template indexes itself: exactly what it forms indices into
+        want = {"scratch": ("u8", (scratch_bytes,)), "step": ("i32", (2,)),
+                "timeline": ("i64", (blocks, len(spec.timeline_points)))}.get(a.workspace)
+        if want is not None and (a.dtype, shape) != want:
+            fail(("abi", i), f"workspace {a.workspace!r} argument {a.name!r} must be {want[0]} {list(want[1])}, "
+                 f"got {a.dtype} {abi[-1].shape_text}",
+                 {"scratch": "shape: [SCRATCH_BYTES], dtype: u8", "step": "shape: [2], dtype: i32",
+                  "timeline": "shape: [BLOCKS, TL_POINTS], dtype: i64"}[a.workspace])
 
     active = {}
     for i, s in enumerate(spec.stages):
@@ -358,6 +413,7 @@ def _lower(loaded: LoadedSpec, build: Build) -> KernelIR:
             fail(("stages", i, "when"), str(e))
 
     ctx = _Ctx(loaded, build, target, scope, threads, active)
+    ctx.args, ctx.regions = {a.name: a for a in abi}, {r.name: r for r in regions}
     stages, fixed_ranges = [], []
     for i, s in enumerate(spec.stages):
         if not active[s.name]:
@@ -373,7 +429,8 @@ def _lower(loaded: LoadedSpec, build: Build) -> KernelIR:
         place = s.placement_for(target.name)
         ploc = loc + (("placement_by_target", target.name) if target.name in s.placement_by_target else ("placement",))
         if isinstance(place, Fixed):
-            first, ctas = evaluate(place.fixed.first, scope), evaluate(place.fixed.count, scope)
+            first = whole(place.fixed.first, ploc + ("fixed", "first"), "first", 0)
+            ctas = whole(place.fixed.count, ploc + ("fixed", "count"), "count", 1)
             if tasks > ctas:
                 fail(ploc, f"{tasks} tasks do not fit the fixed range of {ctas} CTAs", "widen the range or use round_robin")
             for other, (f0, c0) in fixed_ranges:
@@ -383,8 +440,10 @@ def _lower(loaded: LoadedSpec, build: Build) -> KernelIR:
             fixed_ranges.append((s.name, (first, ctas)))
             kind = "fixed"
         else:
-            first = evaluate(place.round_robin.first, scope)
-            ctas = evaluate(place.round_robin.ctas, scope) if place.round_robin.ctas is not None else blocks - first
+            rloc = ploc + ("round_robin",)
+            first = whole(place.round_robin.first, rloc + ("first",), "first", 0)
+            ctas = (whole(place.round_robin.ctas, rloc + ("ctas",), "ctas", 1)
+                    if place.round_robin.ctas is not None else blocks - first)
             kind = "round_robin"
         if first < 0 or ctas <= 0 or first + ctas > blocks:
             fail(ploc, f"CTAs {first}..{first + ctas - 1} lie outside the grid of {blocks} CTAs",
@@ -414,6 +473,8 @@ def _lower(loaded: LoadedSpec, build: Build) -> KernelIR:
         fail(("stages", i), f"LDS {lds_bytes} B exceeds {target.name}'s {target.lds_bytes} B (stage {worst!r} needs {by_stage[worst]} B)",
              "use a smaller token_tile for this target, or fewer tokens")
 
+    tag_stride = whole(spec.mailbox.tag_stride, ("mailbox", "tag_stride"), "tag_stride", 1)
+
     constants = []
     for k, v in scope.items():
         if k in spec.params:
@@ -429,6 +490,6 @@ def _lower(loaded: LoadedSpec, build: Build) -> KernelIR:
         stages=tuple(stages), timeline_points=tuple(spec.timeline_points),
         scratch_arg=next(a.name for a in spec.abi if a.workspace == "scratch"),
         counter_arg=spec.mailbox.counter, layer_arg=spec.mailbox.layer,
-        tag_stride=evaluate(spec.mailbox.tag_stride, scope),
+        tag_stride=tag_stride,
         timeline_arg=next((a.name for a in spec.abi if a.workspace == "timeline"), None),
     )

@@ -15,63 +15,16 @@ import torch
 import codegen
 from codegen.fp import bf16_rn
 from codegen.reference import minimax_m3 as ref
-from codegen.targets import get_target
-from codegen.weights import preshuffle
+from tests.minimax_case import (POISON_BF16, expected_tag, launch_args, make_inputs, read_mailbox,
+                                reference_heads)
 
 pytestmark = pytest.mark.gpu
 
 TOKENS = (1, 2, 3, 8, 16)
-LAYER = 5
-LAYER_SLOTS = 128
-POISON_BF16 = -1  # 0xffff: a NaN bf16 pattern that no output can equal
 
 
-def make_inputs(tokens: int, target: str, seed: int) -> dict:
-    """Random inputs of realistic magnitude (never zeros), on the GPU."""
-    g = torch.Generator().manual_seed(seed)
-    t = get_target(target)
-    fp8 = getattr(torch, t.torch_fp8_dtype_name)
-    ar = (torch.randn(tokens, ref.HIDDEN, generator=g) * 0.7).bfloat16()
-    res = (torch.randn(tokens, ref.HIDDEN, generator=g) * 1.3).bfloat16()
-    g_in = (torch.randn(ref.HIDDEN, generator=g) * 0.1).bfloat16()
-    w = (torch.randn(ref.QKV_ROWS, ref.HIDDEN, generator=g) * 0.3).clamp(-t.fp8_max, t.fp8_max).to(fp8)
-    s_qkv = torch.rand(ref.QKV_ROWS, generator=g) * 0.02 + 0.005
-    return {"ar": ar, "res": res, "g_in": g_in, "w": w, "s_qkv": s_qkv, "fp8": fp8, "target": t}
-
-
-def launch_args(kernel, inp: dict, ws: dict) -> dict:
-    dev = "cuda"
-    h_out = torch.full(inp["ar"].shape, POISON_BF16, dtype=torch.int16, device=dev).view(torch.bfloat16)
-    return {
-        "ar": inp["ar"].to(dev), "res": inp["res"].to(dev), "h_out": h_out, "g_in": inp["g_in"].to(dev),
-        "w_qkv": preshuffle(inp["w"], inp["target"]).to(dev), "s_qkv": inp["s_qkv"].to(dev),
-        "layer": LAYER, **ws,
-    }
-
-
-def read_mailbox(kernel, scratch: torch.Tensor, tokens: int) -> dict:
-    """The kernel's qkv pairs, x8 rows and x-scale pairs, from scratch."""
-    ir = kernel.ir
-    raw = scratch.cpu()
-
-    def region(name):
-        r = ir.region(name)
-        return raw[r.offset: r.offset + r.nbytes]
-
-    qkv = region("qkv").view(torch.int32).view(-1, 2)[: tokens * ref.QKV_ROWS]
-    x8s = region("x8s").view(torch.int32).view(-1, 2)[:tokens]
-    x8 = region("x8")[: tokens * ref.HIDDEN].view(getattr(torch, ir.target.torch_fp8_dtype_name))
-    return {
-        "qkv": qkv[:, 0].view(torch.float32).view(tokens, ref.QKV_ROWS).clone(),
-        "qkv_tag": qkv[:, 1].view(tokens, ref.QKV_ROWS).clone(),
-        "x_scale": x8s[:, 0].view(torch.float32).clone(),
-        "x8s_tag": x8s[:, 1].clone(),
-        "x8": x8.view(tokens, ref.HIDDEN).clone(),
-    }
-
-
-def expected_tag(step: int) -> int:
-    return step * LAYER_SLOTS + LAYER + 1
+def same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return torch.equal(a.cpu().contiguous().view(torch.uint8), b.cpu().contiguous().view(torch.uint8))
 
 
 @pytest.mark.parametrize("tokens", TOKENS)
@@ -80,7 +33,7 @@ def test_pre_attn_norm_gemv(tokens):
     target = kernel.target
     inp = make_inputs(tokens, target.name, seed=100 + tokens)
     ws = kernel.workspace("cuda")
-    args = launch_args(kernel, inp, ws)
+    args = launch_args(inp, ws)
     kernel(**args)
     torch.cuda.synchronize()
 
@@ -101,6 +54,11 @@ def test_pre_attn_norm_gemv(tokens):
     assert (ulps <= 1).float().mean().item() >= 0.999
     assert torch.equal(got["qkv"], bf16_rn(got["qkv"])), "qkv values are bf16-rounded"
 
+    # head tasks: exact given the kernel's own qkv (sm90's rsq is the ieee one)
+    heads = reference_heads(inp, got["qkv"], args)
+    for name in ("q_out", "iq_out", "k_cache", "v_cache", "k_scale", "v_scale", "index_cache"):
+        assert same_bytes(args[name], heads[name]), f"{name} differs"
+
     # a second launch: same values, the next epoch's tags
     first = got
     args["h_out"].view(torch.int16).fill_(POISON_BF16)
@@ -119,7 +77,7 @@ def test_pre_attn_graph_replays(tokens):
     kernel = codegen.load("minimax_m3/pre_attn", tokens=tokens)
     inp = make_inputs(tokens, kernel.target.name, seed=7 + tokens)
     ws = kernel.workspace("cuda")
-    args = launch_args(kernel, inp, ws)
+    args = launch_args(inp, ws)
     kernel(**args)  # compile and warm up outside the capture
     torch.cuda.synchronize()
     single = read_mailbox(kernel, ws["scratch"], tokens)
@@ -147,7 +105,7 @@ def test_timeline_stamps():
     kernel = codegen.load("minimax_m3/pre_attn", tokens=4, timeline=True)
     inp = make_inputs(4, kernel.target.name, seed=3)
     ws = kernel.workspace("cuda")
-    kernel(**launch_args(kernel, inp, ws))
+    kernel(**launch_args(inp, ws))
     torch.cuda.synchronize()
     tl = ws["tl"].cpu()
     pts = kernel.ir.timeline_points
@@ -161,10 +119,35 @@ def test_argument_errors_on_gpu():
     kernel = codegen.load("minimax_m3/pre_attn", tokens=2)
     inp = make_inputs(2, kernel.target.name, seed=1)
     ws = kernel.workspace("cuda")
-    args = launch_args(kernel, inp, ws)
+    args = launch_args(inp, ws)
     bad = dict(args, ar=args["ar"].t().contiguous().t())  # same values, column-major
     with pytest.raises(codegen.launch.ArgumentError, match="'ar'.*contiguous"):
         kernel(**bad)
     misaligned = torch.empty(2 * ref.HIDDEN + 1, dtype=torch.bfloat16, device="cuda")[1:].view(2, ref.HIDDEN)
     with pytest.raises(codegen.launch.ArgumentError, match="'res'.*16-byte aligned"):
         kernel(**dict(args, res=misaligned))
+
+
+@pytest.mark.parametrize("tokens", (1, 3, 16))
+@pytest.mark.parametrize("static_kv_scale", (False, True))
+@pytest.mark.parametrize("kv_page_stride", (16, 8))
+def test_head_tasks_cache_modes(tokens, static_kv_scale, kv_page_stride):
+    """Both KV-scale modes and both page strides, negative slots: q, index q,
+    every cache byte and scale exact given the kernel's qkv; bytes the contract
+    leaves alone (canaries) untouched."""
+    kernel = codegen.load("minimax_m3/pre_attn", tokens=tokens, static_kv_scale=static_kv_scale,
+                          kv_page_stride=kv_page_stride)
+    inp = make_inputs(tokens, kernel.target.name, seed=1000 + tokens, kv_page_stride=kv_page_stride)
+    ws = kernel.workspace("cuda")
+    args = launch_args(inp, ws)
+    kernel(**args)
+    torch.cuda.synchronize()
+    got = read_mailbox(kernel, ws["scratch"], tokens)
+    want = reference_heads(inp, got["qkv"], args, static_kv_scale=static_kv_scale)
+    for name in ("q_out", "iq_out", "k_cache", "v_cache", "k_scale", "v_scale", "index_cache"):
+        assert same_bytes(args[name], want[name]), f"{name} differs"
+    live = (inp["slot_mapping"] >= 0).sum().item()
+    written = (args["k_scale"].cpu() != -7.0).sum().item()
+    assert written == live, f"{written} K scales written for {live} live slots"
+    if static_kv_scale:
+        assert (args["k_scale"].cpu()[args["k_scale"].cpu() != -7.0] == 1.0).all()

@@ -215,3 +215,105 @@ def bf16_ulp_diff(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         return torch.where(bits < 0, -(bits & 0x7FFF), bits)
 
     return (ordered(a) - ordered(b)).abs()
+
+
+# ------------------------------------------------------------------ head tasks (A.5.4 - A.6)
+
+ROTARY_DIM = 64  # partial NeoX RoPE over dims 0..63
+HALF = ROTARY_DIM // 2
+LOCAL_Q_HEADS = 16
+K_OFF, V_OFF, IQ_OFF, IK_OFF = 2048, 2176, 2304, 2432  # rows of a token's qkv (one index head)
+SPARSE_BLOCK = 128
+PAGE16 = 16
+PAGE_BYTES = 2048
+HEAD_LANES, HEAD_ELEMS = 32, 4  # a token's lanes; dims per lane
+
+
+def head_norm_rope(e: torch.Tensor, gamma: torch.Tensor, cos_sin: torch.Tensor, positions: torch.Tensor,
+                   eps: float) -> torch.Tensor:
+    """One head of every token ``e [S, 128]`` (bf16 values as f32): gemma RMSNorm
+    and partial NeoX RoPE in the kernel's order (A.5.4). Lane l holds dims
+    4l..4l+3: ``ss = e0^2 + e1^2 + e2^2 + e3^2`` (plain f32 multiply and add,
+    left to right from 0), butterfly 16..1 over the 32 lanes, ``rr = 1 /
+    sqrt(ss / 128 + eps)`` (ieee), ``n = (e * rr) * (g + 1)``; dims < 64:
+    ``fma(n, c, -(p * s))`` in the first half, ``fma(n, c, p * s)`` in the
+    second, p the value 32 dims away, c / s from ``cos_sin[pos]``."""
+    s_rows = e.shape[0]
+    lanes = e.float().reshape(s_rows, HEAD_LANES, HEAD_ELEMS)
+    ss = torch.zeros(s_rows, HEAD_LANES, dtype=torch.float32)
+    for j in range(HEAD_ELEMS):
+        ss = ss + lanes[..., j] * lanes[..., j]
+    ss = _butterfly(ss)[:, :1]  # every lane equal
+    rr = rsq(ss / torch.tensor(float(HEAD_DIM)) + torch.tensor(eps, dtype=torch.float32))
+    n = (e.float() * rr) * (gamma.float() + 1.0)
+    pos = positions.long() & 0xFFFFFFFF
+    cs = cos_sin[pos].float()  # [S, 64]
+    c, s = cs[:, :HALF], cs[:, HALF:]
+    first, second = n[:, :HALF], n[:, HALF:ROTARY_DIM]
+    out = n.clone()
+    out[:, :HALF] = fma_f32(first, c, -(second * s))
+    out[:, HALF:ROTARY_DIM] = fma_f32(second, c, first * s)
+    return out
+
+
+def kv_scale(x: torch.Tensor, fp8_max: float, static: bool) -> torch.Tensor:
+    """Per-token scale ``[S]``: amax / FP8_MAX over the head (1.0 where amax is
+    0), or 1.0 in static builds (Decision 1)."""
+    if static:
+        return torch.ones(x.shape[0], dtype=torch.float32)
+    am = x.float().abs().amax(dim=1)
+    return torch.where(am > 0, am / torch.tensor(fp8_max), torch.ones_like(am))
+
+
+def page16_of(slot: torch.Tensor, page_stride: int) -> torch.Tensor:
+    """Page-16 id of logical slots (Decision 1): slot // 16 when the views hold
+    one side; blocks ``page_stride`` pages apart when K and V are packed."""
+    if page_stride == SPARSE_BLOCK // PAGE16:
+        return slot // PAGE16
+    return (slot // SPARSE_BLOCK) * page_stride + (slot % SPARSE_BLOCK) // PAGE16
+
+
+def heads(qkv: torch.Tensor, g_q, g_k, g_iq, g_ik, cos_sin, positions, slot_mapping, k_cache, v_cache, k_scale,
+          v_scale, index_cache, eps: float, target: Target | str, static_kv_scale: bool = False,
+          kv_page_stride: int = 16) -> dict:
+    """The head tasks given the kernel's own qkv ``[S, rows]`` (bf16 values as
+    f32): q_out, iq_out, and copies of the caches and scale tensors with this
+    step's rows written (A.5.4, A.6). Cache bytes are exact given qkv."""
+    t = _target(target)
+    fp8 = fp8_dtype(t)
+    s_rows = qkv.shape[0]
+    qkv = qkv.float()
+    q = torch.stack([head_norm_rope(qkv[:, h * HEAD_DIM:(h + 1) * HEAD_DIM], g_q, cos_sin, positions, eps)
+                     for h in range(LOCAL_Q_HEADS)], dim=1)
+    k = head_norm_rope(qkv[:, K_OFF:K_OFF + HEAD_DIM], g_k, cos_sin, positions, eps)
+    v = qkv[:, V_OFF:V_OFF + HEAD_DIM]
+    iq = head_norm_rope(qkv[:, IQ_OFF:IQ_OFF + HEAD_DIM], g_iq, cos_sin, positions, eps)
+    ik = head_norm_rope(qkv[:, IK_OFF:IK_OFF + HEAD_DIM], g_ik, cos_sin, positions, eps)
+    out = {
+        "q_out": q.reshape(s_rows, LOCAL_Q_HEADS * HEAD_DIM).to(torch.bfloat16),
+        "iq_out": iq.reshape(s_rows, 1, HEAD_DIM).to(torch.bfloat16),
+        "k_cache": k_cache.clone(), "v_cache": v_cache.clone(), "k_scale": k_scale.clone(),
+        "v_scale": v_scale.clone(), "index_cache": index_cache.clone(),
+    }
+    ks = kv_scale(k, t.fp8_max, static_kv_scale)
+    vs = kv_scale(v, t.fp8_max, static_kv_scale)
+    kb = (bf16_rn(k) / ks[:, None]).to(fp8).view(torch.uint8)  # [S, 128]
+    vb = (v / vs[:, None]).to(fp8).view(torch.uint8)
+    ib = bf16_rn(ik).to(fp8).view(torch.uint8)
+    kc, vc = out["k_cache"].view(torch.uint8).view(-1), out["v_cache"].view(torch.uint8).view(-1)
+    ic = out["index_cache"].view(torch.uint8).view(-1)
+    ksc, vsc = out["k_scale"].view(-1), out["v_scale"].view(-1)
+    d = torch.arange(HEAD_DIM)
+    for tk in range(s_rows):
+        slot = int(slot_mapping[tk]) & 0xFFFFFFFF
+        slot = slot - (1 << 32) if slot >= 1 << 31 else slot  # the low word, signed
+        if slot < 0:
+            continue
+        page = int(page16_of(torch.tensor(slot), kv_page_stride))
+        tt = slot % PAGE16
+        ksc[page * PAGE16 + tt] = ks[tk]
+        vsc[page * PAGE16 + tt] = vs[tk]
+        kc[page * PAGE_BYTES + (d // 16) * 256 + tt * 16 + d % 16] = kb[tk]
+        vc[page * PAGE_BYTES + d * PAGE16 + tt] = vb[tk]
+        ic[slot * HEAD_DIM + d] = ib[tk]
+    return out

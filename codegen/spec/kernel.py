@@ -38,6 +38,9 @@ class KernelSpec(Model):
     review_builds: list[dict[Name, Union[int, float, bool]]] = []
     grid: Grid
     timeline_points: list[Name] = Field(min_length=1)
+    runtime_dims: dict[Name, str] = Field(
+        {}, description="tensor dimensions known only at launch (cache pages, positions): name -> doc"
+    )
     abi: list[AbiArg] = Field(min_length=1)
     mailbox: MailboxSpec
     scratch: list[ScratchRegion] = []
@@ -64,6 +67,9 @@ def semantic_issues(spec: KernelSpec, file: str, pos) -> list[SpecIssue]:
         issues.append(SpecIssue(file, pos.line_of(loc), tuple(loc), message, hint))
 
     scope = set(spec.symbols) | set(spec.params) | set(DERIVED)
+    for name in spec.runtime_dims:
+        if name in scope:
+            issue(("runtime_dims", name), f"runtime dimension {name!r} shadows a symbol or parameter", "rename it")
     for name in spec.params:
         if name in spec.symbols:
             issue(("params", name), f"{name!r} is both a symbol and a parameter", "rename one")
@@ -84,10 +90,13 @@ def semantic_issues(spec: KernelSpec, file: str, pos) -> list[SpecIssue]:
             if key not in spec.params:
                 issue(("review_builds", i, key), f"unknown build parameter {key!r}",
                       f"use one of {', '.join(spec.params)}")
-            else:
-                allowed = spec.params[key].allowed()
-                if allowed is not None and value not in allowed:
-                    issue(("review_builds", i, key), f"{value!r} not allowed (values: {spec.params[key].values})")
+            elif spec.params[key].problem(value):
+                p = spec.params[key]
+                if p.problem(value).endswith(f"of type {p.type}"):
+                    issue(("review_builds", i, key), f"{key}={value!r} is not of type {p.type}",
+                          "a review build is made like any build: use a value of the parameter's type")
+                else:
+                    issue(("review_builds", i, key), f"{value!r} not allowed (values: {p.values})")
     for target in ("default", "gfx942", "gfx950", "sm90"):
         value = getattr(spec.grid.blocks, target)
         if value is not None:
@@ -120,6 +129,8 @@ def semantic_issues(spec: KernelSpec, file: str, pos) -> list[SpecIssue]:
                   "give every argument its own name")
         seen[arg.name] = i
         for j, d in enumerate(arg.shape or []):
+            if isinstance(d, str) and d in spec.runtime_dims:
+                continue  # bound at launch from the tensor, checked across arguments
             check_expr(d, ("abi", i, "shape", j))
     seen = {}
     for i, region in enumerate(spec.scratch):
@@ -133,6 +144,12 @@ def semantic_issues(spec: KernelSpec, file: str, pos) -> list[SpecIssue]:
         if stage.name in order:
             issue(("stages", i, "name"), f"stage name {stage.name!r} used twice", "rename one")
         check_expr(stage.tasks, ("stages", i, "tasks"))
+        for where, place in [(("placement",), stage.placement)] + [
+                (("placement_by_target", t), p) for t, p in stage.placement_by_target.items()]:
+            form = "fixed" if hasattr(place, "fixed") else "round_robin"
+            for key, value in getattr(place, form):
+                if value is not None:
+                    check_expr(value, ("stages", i) + where + (form, key))
         if stage.when is not None:
             check_expr(stage.when, ("stages", i, "when"))
         for j, dep in enumerate(stage.waits_on):

@@ -8,6 +8,7 @@ lowering evaluates them for one build."""
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -70,10 +71,10 @@ class Param(Model):
     @classmethod
     def _range(cls, v):
         if isinstance(v, str):
-            lo, sep, hi = v.partition("..")
-            if not sep or not lo.strip().lstrip("-").isdigit() or not hi.strip().isdigit():
+            m = _RANGE.match(v)
+            if not m:
                 raise ValueError(f"range {v!r} must look like 'lo..hi', e.g. '1..16'")
-            if int(lo) > int(hi):
+            if int(m[1]) > int(m[2]):
                 raise ValueError(f"range {v!r} is empty: lo must be <= hi")
         return v
 
@@ -81,19 +82,22 @@ class Param(Model):
         """The allowed values as a list (None: any value of the type)."""
         return _allowed(self.values)
 
+    def problem(self, value) -> str | None:
+        """Why ``value`` is not a valid value of this parameter (None: it is)."""
+        return _problem(self.type, self.values, value)
+
     @field_validator("default")
     @classmethod
     def _default_allowed(cls, v, info):
         if "type" not in info.data or "values" not in info.data:
             return v  # already reported at its own field
-        type_ = info.data["type"]
-        py = {"int": int, "float": (int, float), "bool": bool}[type_]
-        if not isinstance(v, py) or (type_ != "bool" and isinstance(v, bool)):
-            raise ValueError(f"default {v!r} is not of type {type_}")
-        allowed = _allowed(info.data["values"])
-        if allowed is not None and v not in allowed:
-            raise ValueError(f"default {v!r} is not among values {info.data['values']!r}")
+        problem = _problem(info.data["type"], info.data["values"], v)
+        if problem:
+            raise ValueError(f"default {problem}")
         return v
+
+
+_RANGE = re.compile(r"^\s*(-?[0-9]+)\s*\.\.\s*([0-9]+)\s*$")
 
 
 def _allowed(values) -> list | None:
@@ -101,6 +105,23 @@ def _allowed(values) -> list | None:
         lo, _, hi = values.partition("..")
         return list(range(int(lo), int(hi) + 1))
     return values
+
+
+def _problem(type_: str, values, v) -> str | None:
+    """Why ``v`` is not a value of a parameter of ``type_`` and ``values``
+    (ranges are compared, never expanded: '1..1000000000' is cheap)."""
+    py = {"int": int, "float": (int, float), "bool": bool}[type_]
+    if not isinstance(v, py) or (type_ != "bool" and isinstance(v, bool)):
+        return f"{v!r} is not of type {type_}"
+    if values is None:
+        return None
+    if isinstance(values, str):
+        m = _RANGE.match(values)
+        whole = isinstance(v, int) or v.is_integer()  # v is a number here (bool is an int)
+        ok = m is not None and whole and int(m[1]) <= v <= int(m[2])
+    else:
+        ok = any(v == w and isinstance(v, bool) == isinstance(w, bool) for w in values)
+    return None if ok else f"{v!r} is not among values {values!r}"
 
 
 DType = Literal["bf16", "f32", "i32", "i64", "u8", "fp8"]

@@ -17,7 +17,7 @@ from typing import Literal
 from pydantic import field_validator
 
 from ..spec.models import Expr, Name, PerTarget, StageBase, per_target
-from .rmsnorm_fp8 import checked_norm_constants
+from .rmsnorm_fp8 import check_io, checked_norm_constants
 
 KIND = "gemv_fp8"
 ROWS_PER_TASK = 16  # one MMA tile of output rows
@@ -41,7 +41,7 @@ class Model(StageBase):
 def lower(stage: Model, ctx) -> dict:
     """Template values: chunking of K over the waves, token tiles, LDS use."""
     t = ctx.target
-    rows = ctx.evaluate(stage.rows, ("rows",))
+    rows = ctx.integer(stage.rows, ("rows",))
     k = ctx.symbol(stage.k, ("k",))
     tasks = ctx.task_count
     if rows % ROWS_PER_TASK or tasks * ROWS_PER_TASK != rows:
@@ -52,13 +52,17 @@ def lower(stage: Model, ctx) -> dict:
     if k % (chunk * waves):
         ctx.fail(("k",), f"K = {k} does not split into {waves} waves of {chunk}-k chunks",
                  f"use K a multiple of {chunk * waves}")
-    ctx.abi_arg(stage.weight, ("weight",))
-    ctx.abi_arg(stage.weight_scale, ("weight_scale",))
-    ctx.region(stage.out, ("out",), kind="pairs")
+    ctx.abi_arg(stage.weight, ("weight",), dtype="fp8", shape=(rows, k))
+    ctx.abi_arg(stage.weight_scale, ("weight_scale",), dtype="f32", shape=(rows,))
+    ctx.region(stage.out, ("out",), kind="pairs", min_count=ctx.tokens * rows)
     src = ctx.stage_model(stage.x_from, ("x_from",), kind="rmsnorm_fp8")
     inline = not ctx.stage_active(stage.x_from)
+    if inline:  # this stage does the norm's work itself: its bindings, reported at the norm's lines
+        here, ctx.loc = ctx.loc, ("stages", ctx.loaded.spec.stages.index(src))
+        check_io(src, ctx, k)
+        ctx.loc = here
     tokens = ctx.tokens
-    tile = min(tokens, ctx.evaluate(stage.token_tile.for_target(t.name), ("token_tile",)))
+    tile = min(tokens, ctx.integer(stage.token_tile.for_target(t.name), ("token_tile",)))
     if inline and tile < tokens:
         ctx.fail(("token_tile",), f"an inline norm needs every token in one tile ({tile} < {tokens})",
                  "raise token_tile or let the rmsnorm_fp8 stage run for this build")

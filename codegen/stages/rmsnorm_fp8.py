@@ -51,12 +51,20 @@ def norm_constants(hidden: int, threads: int) -> dict:
 def lower(stage: Model, ctx) -> dict:
     """Template values of the stage: the norm layout and the bound names."""
     hidden = ctx.symbol(stage.hidden, ("hidden",))
-    for arg, loc in ((stage.ar, "ar"), (stage.res, "res"), (stage.residual_out, "residual_out"), (stage.gamma, "gamma")):
-        ctx.abi_arg(arg, (loc,))
-    ctx.region(stage.x8, ("x8",), kind="words")
-    ctx.region(stage.x8_scale, ("x8_scale",), kind="pairs")
+    check_io(stage, ctx, hidden)
     ctx.lds(stage.name, "red", "float", 64)  # warp sums, total, per-wave amax
     return {"hidden": hidden, **checked_norm_constants(hidden, ctx, ("hidden",)), "fields": stage}
+
+
+def check_io(stage: Model, ctx, hidden: int) -> None:
+    """The stage's tensors and mailbox regions, as its row tasks index them:
+    rows tk < tokens of [tokens, hidden] bf16, words tk * hidden / 4 .., pair tk."""
+    row, tokens = (ctx.tokens, hidden), ctx.tokens
+    for arg, loc, shape in ((stage.ar, "ar", row), (stage.res, "res", row), (stage.residual_out, "residual_out", row),
+                            (stage.gamma, "gamma", (hidden,))):
+        ctx.abi_arg(arg, (loc,), dtype="bf16", shape=shape, written=loc == "residual_out")
+    ctx.region(stage.x8, ("x8",), kind="words", min_count=tokens * hidden // 4)
+    ctx.region(stage.x8_scale, ("x8_scale",), kind="pairs", min_count=tokens)
 
 
 def checked_norm_constants(hidden: int, ctx, loc: tuple) -> dict:

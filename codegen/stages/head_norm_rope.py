@@ -1,0 +1,90 @@
+"""Stage kind ``head_norm_rope``: MiniMax-M3's per-head tasks after the qkv GEMV.
+
+One task per head of the fused projection, every token of the launch at once
+(contract A.5.4 - A.6): q heads, k, v, the own index-q head, index k. A token
+runs on 32 lanes, lane l holding dims 4l .. 4l + 3 (a warp on NVIDIA, a half
+wave on AMD). Heads other than v: gemma RMSNorm (sum of squares as plain
+multiply-adds, butterfly 16..1), then partial NeoX RoPE on dims < ROTARY_DIM
+with ``fma(n, c, -/+(p * s))``. Outputs: q and index q in bf16; K into the
+page-16 SHUFFLE cache with a per-token scale (amax / FP8_MAX of the f32 head,
+or 1.0 in ``static_kv_scale`` builds); V raw into its page-16 cache likewise;
+index K into the index cache (E4M3, unit scale). A negative slot skips every
+cache write."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from ..spec.models import Expr, Name, StageBase
+
+KIND = "head_norm_rope"
+LANES = 32  # lanes per token
+ELEMS = 4  # dims per lane
+PAGE16 = 16  # tokens per page-16 page
+PAGE_BYTES = 2048  # one page-16 page of one kv head: 16 tokens x 128 dims
+
+
+class Model(StageBase):
+    kind: Literal["head_norm_rope"]
+    qkv: Name  # pairs region: the GEMV's rows, token t at pair t * rows
+    rows: Expr  # pair stride of a token in qkv
+    q_heads: Expr  # local q heads: tasks 0 .. q_heads - 1
+    k_off: Expr  # first row of k in a token's qkv row (v, index q, index k likewise)
+    v_off: Expr
+    iq_off: Expr
+    ik_off: Expr
+    head_dim: Expr = "HEAD_DIM"
+    rotary_dim: Expr = "ROTARY_DIM"
+    sparse_block: Expr = "SPARSE_BLOCK"  # logical KV block size (tokens)
+    # ABI arguments (the seed's names by default)
+    g_q: Name = "g_q"
+    g_k: Name = "g_k"
+    g_iq: Name = "g_iq"
+    g_ik: Name = "g_ik"
+    cos_sin: Name = "cos_sin"
+    positions: Name = "positions"
+    slot_mapping: Name = "slot_mapping"
+    k_cache: Name = "k_cache"
+    v_cache: Name = "v_cache"
+    k_scale: Name = "k_scale"
+    v_scale: Name = "v_scale"
+    index_cache: Name = "index_cache"
+    q_out: Name = "q_out"
+    iq_out: Name = "iq_out"
+
+
+def lower(stage: Model, ctx) -> dict:
+    """Template values: the head roles by task, the page layout, the flags."""
+    ev = ctx.evaluate
+    head_dim, rotary = ev(stage.head_dim, ("head_dim",)), ev(stage.rotary_dim, ("rotary_dim",))
+    if head_dim != LANES * ELEMS:
+        ctx.fail(("head_dim",), f"head_dim {head_dim} != {LANES} lanes x {ELEMS} dims", "use 128")
+    if rotary % (2 * ELEMS) or rotary > head_dim:
+        ctx.fail(("rotary_dim",), f"rotary_dim {rotary} must be a multiple of {2 * ELEMS} and <= {head_dim}")
+    q_heads = ev(stage.q_heads, ("q_heads",))
+    if ctx.task_count != q_heads + 4:
+        ctx.fail(("tasks",), f"{ctx.task_count} tasks != q_heads + 4 = {q_heads + 4} (q heads, k, v, index q, index k)",
+                 "set tasks to q_heads + 4")
+    if ctx.tokens * LANES > ctx.threads:
+        ctx.fail(("tasks",), f"{ctx.tokens} tokens x {LANES} lanes exceed {ctx.threads} threads")
+    ctx.region(stage.qkv, ("qkv",), kind="pairs")
+    for f in ("g_q", "g_k", "g_iq", "g_ik", "cos_sin", "positions", "slot_mapping", "k_cache", "v_cache",
+              "k_scale", "v_scale", "index_cache", "q_out", "iq_out"):
+        ctx.abi_arg(getattr(stage, f), (f,))
+    build = dict(ctx.build.params)
+    stride = build.get("kv_page_stride", ev(stage.sparse_block, ("sparse_block",)) // PAGE16)
+    return {
+        "rows": ev(stage.rows, ("rows",)),
+        "q_heads": q_heads,
+        "offsets": {r: ev(getattr(stage, f"{r}_off"), (f"{r}_off",)) for r in ("k", "v", "iq", "ik")},
+        "head_dim": head_dim,
+        "rotary_dim": rotary,
+        "sparse_block": ev(stage.sparse_block, ("sparse_block",)),
+        "page_stride": stride,
+        "static_kv_scale": bool(build.get("static_kv_scale", False)),
+        "lanes": LANES,
+        "elems": ELEMS,
+        "page16": PAGE16,
+        "page_bytes": PAGE_BYTES,
+        "fields": stage,
+    }

@@ -1,0 +1,125 @@
+"""Random MiniMax-M3 pre_attn launches (never zeros) and how to read the
+kernel's mailboxes back, shared by the GPU tests (and the benchmark)."""
+
+from __future__ import annotations
+
+import torch
+
+from codegen.reference import minimax_m3 as ref
+from codegen.targets import get_target
+from codegen.weights import preshuffle
+
+LAYER = 5
+LAYER_SLOTS = 128
+POISON_BF16 = -1  # 0xffff: a NaN bf16 pattern no output can equal
+CANARY = 0x5A  # cache bytes the kernel must leave alone
+MAX_POS = 4096
+NUM_BLOCKS = 8
+
+
+def rope_table(max_pos: int = MAX_POS, rotary: int = 64, base: float = 10000.0) -> torch.Tensor:
+    """cos_sin [max_pos, 64] bf16: row p = cos(p f_i) for i < 32, then sin."""
+    inv = 1.0 / base ** (torch.arange(0, rotary, 2, dtype=torch.float64) / rotary)
+    ang = torch.arange(max_pos, dtype=torch.float64)[:, None] * inv[None, :]
+    return torch.cat([ang.cos(), ang.sin()], dim=1).to(torch.bfloat16)
+
+
+def make_inputs(tokens: int, target: str, seed: int, kv_page_stride: int = 16, negative_slots: bool = True) -> dict:
+    """Host tensors of one launch (weights logical, not yet preshuffled)."""
+    g = torch.Generator().manual_seed(seed)
+    t = get_target(target)
+    fp8 = getattr(torch, t.torch_fp8_dtype_name)
+    gamma = lambda: (torch.randn(ref.HEAD_DIM, generator=g) * 0.1).bfloat16()  # noqa: E731
+    slots = torch.randperm(NUM_BLOCKS * ref.SPARSE_BLOCK, generator=g)[:tokens].long()
+    if negative_slots and tokens > 1:
+        slots[torch.randperm(tokens, generator=g)[: max(1, tokens // 4)]] = -1
+    inp = {
+        "ar": (torch.randn(tokens, ref.HIDDEN, generator=g) * 0.7).bfloat16(),
+        "res": (torch.randn(tokens, ref.HIDDEN, generator=g) * 1.3).bfloat16(),
+        "g_in": (torch.randn(ref.HIDDEN, generator=g) * 0.1).bfloat16(),
+        "w": (torch.randn(ref.QKV_ROWS, ref.HIDDEN, generator=g) * 0.3).clamp(-t.fp8_max, t.fp8_max).to(fp8),
+        "s_qkv": torch.rand(ref.QKV_ROWS, generator=g) * 0.02 + 0.005,
+        "g_q": gamma(), "g_k": gamma(), "g_iq": gamma(), "g_ik": gamma(),
+        "cos_sin": rope_table(),
+        "positions": torch.randint(0, MAX_POS, (tokens,), generator=g).long(),
+        "slot_mapping": slots,
+        "target": t, "fp8": fp8, "kv_page_stride": kv_page_stride,
+    }
+    return inp
+
+
+def caches(inp: dict, device: str) -> dict:
+    """K/V views, scales and index cache filled with canaries. Stride 16: K and V
+    sides packed in one allocation (the V view starts 8 pages in); stride 8:
+    separate allocations."""
+    fp8 = inp["fp8"]
+    pages = NUM_BLOCKS * 16
+    if inp["kv_page_stride"] == 16:
+        block = torch.full((NUM_BLOCKS * 32768,), CANARY, dtype=torch.uint8, device=device)
+        k = block.view(pages, ref.PAGE_BYTES)
+        v = block[8 * ref.PAGE_BYTES:].view(pages - 8, ref.PAGE_BYTES)
+    else:
+        k = torch.full((NUM_BLOCKS * 8, ref.PAGE_BYTES), CANARY, dtype=torch.uint8, device=device)
+        v = torch.full((NUM_BLOCKS * 8, ref.PAGE_BYTES), CANARY, dtype=torch.uint8, device=device)
+    return {
+        "k_cache": k.view(fp8), "v_cache": v.view(fp8),
+        "k_scale": torch.full((pages, 16), -7.0, device=device),
+        "v_scale": torch.full((pages, 16), -7.0, device=device),
+        "index_cache": torch.full((NUM_BLOCKS, 128, 128), CANARY, dtype=torch.uint8, device=device).view(fp8),
+    }
+
+
+def launch_args(inp: dict, ws: dict, device: str = "cuda") -> dict:
+    """Every ABI argument of a launch; outputs poisoned."""
+    s = inp["ar"].shape[0]
+    poison = lambda *shape: torch.full(shape, POISON_BF16, dtype=torch.int16, device=device).view(torch.bfloat16)  # noqa: E731
+    bt_cols = NUM_BLOCKS
+    args = {
+        "ar": inp["ar"].to(device), "res": inp["res"].to(device), "h_out": poison(s, ref.HIDDEN),
+        "g_in": inp["g_in"].to(device), "w_qkv": preshuffle(inp["w"], inp["target"]).to(device),
+        "s_qkv": inp["s_qkv"].to(device),
+        **{k: inp[k].to(device) for k in ("g_q", "g_k", "g_iq", "g_ik", "cos_sin", "positions", "slot_mapping")},
+        **caches(inp, device),
+        "q_out": poison(s, ref.LOCAL_Q_HEADS * ref.HEAD_DIM), "iq_out": poison(s, 1, ref.HEAD_DIM),
+        "block_table": torch.arange(s * bt_cols, dtype=torch.int32, device=device).view(s, bt_cols) % NUM_BLOCKS,
+        "seq_lens": torch.full((s,), 100, dtype=torch.int32, device=device),
+        "bt_width": bt_cols, "q_len": 1,
+        "iscore": torch.zeros(16 * 8192 * 8, dtype=torch.uint8, device=device),
+        "layer": LAYER, **ws,
+    }
+    return args
+
+
+def read_mailbox(kernel, scratch: torch.Tensor, tokens: int) -> dict:
+    """The kernel's qkv pairs, x8 rows and x-scale pairs, from scratch."""
+    ir = kernel.ir
+    raw = scratch.cpu()
+    rows = ir.region("qkv").count // 16
+
+    def region(name):
+        r = ir.region(name)
+        return raw[r.offset: r.offset + r.nbytes]
+
+    qkv = region("qkv").view(torch.int32).view(-1, 2)[: tokens * rows]
+    x8s = region("x8s").view(torch.int32).view(-1, 2)[:tokens]
+    x8 = region("x8")[: tokens * ref.HIDDEN].view(getattr(torch, ir.target.torch_fp8_dtype_name))
+    return {
+        "qkv": qkv[:, 0].view(torch.float32).view(tokens, rows).clone(),
+        "qkv_tag": qkv[:, 1].view(tokens, rows).clone(),
+        "x_scale": x8s[:, 0].view(torch.float32).clone(),
+        "x8s_tag": x8s[:, 1].clone(),
+        "x8": x8.view(tokens, ref.HIDDEN).clone(),
+    }
+
+
+def expected_tag(step: int) -> int:
+    return step * LAYER_SLOTS + LAYER + 1
+
+
+def reference_heads(inp: dict, qkv: torch.Tensor, args: dict, eps: float = 1e-6, static_kv_scale: bool = False) -> dict:
+    """The reference head tasks on the kernel's own qkv, starting from the
+    launch's (canary-filled) caches."""
+    cpu = {k: args[k].cpu() for k in ("k_cache", "v_cache", "k_scale", "v_scale", "index_cache")}
+    return ref.heads(qkv, inp["g_q"], inp["g_k"], inp["g_iq"], inp["g_ik"], inp["cos_sin"], inp["positions"],
+                     inp["slot_mapping"], cpu["k_cache"], cpu["v_cache"], cpu["k_scale"], cpu["v_scale"],
+                     cpu["index_cache"], eps, inp["target"], static_kv_scale, inp["kv_page_stride"])
