@@ -123,3 +123,23 @@ def reference_heads(inp: dict, qkv: torch.Tensor, args: dict, eps: float = 1e-6,
     return ref.heads(qkv, inp["g_q"], inp["g_k"], inp["g_iq"], inp["g_ik"], inp["cos_sin"], inp["positions"],
                      inp["slot_mapping"], cpu["k_cache"], cpu["v_cache"], cpu["k_scale"], cpu["v_scale"],
                      cpu["index_cache"], eps, inp["target"], static_kv_scale, inp["kv_page_stride"])
+
+
+def context_case(tokens: int, q_len: int, contexts: list[int], seed: int, num_blocks: int = 1024) -> dict:
+    """seq_lens, a block table (one row per token row, the request's table
+    repeated) and a random index cache for requests of ``q_len`` rows whose
+    last rows see ``contexts`` tokens (row i of a request sees one token less
+    than row i + 1: speculative verify)."""
+    g = torch.Generator().manual_seed(seed)
+    requests = tokens // q_len
+    cols = max(-(-max(contexts) // ref.SPARSE_BLOCK), 1)
+    seq = torch.empty(tokens, dtype=torch.int32)
+    table = torch.empty(tokens, cols, dtype=torch.int32)
+    for r in range(requests):
+        ctx = contexts[r % len(contexts)]
+        row_table = torch.randint(0, num_blocks, (cols,), generator=g, dtype=torch.int32)
+        for i in range(q_len):
+            seq[r * q_len + i] = max(ctx - (q_len - 1 - i), 1)
+            table[r * q_len + i] = row_table
+    cache = (torch.randn(num_blocks, 128, 128, generator=g) * 2.0).to(torch.float8_e4m3fn)
+    return {"seq_lens": seq, "block_table": table, "index_cache_bytes": cache.view(torch.uint8), "bt_cols": cols}

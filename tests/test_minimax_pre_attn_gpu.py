@@ -15,7 +15,7 @@ import torch
 import codegen
 from codegen.fp import bf16_rn
 from codegen.reference import minimax_m3 as ref
-from tests.minimax_case import (POISON_BF16, expected_tag, launch_args, make_inputs, read_mailbox,
+from tests.minimax_case import (POISON_BF16, context_case, expected_tag, launch_args, make_inputs, read_mailbox,
                                 reference_heads)
 
 pytestmark = pytest.mark.gpu
@@ -151,3 +151,47 @@ def test_head_tasks_cache_modes(tokens, static_kv_scale, kv_page_stride):
     assert written == live, f"{written} K scales written for {live} live slots"
     if static_kv_scale:
         assert (args["k_scale"].cpu()[args["k_scale"].cpu() != -7.0] == 1.0).all()
+
+
+SCORE_CASES = [  # (tokens, q_len, contexts of the requests' last rows)
+    (1, 1, [65536]),
+    (1, 1, [2048]),             # 16 blocks: kept whole, nothing scored
+    (4, 1, [1, 2049, 5000, 130]),
+    (4, 2, [2065, 40000]),      # 17 blocks: one scored; rows masked by their own seq
+    (16, 4, [3000, 2049, 65536, 100]),
+    (16, 1, [4096 + 7 * i for i in range(16)]),
+]
+
+
+@pytest.mark.parametrize("tokens,q_len,contexts", SCORE_CASES)
+def test_index_scores(tokens, q_len, contexts):
+    """Scores written exactly where the contract says (the current tag), within
+    the f32-accumulation bound of a float64 reference on the kernel's own index
+    q and index cache; every other iscore byte untouched."""
+    kernel = codegen.load("minimax_m3/pre_attn", tokens=tokens)
+    inp = make_inputs(tokens, kernel.target.name, seed=2000 + tokens + q_len)
+    case = context_case(tokens, q_len, contexts, seed=tokens * 10 + q_len)
+    ws = kernel.workspace("cuda")
+    args = launch_args(inp, ws)
+    args.update(
+        seq_lens=case["seq_lens"].cuda(), block_table=case["block_table"].cuda(), bt_width=case["bt_cols"],
+        q_len=q_len, index_cache=case["index_cache_bytes"].cuda().view(inp["fp8"]),
+        iscore=torch.full((16 * 8192 * 8,), 0x5A, dtype=torch.uint8, device="cuda"),
+    )
+    kernel(**args)
+    torch.cuda.synchronize()
+    pairs = args["iscore"].cpu().view(torch.int32).view(16, 8192, 2)[:tokens]
+    written = pairs[..., 1] == expected_tag(0)
+    scores, want, bound = ref.index_scores(args["iq_out"].cpu().view(tokens, 128), args["index_cache"].cpu(),
+                                           case["block_table"], case["seq_lens"], q_len)
+    assert torch.equal(written, want), f"{(written != want).sum().item()} iscore slots differ in being written"
+    got = pairs[..., 0].view(torch.float32)
+    err = (got[want] - scores[want]).abs()
+    finite = torch.isfinite(scores[want])
+    assert torch.equal(torch.isfinite(got[want]), finite), "-inf blocks differ"
+    assert (err[finite] <= bound[want][finite]).all(), f"max error {err[finite].max().item()}"
+    untouched = args["iscore"].cpu().view(16, 8192, 8)
+    assert (untouched[:tokens][~written] == 0x5A).all() and (untouched[tokens:] == 0x5A).all()
+    # nothing unscored with this many tokens' contexts? at least one case scores something
+    if max(contexts) > 2048:
+        assert want.any()

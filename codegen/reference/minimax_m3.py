@@ -317,3 +317,58 @@ def heads(qkv: torch.Tensor, g_q, g_k, g_iq, g_ik, cos_sin, positions, slot_mapp
         vc[page * PAGE_BYTES + d * PAGE16 + tt] = vb[tk]
         ic[slot * HEAD_DIM + d] = ib[tk]
     return out
+
+
+# ------------------------------------------------------------------ indexer block scores (A.9)
+
+TOPK_BLOCKS = 16
+SM_SCALE = 128 ** -0.5
+LOG2E = 1.4426950408889634
+ISCORE_STRIDE = 8192  # pairs per row
+
+
+def score_scale(sm_scale: float = SM_SCALE) -> float:
+    """``f32(f32(sm_scale) * f32(log2 e))``, applied after the max."""
+    return float(torch.tensor(sm_scale, dtype=torch.float32) * torch.tensor(LOG2E, dtype=torch.float32))
+
+
+def scored_blocks(seq: int, init_blocks: int = 0, local_blocks: int = 1, topk_blocks: int = TOPK_BLOCKS) -> range:
+    """The blocks a request whose last row sees ``seq`` tokens scores: ``[init,
+    n_blk - local)`` when its context spans more than ``topk_blocks`` blocks."""
+    n_blk = -(-max(seq, 1) // SPARSE_BLOCK)
+    return range(init_blocks, n_blk - local_blocks) if n_blk > topk_blocks else range(0)
+
+
+def index_scores(iq: torch.Tensor, index_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor,
+                 q_len: int, init_blocks: int = 0, local_blocks: int = 1, sm_scale: float = SM_SCALE,
+                 topk_blocks: int = TOPK_BLOCKS) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Block scores of every row (A.9): ``(scores [S, 8192] f32, written [S,
+    8192] bool, bound [S, 8192] f32)``. ``score = f32(max over the block's keys
+    j < seq_k of dot(K_j, iq_k)) * f32(sm_scale * log2 e)`` (dots in float64,
+    -inf where no key is in the row's context); requests are ``q_len``
+    consecutive rows, the last row's context and block table decide which
+    blocks are scored. ``bound`` is the tolerance a kernel with f32
+    accumulation meets: 2^-16 of the scaled sum of |K_j| |q| over the dims."""
+    s_rows = iq.shape[0]
+    scale = score_scale(sm_scale)
+    scores = torch.full((s_rows, ISCORE_STRIDE), float("nan"))
+    written = torch.zeros(s_rows, ISCORE_STRIDE, dtype=torch.bool)
+    bound = torch.zeros(s_rows, ISCORE_STRIDE)
+    cache = index_cache.float().double().reshape(index_cache.shape[0], SPARSE_BLOCK, HEAD_DIM)
+    q = iq.float().double().reshape(s_rows, HEAD_DIM)
+    for r in range(s_rows // q_len):
+        last = r * q_len + q_len - 1
+        blocks = list(scored_blocks(int(seq_lens[last]), init_blocks, local_blocks, topk_blocks))
+        if not blocks:
+            continue
+        keys = cache[block_table[last, blocks].long()]  # [nb, 128, 128]
+        for k in range(r * q_len, last + 1):
+            dots = keys @ q[k]  # [nb, 128]
+            mags = keys.abs() @ q[k].abs()
+            pos = torch.tensor(blocks)[:, None] * SPARSE_BLOCK + torch.arange(SPARSE_BLOCK)[None, :]
+            live = pos < max(int(seq_lens[k]), 1)
+            best = torch.where(live, dots, torch.tensor(float("-inf"), dtype=torch.float64)).amax(dim=1)
+            scores[k, blocks] = best.float() * torch.tensor(scale, dtype=torch.float32)
+            written[k, blocks] = True
+            bound[k, blocks] = (mags.amax(dim=1) * abs(scale) * 2.0 ** -16).float()
+    return scores, written, bound

@@ -6,6 +6,6 @@ To add a kind: write ``codegen/stages/<kind>.py`` with ``Model`` (a
 ``StageBase`` whose ``kind`` is ``Literal["<kind>"]``) and ``lower(stage, ctx)``,
 add it to ``KINDS`` below, and write its template."""
 
-from . import gemv_fp8, head_norm_rope, rmsnorm_fp8
+from . import gemv_fp8, head_norm_rope, index_scores, rmsnorm_fp8
 
-KINDS = {m.KIND: m for m in (rmsnorm_fp8, gemv_fp8, head_norm_rope)}
+KINDS = {m.KIND: m for m in (rmsnorm_fp8, gemv_fp8, head_norm_rope, index_scores)}

@@ -51,6 +51,7 @@ class Model(StageBase):
     index_cache: Name = "index_cache"
     q_out: Name = "q_out"
     iq_out: Name = "iq_out"
+    done: Name | None = None  # pairs region: flag token * TASKS + task once that head's stores are visible
 
 
 def lower(stage: Model, ctx) -> dict:
@@ -68,6 +69,8 @@ def lower(stage: Model, ctx) -> dict:
     if ctx.tokens * LANES > ctx.threads:
         ctx.fail(("tasks",), f"{ctx.tokens} tokens x {LANES} lanes exceed {ctx.threads} threads")
     ctx.region(stage.qkv, ("qkv",), kind="pairs")
+    if stage.done is not None:
+        ctx.region(stage.done, ("done",), kind="pairs")
     for f in ("g_q", "g_k", "g_iq", "g_ik", "cos_sin", "positions", "slot_mapping", "k_cache", "v_cache",
               "k_scale", "v_scale", "index_cache", "q_out", "iq_out"):
         ctx.abi_arg(getattr(stage, f), (f,))

@@ -51,6 +51,9 @@ def norm_constants(hidden: int, threads: int) -> dict:
 def lower(stage: Model, ctx) -> dict:
     """Template values of the stage: the norm layout and the bound names."""
     hidden = ctx.symbol(stage.hidden, ("hidden",))
+    if ctx.task_count != ctx.tokens:  # fewer: a reader waits for a row no task writes; more: rows past the tensors
+        ctx.fail(("tasks",), f"{ctx.task_count} tasks for {ctx.tokens} tokens: one task per token row",
+                 "set tasks: tokens")
     check_io(stage, ctx, hidden)
     ctx.lds(stage.name, "red", "float", 64)  # warp sums, total, per-wave amax
     return {"hidden": hidden, **checked_norm_constants(hidden, ctx, ("hidden",)), "fields": stage}

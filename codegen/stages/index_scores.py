@@ -1,0 +1,87 @@
+"""Stage kind ``index_scores``: MiniMax-M3's indexer block scores (contract A.9).
+
+For each request (``q_len`` consecutive rows) whose last row's context spans
+more than ``topk_blocks`` blocks, every block b in ``[init, n_blk - local)``
+is scored for every row k of the request:
+``score = max_{j in b, j < seq_k} dot(bf16(K_j), iq_k) * f32(sm_scale * log2 e)``
+(``-inf`` where no key of the block is in the row's context), written to the
+``iscore`` pair ``k * stride + b`` with the launch's tag. Shorter contexts keep
+all their blocks (unscored); the pinned first / last blocks are never written.
+
+The work list (request, block) is known only at run time (``seq_lens``): every
+CTA of the stage computes it and takes items ``u`` with ``u % CTAS`` equal to
+its rank, counted from ``lead_cta`` (the CTAs that finish earlier work first).
+A row's index q comes from the head stage (``iq_from``): the scorer waits for
+that head's done flag; a block that may hold a key inserted by this launch is
+read only after every token's index-K head task is done."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import numpy as np
+
+from pydantic import field_validator
+
+from ..spec.models import Expr, Name, PerTarget, StageBase, per_target
+
+KIND = "index_scores"
+LOG2E = 1.4426950408889634
+
+
+class Model(StageBase):
+    kind: Literal["index_scores"]
+    iq_from: Name  # the head_norm_rope stage that writes iq_out and index keys (with done flags)
+    topk_blocks: Expr = "TOPK_BLOCKS"  # contexts of at most this many blocks are not scored
+    init_blocks: Expr = "init_blocks"  # pinned leading blocks (never scored)
+    local_blocks: Expr = "local_blocks"  # pinned trailing blocks (never scored)
+    sm_scale: Expr = "SM_SCALE"
+    block: Expr = "SPARSE_BLOCK"  # keys per block
+    stride: Expr = "MAX_INDEX_BLOCKS"  # iscore pairs per row
+    max_tokens: Expr = "MAX_TOKENS"  # new keys lie in a row's last max_tokens positions
+    lead_cta: PerTarget = PerTarget(default=0)  # the stage CTA that takes work item 0
+
+    _lead = field_validator("lead_cta", mode="before")(classmethod(lambda cls, v: per_target(v)))
+    iq_out: Name = "iq_out"
+    index_cache: Name = "index_cache"
+    block_table: Name = "block_table"
+    seq_lens: Name = "seq_lens"
+    bt_width: Name = "bt_width"
+    q_len: Name = "q_len"
+    iscore: Name = "iscore"
+
+
+def score_scale(sm_scale: float) -> float:
+    """``f32(f32(sm_scale) * f32(log2 e))``: the factor applied after the max."""
+    return float(np.float32(np.float32(sm_scale) * np.float32(LOG2E)))
+
+
+def lower(stage: Model, ctx) -> dict:
+    ev = ctx.evaluate
+    src = ctx.stage_model(stage.iq_from, ("iq_from",), kind="head_norm_rope")
+    if src.done is None:
+        ctx.fail(("iq_from",), f"stage {stage.iq_from!r} publishes no done flags", "give it 'done: <pairs region>'")
+    if stage.iq_from not in stage.waits_on:
+        ctx.fail(("waits_on",), f"the scores read {stage.iq_from!r}'s outputs", f"list {stage.iq_from!r} in waits_on")
+    for f in ("iq_out", "index_cache", "block_table", "seq_lens", "bt_width", "q_len", "iscore"):
+        ctx.abi_arg(getattr(stage, f), (f,))
+    block = ev(stage.block, ("block",))
+    if ctx.threads % block:
+        ctx.fail(("block",), f"{ctx.threads} threads do not split into key columns of {block}")
+    head_dim = 128
+    ctx.lds(stage.name, "iq", "float", ctx.tokens * head_dim)  # the request's index q rows (f32)
+    ctx.lds(stage.name, "best", "float", ctx.tokens * (block // ctx.target.wave_size))  # per-wave maxima
+    return {
+        "topk_blocks": ev(stage.topk_blocks, ("topk_blocks",)),
+        "init_blocks": ev(stage.init_blocks, ("init_blocks",)),
+        "local_blocks": ev(stage.local_blocks, ("local_blocks",)),
+        "scale": score_scale(ev(stage.sm_scale, ("sm_scale",))),
+        "block": block,
+        "stride": ev(stage.stride, ("stride",)),
+        "max_tokens": ev(stage.max_tokens, ("max_tokens",)),
+        "lead": ev(stage.lead_cta.for_target(ctx.target.name), ("lead_cta",)),
+        "head_dim": head_dim,
+        "q_heads": ev(src.q_heads, ("iq_from",)),
+        "done": src.done,
+        "fields": stage,
+    }
