@@ -29,6 +29,7 @@ _CMPOPS = {
     ast.Eq: operator.eq,
     ast.NotEq: operator.ne,
 }
+MAX_EXPONENT = 256
 _FUNCS = {"min": min, "max": max, "ceil_div": lambda a, b: -(-a // b)}
 
 
@@ -40,10 +41,7 @@ def names(text: str | int | float | bool) -> set[str]:
     """The symbol names an expression reads (functions excluded)."""
     if not isinstance(text, str):
         return set()
-    try:
-        tree = ast.parse(text, mode="eval")
-    except SyntaxError as e:
-        raise ExprError(f"cannot parse expression {text!r}: {e.msg}") from None
+    tree = _parse(text)
     return {
         n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and n.id not in _FUNCS
     }
@@ -53,11 +51,25 @@ def evaluate(text: str | int | float | bool, scope: Mapping[str, Any]) -> Any:
     """The value of ``text`` with the names of ``scope``; numbers pass through."""
     if not isinstance(text, str):
         return text
+    tree = _parse(text)
     try:
-        tree = ast.parse(text, mode="eval")
+        value = _eval(tree.body, scope, text)
+    except (ArithmeticError, TypeError, ValueError, MemoryError, RecursionError) as e:  # 10.0 ** 999, min()
+        if isinstance(e, ExprError):
+            raise
+        raise ExprError(f"cannot evaluate {text!r}: {e}") from None
+    if not isinstance(value, (int, float, bool)):  # (-1) ** 0.5 is complex
+        raise ExprError(f"{text!r} is {value!r}, not a number")
+    return value
+
+
+def _parse(text: str) -> ast.Expression:
+    try:
+        return ast.parse(text, mode="eval")
     except SyntaxError as e:
         raise ExprError(f"cannot parse expression {text!r}: {e.msg}") from None
-    return _eval(tree.body, scope, text)
+    except (ValueError, RecursionError, MemoryError) as e:  # null bytes, nesting too deep
+        raise ExprError(f"cannot parse expression {text!r}: {e}") from None
 
 
 def _eval(node: ast.AST, scope: Mapping[str, Any], text: str) -> Any:
@@ -70,9 +82,14 @@ def _eval(node: ast.AST, scope: Mapping[str, Any], text: str) -> Any:
         return scope[node.id]
     if isinstance(node, ast.BinOp) and type(node.op) in _BINOPS:
         left, right = _eval(node.left, scope, text), _eval(node.right, scope, text)
+        if isinstance(node.op, ast.Pow) and abs(right) > MAX_EXPONENT:  # 2 ** 10 ** 9 never ends
+            raise ExprError(f"exponent {right} too large in {text!r} (at most {MAX_EXPONENT})")
         if isinstance(node.op, (ast.FloorDiv, ast.Mod, ast.Div)) and right == 0:
             raise ExprError(f"division by zero in {text!r}")
-        return _BINOPS[type(node.op)](left, right)
+        value = _BINOPS[type(node.op)](left, right)
+        if isinstance(value, int) and value.bit_length() > 1024:  # runaway sizes stay cheap to refuse
+            raise ExprError(f"{text!r} is too large (more than 1024 bits)")
+        return value
     if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
         return -_eval(node.operand, scope, text)
     if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):

@@ -355,12 +355,13 @@ def _lower(loaded: LoadedSpec, build: Build) -> KernelIR:
                  "symbols are C int constants: keep them within +-2^31")
         if isinstance(v, float) and not math.isfinite(v):
             fail(("symbols", name), f"{name} = {v} is not a finite number")
+    bloc = ("grid", "blocks", target.name if getattr(spec.grid.blocks, target.name) is not None else "default")
     try:
         blocks = evaluate(spec.grid.blocks.for_target(target.name), scope)
     except ExprError as e:
-        fail(("grid", "blocks"), str(e))
-    if not isinstance(blocks, int) or blocks <= 0:
-        fail(("grid", "blocks"), f"blocks must be a positive integer, got {blocks!r}")
+        fail(bloc, str(e))
+    if isinstance(blocks, bool) or not isinstance(blocks, int) or blocks <= 0:
+        fail(bloc, f"blocks must be a positive integer, got {blocks!r}")
     scope["BLOCKS"] = blocks
 
     # scratch: regions in spec order, each 256-byte aligned

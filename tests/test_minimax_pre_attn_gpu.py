@@ -195,3 +195,30 @@ def test_index_scores(tokens, q_len, contexts):
     # nothing unscored with this many tokens' contexts? at least one case scores something
     if max(contexts) > 2048:
         assert want.any()
+
+
+@pytest.mark.parametrize("tokens", (1, 2, 3, 16))
+@pytest.mark.parametrize("signal", (False, True))
+def test_done_flags(tokens, signal):
+    """Head-task flags (always) and residual flags (signal builds) set exactly
+    for this launch's tokens and tasks, with the launch's tag; the rest stay."""
+    kernel = codegen.load("minimax_m3/pre_attn", tokens=tokens, signal=signal)
+    inp = make_inputs(tokens, kernel.target.name, seed=77 + tokens)
+    ws = kernel.workspace("cuda")
+    kernel(**launch_args(inp, ws))
+    torch.cuda.synchronize()
+    raw = ws["scratch"].cpu()
+
+    def pairs(name):
+        r = kernel.ir.region(name)
+        return raw[r.offset: r.offset + r.nbytes].view(torch.int32).view(-1, 2)
+
+    hdone = pairs("hdone").view(16, 20, 2)
+    assert (hdone[:tokens, :, 1] == expected_tag(0)).all() and (hdone[:tokens, :, 0] == 1).all()
+    assert (hdone[tokens:] == 0).all()
+    rdone = pairs("rdone")
+    if signal:
+        assert (rdone[:tokens, 1] == expected_tag(0)).all() and (rdone[:tokens, 0] == 1).all()
+        assert (rdone[tokens:] == 0).all()
+    else:
+        assert (rdone == 0).all(), "no residual flags without signal"

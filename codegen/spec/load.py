@@ -71,7 +71,8 @@ def parse_spec(text: str, path: str) -> LoadedSpec:
     except YamlSyntaxError as e:
         raise SpecError([SpecIssue(e.path, e.line, (), e.message, "fix the YAML syntax at that line")]) from None
     if not isinstance(data, dict):
-        raise SpecError([SpecIssue(path, 1, (), "a spec must be a YAML mapping", "start with 'kernel: model/name'")])
+        raise SpecError([SpecIssue(path, pos.line_of(()), (), f"a spec must be a YAML mapping, not a {type(data).__name__}",
+                                   "start with 'kernel: model/name'")])
     try:
         spec = KernelSpec.model_validate(data)
     except ValidationError as e:

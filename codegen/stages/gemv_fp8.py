@@ -17,7 +17,7 @@ from typing import Literal
 from pydantic import field_validator
 
 from ..spec.models import Expr, Name, PerTarget, StageBase, per_target
-from .rmsnorm_fp8 import check_io, checked_norm_constants
+from .rmsnorm_fp8 import check_io, checked_norm_constants, residual_done
 
 KIND = "gemv_fp8"
 ROWS_PER_TASK = 16  # one MMA tile of output rows
@@ -83,6 +83,7 @@ def lower(stage: Model, ctx) -> dict:
         "chunks_per_wave": k // chunk // waves,
         "x8_stride_words": stride_words,
         "norm": checked_norm_constants(k, ctx, ("k",)),
+        "rdone": residual_done(src, ctx) if inline else None,
         "src": src,
         "fields": stage,
     }

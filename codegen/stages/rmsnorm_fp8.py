@@ -27,6 +27,7 @@ class Model(StageBase):
     gamma: Name  # ABI tensor [HIDDEN] bf16: gemma weight (used as 1 + g)
     x8: Name  # scratch words region: the token's FP8 row
     x8_scale: Name  # scratch pairs region: the token's scale (its ready flag)
+    residual_done: Name | None = None  # pairs region: token t's residual written (builds with signal=true)
 
 
 def norm_constants(hidden: int, threads: int) -> dict:
@@ -56,7 +57,16 @@ def lower(stage: Model, ctx) -> dict:
                  "set tasks: tokens")
     check_io(stage, ctx, hidden)
     ctx.lds(stage.name, "red", "float", 64)  # warp sums, total, per-wave amax
-    return {"hidden": hidden, **checked_norm_constants(hidden, ctx, ("hidden",)), "fields": stage}
+    return {"hidden": hidden, **checked_norm_constants(hidden, ctx, ("hidden",)), "fields": stage,
+            "rdone": residual_done(stage, ctx)}
+
+
+def residual_done(stage: Model, ctx) -> str | None:
+    """The region of residual-written flags, in builds with ``signal`` on."""
+    if stage.residual_done is None or not dict(ctx.build.params).get("signal", False):
+        return None
+    ctx.region(stage.residual_done, ("residual_done",), kind="pairs")
+    return stage.residual_done
 
 
 def check_io(stage: Model, ctx, hidden: int) -> None:
