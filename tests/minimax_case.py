@@ -24,12 +24,14 @@ def rope_table(max_pos: int = MAX_POS, rotary: int = 64, base: float = 10000.0) 
     return torch.cat([ang.cos(), ang.sin()], dim=1).to(torch.bfloat16)
 
 
-def make_inputs(tokens: int, target: str, seed: int, kv_page_stride: int = 16, negative_slots: bool = True) -> dict:
+def make_inputs(tokens: int, target: str, seed: int, kv_page_stride: int = 16, negative_slots: bool = True,
+                index_heads: int = 1) -> dict:
     """Host tensors of one launch (weights logical, not yet preshuffled)."""
     g = torch.Generator().manual_seed(seed)
     t = get_target(target)
     fp8 = getattr(torch, t.torch_fp8_dtype_name)
     gamma = lambda: (torch.randn(ref.HEAD_DIM, generator=g) * 0.1).bfloat16()  # noqa: E731
+    rows = (ref.LOCAL_Q_HEADS + 3 + index_heads) * ref.HEAD_DIM
     slots = torch.randperm(NUM_BLOCKS * ref.SPARSE_BLOCK, generator=g)[:tokens].long()
     if negative_slots and tokens > 1:
         slots[torch.randperm(tokens, generator=g)[: max(1, tokens // 4)]] = -1
@@ -37,13 +39,13 @@ def make_inputs(tokens: int, target: str, seed: int, kv_page_stride: int = 16, n
         "ar": (torch.randn(tokens, ref.HIDDEN, generator=g) * 0.7).bfloat16(),
         "res": (torch.randn(tokens, ref.HIDDEN, generator=g) * 1.3).bfloat16(),
         "g_in": (torch.randn(ref.HIDDEN, generator=g) * 0.1).bfloat16(),
-        "w": (torch.randn(ref.QKV_ROWS, ref.HIDDEN, generator=g) * 0.3).clamp(-t.fp8_max, t.fp8_max).to(fp8),
-        "s_qkv": torch.rand(ref.QKV_ROWS, generator=g) * 0.02 + 0.005,
+        "w": (torch.randn(rows, ref.HIDDEN, generator=g) * 0.3).clamp(-t.fp8_max, t.fp8_max).to(fp8),
+        "s_qkv": torch.rand(rows, generator=g) * 0.02 + 0.005,
         "g_q": gamma(), "g_k": gamma(), "g_iq": gamma(), "g_ik": gamma(),
         "cos_sin": rope_table(),
         "positions": torch.randint(0, MAX_POS, (tokens,), generator=g).long(),
         "slot_mapping": slots,
-        "target": t, "fp8": fp8, "kv_page_stride": kv_page_stride,
+        "target": t, "fp8": fp8, "kv_page_stride": kv_page_stride, "index_heads": index_heads,
     }
     return inp
 
@@ -116,13 +118,15 @@ def expected_tag(step: int) -> int:
     return step * LAYER_SLOTS + LAYER + 1
 
 
-def reference_heads(inp: dict, qkv: torch.Tensor, args: dict, eps: float = 1e-6, static_kv_scale: bool = False) -> dict:
+def reference_heads(inp: dict, qkv: torch.Tensor, args: dict, eps: float = 1e-6, static_kv_scale: bool = False,
+                    index_own: int = 0) -> dict:
     """The reference head tasks on the kernel's own qkv, starting from the
     launch's (canary-filled) caches."""
     cpu = {k: args[k].cpu() for k in ("k_cache", "v_cache", "k_scale", "v_scale", "index_cache")}
     return ref.heads(qkv, inp["g_q"], inp["g_k"], inp["g_iq"], inp["g_ik"], inp["cos_sin"], inp["positions"],
                      inp["slot_mapping"], cpu["k_cache"], cpu["v_cache"], cpu["k_scale"], cpu["v_scale"],
-                     cpu["index_cache"], eps, inp["target"], static_kv_scale, inp["kv_page_stride"])
+                     cpu["index_cache"], eps, inp["target"], static_kv_scale, inp["kv_page_stride"],
+                     inp["index_heads"], index_own)
 
 
 def context_case(tokens: int, q_len: int, contexts: list[int], seed: int, num_blocks: int = 1024) -> dict:

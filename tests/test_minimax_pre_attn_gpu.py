@@ -222,3 +222,59 @@ def test_done_flags(tokens, signal):
         assert (rdone[tokens:] == 0).all()
     else:
         assert (rdone == 0).all(), "no residual flags without signal"
+
+
+CP_CASES = [  # (tokens, q_len, contexts): long requests have more than 288 blocks
+    (4, 1, [40000, 3000, 100, 65536]),   # long and short requests in one step
+    (4, 2, [36865, 2000]),               # 289 blocks: just long
+    (3, 1, [36864, 5000, 1]),            # 288 blocks: a short step (other heads not computed)
+    (16, 4, [65536, 2049, 100000, 37000]),
+]
+
+
+@pytest.mark.parametrize("own", (0, 1, 2, 3))
+@pytest.mark.parametrize("tokens,q_len,contexts", CP_CASES)
+def test_index_context_parallel(own, tokens, q_len, contexts):
+    """index_heads 4, rank `own`: own-head outputs and caches exact; the other
+    heads' GEMV rows only in long steps; long requests score this rank's blocks
+    for all 4 heads (pair h * 2048 + b / 4), short ones the own head."""
+    kernel = codegen.load("minimax_m3/pre_attn", tokens=tokens, index_heads=4, index_own=own)
+    inp = make_inputs(tokens, kernel.target.name, seed=3000 + 10 * own + tokens, index_heads=4)
+    case = context_case(tokens, q_len, contexts, seed=own + tokens)
+    ws = kernel.workspace("cuda")
+    args = launch_args(inp, ws)
+    args.update(
+        seq_lens=case["seq_lens"].cuda(), block_table=case["block_table"].cuda(), bt_width=case["bt_cols"],
+        q_len=q_len, index_cache=case["index_cache_bytes"].cuda().view(inp["fp8"]),
+        iscore=torch.full((16 * 8192 * 8,), 0x5A, dtype=torch.uint8, device="cuda"),
+    )
+    kernel(**args)
+    torch.cuda.synchronize()
+    got = read_mailbox(kernel, ws["scratch"], tokens)
+    long_step = any(-(-int(case["seq_lens"][r * q_len + q_len - 1]) // 128) > 288 for r in range(tokens // q_len))
+    base = 18 * 128
+    for h in range(4):
+        rows = slice(base + h * 128, base + (h + 1) * 128)
+        fresh = (got["qkv_tag"][:, rows] == expected_tag(0))
+        assert fresh.all() if (h == own or long_step) else not fresh.any(), f"head {h} rows (long step {long_step})"
+    fresh_rows = (got["qkv_tag"] == expected_tag(0)).all(dim=0)
+    qkv_ref = ref.qkv_gemv(got["x8"], got["x_scale"], inp["w"], inp["s_qkv"])
+    ulps = ref.bf16_ulp_diff(got["qkv"][:, fresh_rows], qkv_ref[:, fresh_rows])
+    assert ulps.max().item() <= 2 and (ulps <= 1).float().mean().item() >= 0.999
+
+    heads = reference_heads(inp, got["qkv"], args, index_own=own)
+    for name in ("q_out", "iq_out", "k_cache", "v_cache", "k_scale", "v_scale", "index_cache"):
+        assert same_bytes(args[name], heads[name]), f"{name} differs"
+    qkv_for_iq = got["qkv"].clone()
+    if not long_step:  # stale rows of the other heads are never read
+        qkv_for_iq[:, base:base + 512] = torch.where(fresh_rows[base:base + 512], qkv_for_iq[:, base:base + 512], 0.0)
+    iq_all = ref.index_q_heads(qkv_for_iq, inp["g_iq"], inp["cos_sin"], inp["positions"], 1e-6, 4)
+    scores, want, bound = ref.index_scores(iq_all, args["index_cache"].cpu(), case["block_table"], case["seq_lens"],
+                                           q_len, index_heads=4, index_own=own)
+    pairs = args["iscore"].cpu().view(torch.int32).view(16, 8192, 2)[:tokens]
+    written = pairs[..., 1] == expected_tag(0)
+    assert torch.equal(written, want), f"{(written != want).sum().item()} iscore slots differ in being written"
+    vals = pairs[..., 0].view(torch.float32)
+    finite = torch.isfinite(scores[want])
+    assert torch.equal(torch.isfinite(vals[want]), finite)
+    assert ((vals[want] - scores[want]).abs()[finite] <= bound[want][finite]).all()

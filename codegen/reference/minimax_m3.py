@@ -229,6 +229,19 @@ PAGE_BYTES = 2048
 HEAD_LANES, HEAD_ELEMS = 32, 4  # a token's lanes; dims per lane
 
 
+def index_offsets(index_heads: int = 1, index_own: int = 0) -> tuple[int, int]:
+    """Rows of the own index-q head and of index k in a token's qkv (A.2)."""
+    return (LOCAL_Q_HEADS + 2 + index_own) * HEAD_DIM, (LOCAL_Q_HEADS + 2 + index_heads) * HEAD_DIM
+
+
+def index_q_heads(qkv: torch.Tensor, g_iq, cos_sin, positions, eps: float, index_heads: int = 1) -> torch.Tensor:
+    """Every index-q head of every token ``[S, heads, 128]`` as bf16 values (f32),
+    made from qkv with the head math (all heads use g_iq)."""
+    base = (LOCAL_Q_HEADS + 2) * HEAD_DIM
+    return torch.stack([bf16_rn(head_norm_rope(qkv[:, base + h * HEAD_DIM: base + (h + 1) * HEAD_DIM].float(), g_iq,
+                                               cos_sin, positions, eps)) for h in range(index_heads)], dim=1)
+
+
 def head_norm_rope(e: torch.Tensor, gamma: torch.Tensor, cos_sin: torch.Tensor, positions: torch.Tensor,
                    eps: float) -> torch.Tensor:
     """One head of every token ``e [S, 128]`` (bf16 values as f32): gemma RMSNorm
@@ -275,7 +288,7 @@ def page16_of(slot: torch.Tensor, page_stride: int) -> torch.Tensor:
 
 def heads(qkv: torch.Tensor, g_q, g_k, g_iq, g_ik, cos_sin, positions, slot_mapping, k_cache, v_cache, k_scale,
           v_scale, index_cache, eps: float, target: Target | str, static_kv_scale: bool = False,
-          kv_page_stride: int = 16) -> dict:
+          kv_page_stride: int = 16, index_heads: int = 1, index_own: int = 0) -> dict:
     """The head tasks given the kernel's own qkv ``[S, rows]`` (bf16 values as
     f32): q_out, iq_out, and copies of the caches and scale tensors with this
     step's rows written (A.5.4, A.6). Cache bytes are exact given qkv."""
@@ -287,8 +300,9 @@ def heads(qkv: torch.Tensor, g_q, g_k, g_iq, g_ik, cos_sin, positions, slot_mapp
                      for h in range(LOCAL_Q_HEADS)], dim=1)
     k = head_norm_rope(qkv[:, K_OFF:K_OFF + HEAD_DIM], g_k, cos_sin, positions, eps)
     v = qkv[:, V_OFF:V_OFF + HEAD_DIM]
-    iq = head_norm_rope(qkv[:, IQ_OFF:IQ_OFF + HEAD_DIM], g_iq, cos_sin, positions, eps)
-    ik = head_norm_rope(qkv[:, IK_OFF:IK_OFF + HEAD_DIM], g_ik, cos_sin, positions, eps)
+    iq_off, ik_off = index_offsets(index_heads, index_own)
+    iq = head_norm_rope(qkv[:, iq_off:iq_off + HEAD_DIM], g_iq, cos_sin, positions, eps)
+    ik = head_norm_rope(qkv[:, ik_off:ik_off + HEAD_DIM], g_ik, cos_sin, positions, eps)
     out = {
         "q_out": q.reshape(s_rows, LOCAL_Q_HEADS * HEAD_DIM).to(torch.bfloat16),
         "iq_out": iq.reshape(s_rows, 1, HEAD_DIM).to(torch.bfloat16),
@@ -339,36 +353,53 @@ def scored_blocks(seq: int, init_blocks: int = 0, local_blocks: int = 1, topk_bl
     return range(init_blocks, n_blk - local_blocks) if n_blk > topk_blocks else range(0)
 
 
+INDEX_CP_FROM_BLOCKS = 288
+
+
 def index_scores(iq: torch.Tensor, index_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor,
                  q_len: int, init_blocks: int = 0, local_blocks: int = 1, sm_scale: float = SM_SCALE,
-                 topk_blocks: int = TOPK_BLOCKS) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                 topk_blocks: int = TOPK_BLOCKS, index_heads: int = 1, index_own: int = 0,
+                 cp_from_blocks: int = INDEX_CP_FROM_BLOCKS) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Block scores of every row (A.9): ``(scores [S, 8192] f32, written [S,
-    8192] bool, bound [S, 8192] f32)``. ``score = f32(max over the block's keys
-    j < seq_k of dot(K_j, iq_k)) * f32(sm_scale * log2 e)`` (dots in float64,
-    -inf where no key is in the row's context); requests are ``q_len``
-    consecutive rows, the last row's context and block table decide which
-    blocks are scored. ``bound`` is the tolerance a kernel with f32
-    accumulation meets: 2^-16 of the scaled sum of |K_j| |q| over the dims."""
+    8192] bool, bound [S, 8192] f32)``. ``iq`` is ``[S, 128]`` (the own head)
+    or ``[S, heads, 128]``. ``score = f32(max over the block's keys j < seq_k of
+    dot(K_j, iq_k)) * f32(sm_scale * log2 e)`` (dots in float64, -inf where no
+    key is in the row's context); requests are ``q_len`` consecutive rows, the
+    last row's context and block table decide which blocks are scored. With 4
+    index heads a request of more than ``cp_from_blocks`` blocks scores this
+    rank's blocks ``first_own + 4 i`` for every head into pair ``h * 2048 + b
+    // 4``. ``bound`` is the tolerance of a kernel with f32 accumulation: 2^-16
+    of the scaled sum of |K_j| |q| over the dims."""
     s_rows = iq.shape[0]
+    q_all = iq.float().double().reshape(s_rows, -1, HEAD_DIM)
+    if q_all.shape[1] == 1 and index_heads > 1:
+        raise ValueError("index_scores: pass every index head's q ([S, heads, 128]) with index_heads > 1")
     scale = score_scale(sm_scale)
     scores = torch.full((s_rows, ISCORE_STRIDE), float("nan"))
     written = torch.zeros(s_rows, ISCORE_STRIDE, dtype=torch.bool)
     bound = torch.zeros(s_rows, ISCORE_STRIDE)
     cache = index_cache.float().double().reshape(index_cache.shape[0], SPARSE_BLOCK, HEAD_DIM)
-    q = iq.float().double().reshape(s_rows, HEAD_DIM)
     for r in range(s_rows // q_len):
         last = r * q_len + q_len - 1
+        n_blk = -(-max(int(seq_lens[last]), 1) // SPARSE_BLOCK)
         blocks = list(scored_blocks(int(seq_lens[last]), init_blocks, local_blocks, topk_blocks))
+        long = index_heads > 1 and n_blk > cp_from_blocks
+        if long:
+            first = init_blocks + (index_own - init_blocks) % index_heads
+            n_own = max(init_blocks + len(blocks) - first + index_heads - 1, 0) // index_heads
+            blocks = [first + index_heads * i for i in range(n_own)]
         if not blocks:
             continue
         keys = cache[block_table[last, blocks].long()]  # [nb, 128, 128]
+        pos = torch.tensor(blocks)[:, None] * SPARSE_BLOCK + torch.arange(SPARSE_BLOCK)[None, :]
         for k in range(r * q_len, last + 1):
-            dots = keys @ q[k]  # [nb, 128]
-            mags = keys.abs() @ q[k].abs()
-            pos = torch.tensor(blocks)[:, None] * SPARSE_BLOCK + torch.arange(SPARSE_BLOCK)[None, :]
             live = pos < max(int(seq_lens[k]), 1)
-            best = torch.where(live, dots, torch.tensor(float("-inf"), dtype=torch.float64)).amax(dim=1)
-            scores[k, blocks] = best.float() * torch.tensor(scale, dtype=torch.float32)
-            written[k, blocks] = True
-            bound[k, blocks] = (mags.amax(dim=1) * abs(scale) * 2.0 ** -16).float()
+            for h in (range(index_heads) if long else [index_own if q_all.shape[1] > 1 else 0]):
+                dots = keys @ q_all[k, h]  # [nb, 128]
+                mags = keys.abs() @ q_all[k, h].abs()
+                best = torch.where(live, dots, torch.tensor(float("-inf"), dtype=torch.float64)).amax(dim=1)
+                cols = [h * (ISCORE_STRIDE // index_heads) + b // index_heads for b in blocks] if long else blocks
+                scores[k, cols] = best.float() * torch.tensor(scale, dtype=torch.float32)
+                written[k, cols] = True
+                bound[k, cols] = (mags.amax(dim=1) * abs(scale) * 2.0 ** -16).float()
     return scores, written, bound

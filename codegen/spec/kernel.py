@@ -71,6 +71,9 @@ def semantic_issues(spec: KernelSpec, file: str, pos) -> list[SpecIssue]:
         if name in scope:
             issue(("runtime_dims", name), f"runtime dimension {name!r} shadows a symbol or parameter", "rename it")
     for name in spec.params:
+        if name.upper() in spec.symbols or name.upper() in DERIVED:  # params become upper-case C constants
+            issue(("params", name), f"parameter {name!r} becomes the C constant {name.upper()}, which a symbol "
+                  "already names", "rename the parameter or the symbol")
         if name in spec.symbols:
             issue(("params", name), f"{name!r} is both a symbol and a parameter", "rename one")
 

@@ -16,13 +16,23 @@ from typing import Literal
 
 from pydantic import field_validator
 
-from ..spec.models import Expr, Name, PerTarget, StageBase, per_target
+from ..spec.models import Expr, Model as _Base, Name, PerTarget, StageBase, per_target
 from .rmsnorm_fp8 import check_io, checked_norm_constants, residual_done
 
 KIND = "gemv_fp8"
 ROWS_PER_TASK = 16  # one MMA tile of output rows
 K_CHUNK = {"amd": 64, "nvidia": 32}  # k per 16-byte weight load of a lane
 X8_ROW_PAD_WORDS = 4  # LDS row padding: token rows land on different banks
+
+
+class LongStep(_Base):
+    """Indexer context parallelism: a step is long when some request's last row
+    sees more than ``from_blocks`` blocks of ``block`` tokens."""
+
+    seq_lens: Name = "seq_lens"
+    q_len: Name = "q_len"
+    from_blocks: Expr = "INDEX_CP_FROM_BLOCKS"
+    block: Expr = "SPARSE_BLOCK"
 
 
 class Model(StageBase):
@@ -34,6 +44,11 @@ class Model(StageBase):
     x_from: Name  # the rmsnorm_fp8 stage whose x8 rows and scales this reads
     out: Name  # pairs region: row r of token t at pair t * rows + r
     token_tile: PerTarget = PerTarget(default=16)  # tokens per pass over LDS x8
+    # the projection rows the tasks cover, as [first row, row count] ranges in task
+    # order (default: all rows); each range a whole number of 16-row groups
+    row_ranges: list[tuple[Expr, Expr]] | None = None
+    long_step: LongStep | None = None  # run only in steps with a long request
+    writes_residual: bool = True  # inline norm: the CTA of task t writes token t's residual (one stage only)
 
     _tile = field_validator("token_tile", mode="before")(classmethod(lambda cls, v: per_target(v)))
 
@@ -44,9 +59,17 @@ def lower(stage: Model, ctx) -> dict:
     rows = ctx.integer(stage.rows, ("rows",))
     k = ctx.symbol(stage.k, ("k",))
     tasks = ctx.task_count
-    if rows % ROWS_PER_TASK or tasks * ROWS_PER_TASK != rows:
-        ctx.fail(("tasks",), f"{tasks} tasks x {ROWS_PER_TASK} rows != rows = {rows}",
-                 f"set tasks to rows // {ROWS_PER_TASK}")
+    ranges = [(0, rows)] if stage.row_ranges is None else [
+        (ctx.integer(a, ("row_ranges", i, 0), minimum=0), ctx.integer(n, ("row_ranges", i, 1)))
+        for i, (a, n) in enumerate(stage.row_ranges)]
+    for i, (first, count) in enumerate(ranges):
+        if first % ROWS_PER_TASK or count % ROWS_PER_TASK or count <= 0 or first < 0 or first + count > rows:
+            ctx.fail(("row_ranges", i), f"row range [{first}, {first + count}) is not whole 16-row groups inside 0..{rows}",
+                     "start and size each range on a multiple of 16 rows")
+    covered = sum(n for _, n in ranges)
+    if tasks * ROWS_PER_TASK != covered:
+        ctx.fail(("tasks",), f"{tasks} tasks x {ROWS_PER_TASK} rows != {covered} rows to compute",
+                 f"set tasks to {covered // ROWS_PER_TASK}")
     chunk = K_CHUNK[t.vendor]
     waves = ctx.threads // t.wave_size
     if k % (chunk * waves):
@@ -84,6 +107,12 @@ def lower(stage: Model, ctx) -> dict:
         "x8_stride_words": stride_words,
         "norm": checked_norm_constants(k, ctx, ("k",)),
         "rdone": residual_done(src, ctx) if inline else None,
+        "writes_residual": stage.writes_residual,
+        "ranges": [(first // ROWS_PER_TASK, count // ROWS_PER_TASK) for first, count in ranges],
+        "long_step": None if stage.long_step is None else {
+            "seq_lens": stage.long_step.seq_lens, "q_len": stage.long_step.q_len,
+            "from_blocks": ctx.integer(stage.long_step.from_blocks, ("long_step", "from_blocks")),
+            "block": ctx.integer(stage.long_step.block, ("long_step", "block"))},
         "src": src,
         "fields": stage,
     }

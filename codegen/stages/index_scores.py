@@ -11,9 +11,15 @@ all their blocks (unscored); the pinned first / last blocks are never written.
 The work list (request, block) is known only at run time (``seq_lens``): every
 CTA of the stage computes it and takes items ``u`` with ``u % CTAS`` equal to
 its rank, counted from ``lead_cta`` (the CTAs that finish earlier work first).
-A row's index q comes from the head stage (``iq_from``): the scorer waits for
-that head's done flag; a block that may hold a key inserted by this launch is
-read only after every token's index-K head task is done."""
+A row's index q is made by the scorers themselves from the qkv mailbox with
+the head stage's (``iq_from``) math, so they never wait for its head task; a
+block that may hold a key inserted by this launch is read only after every
+token's index-K head task is done (its flag).
+
+Index-head context parallelism (``index_heads`` 4, rank ``index_own``): a
+request whose last row sees more than ``cp_from_blocks`` blocks is long: it
+scores only this rank's blocks ``b = first_own + 4 i`` for all four index
+heads, into pair ``k * stride + h * stride / 4 + b / 4``."""
 
 from __future__ import annotations
 
@@ -31,7 +37,7 @@ LOG2E = 1.4426950408889634
 
 class Model(StageBase):
     kind: Literal["index_scores"]
-    iq_from: Name  # the head_norm_rope stage that writes iq_out and index keys (with done flags)
+    iq_from: Name  # the head_norm_rope stage whose qkv rows, index-q math and index-K flags this uses
     topk_blocks: Expr = "TOPK_BLOCKS"  # contexts of at most this many blocks are not scored
     init_blocks: Expr = "init_blocks"  # pinned leading blocks (never scored)
     local_blocks: Expr = "local_blocks"  # pinned trailing blocks (never scored)
@@ -40,9 +46,11 @@ class Model(StageBase):
     stride: Expr = "MAX_INDEX_BLOCKS"  # iscore pairs per row
     max_tokens: Expr = "MAX_TOKENS"  # new keys lie in a row's last max_tokens positions
     lead_cta: PerTarget = PerTarget(default=0)  # the stage CTA that takes work item 0
+    index_heads: Expr = "index_heads"  # index-q heads in the projection (1, or 4 with context parallelism)
+    index_own: Expr = "index_own"  # this rank's index-q head
+    cp_from_blocks: Expr = "INDEX_CP_FROM_BLOCKS"  # longer requests are scored head-parallel
 
     _lead = field_validator("lead_cta", mode="before")(classmethod(lambda cls, v: per_target(v)))
-    iq_out: Name = "iq_out"
     index_cache: Name = "index_cache"
     block_table: Name = "block_table"
     seq_lens: Name = "seq_lens"
@@ -63,14 +71,19 @@ def lower(stage: Model, ctx) -> dict:
         ctx.fail(("iq_from",), f"stage {stage.iq_from!r} publishes no done flags", "give it 'done: <pairs region>'")
     if stage.iq_from not in stage.waits_on:
         ctx.fail(("waits_on",), f"the scores read {stage.iq_from!r}'s outputs", f"list {stage.iq_from!r} in waits_on")
-    for f in ("iq_out", "index_cache", "block_table", "seq_lens", "bt_width", "q_len", "iscore"):
+    for f in ("index_cache", "block_table", "seq_lens", "bt_width", "q_len", "iscore"):
         ctx.abi_arg(getattr(stage, f), (f,))
     block = ev(stage.block, ("block",))
     if ctx.threads % block:
         ctx.fail(("block",), f"{ctx.threads} threads do not split into key columns of {block}")
-    head_dim = 128
-    ctx.lds(stage.name, "iq", "float", ctx.tokens * head_dim)  # the request's index q rows (f32)
-    ctx.lds(stage.name, "best", "float", ctx.tokens * (block // ctx.target.wave_size))  # per-wave maxima
+    head_dim = ev(src.head_dim, ("iq_from",))
+    heads, own = ev(stage.index_heads, ("index_heads",)), ev(stage.index_own, ("index_own",))
+    if heads not in (1, 4) or not 0 <= own < heads:
+        ctx.fail(("index_own",), f"index heads {heads} with own head {own}: need 1 head, or 4 with own in 0..3")
+    iq_base = ev(src.iq_off, ("iq_from",)) - own * head_dim
+    rows = ctx.tokens * heads  # (row, head) pairs of a request's index q
+    ctx.lds(stage.name, "iq", "float", rows * head_dim)  # the request's index q rows, bf16 values as f32
+    ctx.lds(stage.name, "best", "float", rows * (block // ctx.target.wave_size))  # per-wave maxima
     return {
         "topk_blocks": ev(stage.topk_blocks, ("topk_blocks",)),
         "init_blocks": ev(stage.init_blocks, ("init_blocks",)),
@@ -81,7 +94,16 @@ def lower(stage: Model, ctx) -> dict:
         "max_tokens": ev(stage.max_tokens, ("max_tokens",)),
         "lead": ev(stage.lead_cta.for_target(ctx.target.name), ("lead_cta",)),
         "head_dim": head_dim,
+        "rotary_dim": ev(src.rotary_dim, ("iq_from",)),
+        "lanes": 32,
+        "elems": head_dim // 32,
         "q_heads": ev(src.q_heads, ("iq_from",)),
+        "qkv_rows": ev(src.rows, ("iq_from",)),
+        "iq_base": iq_base,
+        "heads": heads,
+        "own": own,
+        "cp_from": ev(stage.cp_from_blocks, ("cp_from_blocks",)),
         "done": src.done,
+        "src": src,
         "fields": stage,
     }
