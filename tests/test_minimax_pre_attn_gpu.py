@@ -20,7 +20,7 @@ from tests.minimax_case import (POISON_BF16, context_case, expected_tag, launch_
 
 pytestmark = pytest.mark.gpu
 
-TOKENS = (1, 2, 3, 8, 16)
+TOKENS = (1, 2, 3, 4, 8, 16)
 
 
 def same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -100,19 +100,55 @@ def test_pre_attn_graph_replays(tokens):
     assert (got["qkv_tag"] == expected_tag(step_before + 99)).all()
 
 
-def test_timeline_stamps():
-    """timeline=True: every CTA stamps start and end, in order."""
-    kernel = codegen.load("minimax_m3/pre_attn", tokens=4, timeline=True)
-    inp = make_inputs(4, kernel.target.name, seed=3)
+@pytest.mark.parametrize("tokens", (2, 16))
+def test_timeline(tokens):
+    """timeline=True: the same outputs as timeline=False; every CTA stamps its
+    start, and each point a CTA reaches comes after its start, in the
+    contract's order where a CTA passes several (A.10)."""
+    outs = {}
+    for timeline in (False, True):
+        kernel = codegen.load("minimax_m3/pre_attn", tokens=tokens, timeline=timeline)
+        inp = make_inputs(tokens, kernel.target.name, seed=3)
+        case = context_case(tokens, 1, [70000, 3000], seed=5)
+        ws = kernel.workspace("cuda")
+        args = launch_args(inp, ws)
+        args.update(seq_lens=case["seq_lens"].cuda(), block_table=case["block_table"].cuda(),
+                    bt_width=case["bt_cols"], index_cache=case["index_cache_bytes"].cuda().view(inp["fp8"]))
+        kernel(**args)
+        torch.cuda.synchronize()
+        outs[timeline] = {k: args[k].cpu() for k in ("h_out", "q_out", "iq_out", "k_cache", "index_cache", "iscore")}
+        outs[timeline]["qkv"] = read_mailbox(kernel, ws["scratch"], tokens)["qkv"]
+        if timeline:
+            tl = ws["tl"].cpu()
+            pts = kernel.ir.timeline_points
+            start = tl[:, pts.index("start")]
+            assert (start > 0).all()
+            for p in pts[1:]:
+                col = tl[:, pts.index(p)]
+                assert (col[col > 0] >= start[col > 0]).all(), p
+            gemv, scores = tl[:, pts.index("gemv_done")], tl[:, pts.index("scores_done")]
+            both = (gemv > 0) & (scores > 0)
+            assert both.any() and (scores[both] >= gemv[both]).all()
+            assert (tl[:, pts.index("spare")] == 0).all()
+    for k in outs[False]:
+        assert same_bytes(outs[False][k], outs[True][k]), f"{k} differs with the timeline on"
+
+
+@pytest.mark.parametrize("eps", (1e-5,))
+def test_eps_build_parameter(eps):
+    """The eps build parameter reaches the input norm and the head norms."""
+    kernel = codegen.load("minimax_m3/pre_attn", tokens=3, eps=eps)
+    inp = make_inputs(3, kernel.target.name, seed=11)
     ws = kernel.workspace("cuda")
-    kernel(**launch_args(inp, ws))
+    args = launch_args(inp, ws)
+    kernel(**args)
     torch.cuda.synchronize()
-    tl = ws["tl"].cpu()
-    pts = kernel.ir.timeline_points
-    start, done = tl[:, pts.index("start")], tl[:, pts.index("stages_done")]
-    assert (start > 0).all() and (done >= start).all()
-    gemv = tl[:, pts.index("gemv_done")]
-    assert (gemv[gemv > 0] >= start[gemv > 0]).all()
+    want = ref.norm_quant(inp["ar"], inp["res"], inp["g_in"], eps, kernel.target)
+    got = read_mailbox(kernel, ws["scratch"], 3)
+    assert torch.equal(got["x_scale"], want["x_scale"])
+    heads = reference_heads(inp, got["qkv"], args, eps=eps)
+    for name in ("q_out", "k_cache", "index_cache"):
+        assert same_bytes(args[name], heads[name]), f"{name} differs"
 
 
 def test_argument_errors_on_gpu():
@@ -153,22 +189,26 @@ def test_head_tasks_cache_modes(tokens, static_kv_scale, kv_page_stride):
         assert (args["k_scale"].cpu()[args["k_scale"].cpu() != -7.0] == 1.0).all()
 
 
-SCORE_CASES = [  # (tokens, q_len, contexts of the requests' last rows)
+SCORE_CASES = [  # (tokens, q_len, contexts of the requests' last rows[, init_blocks, local_blocks])
     (1, 1, [65536]),
     (1, 1, [2048]),             # 16 blocks: kept whole, nothing scored
     (4, 1, [1, 2049, 5000, 130]),
     (4, 2, [2065, 40000]),      # 17 blocks: one scored; rows masked by their own seq
     (16, 4, [3000, 2049, 65536, 100]),
     (16, 1, [4096 + 7 * i for i in range(16)]),
+    (4, 2, [5000, 70000], 1, 2),   # pinned first block, two local blocks
+    (2, 1, [2200, 3000], 2, 1),
 ]
 
 
-@pytest.mark.parametrize("tokens,q_len,contexts", SCORE_CASES)
-def test_index_scores(tokens, q_len, contexts):
+@pytest.mark.parametrize("case_args", SCORE_CASES, ids=str)
+def test_index_scores(case_args):
     """Scores written exactly where the contract says (the current tag), within
     the f32-accumulation bound of a float64 reference on the kernel's own index
     q and index cache; every other iscore byte untouched."""
-    kernel = codegen.load("minimax_m3/pre_attn", tokens=tokens)
+    tokens, q_len, contexts, *pinned = case_args
+    init_blocks, local_blocks = pinned or (0, 1)
+    kernel = codegen.load("minimax_m3/pre_attn", tokens=tokens, init_blocks=init_blocks, local_blocks=local_blocks)
     inp = make_inputs(tokens, kernel.target.name, seed=2000 + tokens + q_len)
     case = context_case(tokens, q_len, contexts, seed=tokens * 10 + q_len)
     ws = kernel.workspace("cuda")
@@ -183,7 +223,7 @@ def test_index_scores(tokens, q_len, contexts):
     pairs = args["iscore"].cpu().view(torch.int32).view(16, 8192, 2)[:tokens]
     written = pairs[..., 1] == expected_tag(0)
     scores, want, bound = ref.index_scores(args["iq_out"].cpu().view(tokens, 128), args["index_cache"].cpu(),
-                                           case["block_table"], case["seq_lens"], q_len)
+                                           case["block_table"], case["seq_lens"], q_len, init_blocks, local_blocks)
     assert torch.equal(written, want), f"{(written != want).sum().item()} iscore slots differ in being written"
     got = pairs[..., 0].view(torch.float32)
     err = (got[want] - scores[want]).abs()

@@ -39,7 +39,7 @@
 //   26 scratch    u8    [429056]           inout mailboxes; zeroed once, never cleared
 //   27 step       i32   [2]                inout [step, CTAs done]: the epoch counter the kernel advances
 //   28 layer      i32   scalar             in    layer id (part of the tag)
-//   29 tl         i64   [256, 7]           out   timeline stamps (timeline builds)
+//   29 tl         i64   [256, 8]           out   timeline stamps (timeline builds)
 //
 // scratch (429056 bytes; regions 256-byte aligned; tag = step[0] * 128 + layer + 1):
 //   qkv      @        0    327680 B  40960 pairs: GEMV results: token t, row r at pair t * QKV_ROWS + r
@@ -74,7 +74,7 @@ constexpr bool SIGNAL = false;  // publish residual-written flags (rdone) for a 
 constexpr int KV_PAGE_STRIDE = 16;  // page-16 ids per logical block in the K/V views: 16 = K and V sides packed in one block (vLLM), 8 = separate
 constexpr int THREADS = 512;  // threads per CTA
 constexpr int WAVE = 64;  // lanes per wave (64 on AMD, 32 on NVIDIA)
-constexpr int TL_POINTS = 7;  // timeline points per CTA
+constexpr int TL_POINTS = 8;  // timeline points per CTA
 constexpr float FP8_MAX = 240.0f;  // largest finite e4m3 value of the target's FP8 flavour
 constexpr int HIDDEN = 6144;  // model hidden size
 constexpr int HEAD_DIM = 128;
@@ -412,8 +412,9 @@ constexpr int TL_SUMS_REDUCED = 1;
 constexpr int TL_X8_READY = 2;
 constexpr int TL_GEMV_DONE = 3;
 constexpr int TL_HEAD_GOT_QKV = 4;
-constexpr int TL_SCORES_DONE = 5;
-constexpr int TL_STAGES_DONE = 6;
+constexpr int TL_PRE_ATTN_DONE = 5;
+constexpr int TL_SCORES_DONE = 6;
+constexpr int TL_SPARE = 7;
 MONO_DEVICE void stamp(u8*, int) {}  // timeline off
 
 // =========================================================================================
@@ -787,6 +788,7 @@ MONO_DEVICE void make_index_q(const Args& a, const Mailbox& mb, float* iq, int r
 MONO_DEVICE void run(const Args& a, const Mailbox& mb, u8* lds) {
     const int c = block_id() - FIRST;
     if (c < 0 || c >= CTAS) return;
+    stamp(lds, TL_PRE_ATTN_DONE);
     const int rank = (c - LEAD % CTAS + CTAS) % CTAS;
     const int tid = thread_id(), key = tid % BLOCK, group = tid / BLOCK;
     float* iq = reinterpret_cast<float*>(lds + LDS_IQ);      // [(row, head)][DIM]
@@ -911,7 +913,6 @@ MONO_KERNEL minimax_m3_pre_attn(
     barrier();  // the stages share LDS
     stage_scores::run(a, mb, lds);
     barrier();  // the stages share LDS
-    stamp(lds, TL_STAGES_DONE);
     // last CTA out advances the epoch (and resets the count for the next launch)
     if (thread_id() == 0) {
         u32* done = reinterpret_cast<u32*>(step + 1);
