@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: generate test test-gpu bench check clean-cache
+.PHONY: generate docs test test-gpu bench check clean-cache
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -16,6 +16,11 @@ $(STAMP): pyproject.toml
 
 generate: $(STAMP)
 	$(PY) -m codegen generate
+	$(PY) -m codegen docs
+
+# docs/spec-reference.md from the spec models (tests/test_docs.py keeps it current)
+docs: $(STAMP)
+	$(PY) -m codegen docs
 
 test: $(STAMP)
 	$(PY) -m pytest -q
@@ -23,6 +28,11 @@ test: $(STAMP)
 # on a machine with a GPU (the lent H200: scripts/gpu_run.sh sets it up)
 test-gpu: $(STAMP)
 	$(PY) -m pytest -q -m gpu
+
+# on the GPU: ours vs the unfused chain (eager, torch.compile) vs the streaming
+# floor; `python -m bench.run --dry-run` checks the harness on the CPU
+bench: $(STAMP)
+	$(PY) -m bench.run
 
 check: $(STAMP)
 	$(PY) -m codegen check specs/*/*.yaml

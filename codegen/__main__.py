@@ -1,4 +1,6 @@
-"""Command line: ``python -m codegen {check,generate,list,show,report}``.
+"""The mono-codegen command line: ``python -m codegen COMMAND`` or ``mono-codegen COMMAND``.
+
+Commands: check, generate, list, show, report, diff, rolemap, trace, docs.
 
 Errors in specs print ``file:line: field.path: message`` and how to fix it,
 never a traceback, and exit with status 1."""
@@ -7,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 from .errors import SpecError
@@ -94,37 +97,127 @@ def cmd_show(args) -> int:
 
 
 def cmd_report(args) -> int:
-    from . import jit
-    from .generate import review_builds
-    from .lower import lower
-    from .render import render
-    from .spec import load_spec
+    from .review import format_report, report_rows
 
-    rows = []
-    for rb in review_builds([args.spec] if args.spec else None):
-        if args.target and rb.target != args.target:
-            continue
-        ir = lower(load_spec(rb.spec), rb.build)
-        for rep in jit.resource_report(render(ir), rb.path.name, ir.target):
-            rows.append({
-                "build": rb.path.name, "target": rb.target, "kernel": rep.name, "vgprs": rep.vgprs,
-                "agprs": getattr(rep, "agprs", 0), "sgprs": rep.sgprs, "lds_bytes": ir.lds_bytes,
-                "scratch_bytes": rep.scratch_bytes, "spills": rep.spills, "mma": rep.mfma,
-                "mailbox_bytes": ir.scratch_bytes,
-            })
+    rows = report_rows([args.spec] if args.spec else None, args.target)
     if args.json:
         print(json.dumps(rows, indent=1))
-        return 0
-    print(f"{'build':40s} {'regs':>5s} {'sgpr':>5s} {'LDS':>7s} {'spill':>5s} {'stack':>6s}  MMA opcodes")
-    for r in rows:
-        mma = ", ".join(f"{k} x{v}" for k, v in sorted(r["mma"].items()))
-        print(f"{r['build']:40s} {r['vgprs']:5d} {r['sgprs'] or 0:5d} {r['lds_bytes']:7d} {r['spills']:5d} "
-              f"{r['scratch_bytes']:6d}  {mma}")
+    else:
+        sys.stdout.write(format_report(rows))
+    return 0
+
+
+def _build_params(args, extra: list[str] | None = None) -> dict:
+    """The build parameters of a command: ``--tokens``, the common flags, then ``extra``."""
+    params = {"tokens": args.tokens} if getattr(args, "tokens", None) is not None else {}
+    params.update(_flags(args.flag))
+    params.update(_flags(extra or []))
+    return params
+
+
+def cmd_diff(args) -> int:
+    from .generate import ROOT
+
+    here = os.getcwd()
+    os.chdir(ROOT)  # specs load with paths relative to the working folder: render as generate does
+    try:
+        return _diff(args)
+    finally:
+        os.chdir(here)
+
+
+def _diff(args) -> int:
+    from .review import diff_builds, diff_rev, format_changes
+
+    if args.rev:
+        if args.a or args.b or args.target_a or args.target_b:
+            raise SystemExit("error: --rev diffs the review builds against a revision; "
+                             "leave out --a/--b/--target-a/--target-b")
+        text, changes = diff_rev(args.rev, [args.spec] if args.spec else None, context=args.unified)
+        if args.stat:
+            sys.stdout.write(format_changes(args.rev, changes))
+        else:
+            sys.stdout.write(text)
+            sys.stderr.write(format_changes(args.rev, changes))
+        return 1 if args.exit_code and changes else 0
+    if not args.spec:
+        raise SystemExit("error: diff needs a spec (diff SPEC --a tokens=1 --b tokens=4), or --rev REV")
+    target = args.target or "sm90"
+    text = diff_builds(args.spec, _build_params(args, args.a), _build_params(args, args.b),
+                       args.target_a or target, args.target_b or target, args.unified)
+    sys.stdout.write(text)
+    if not text:
+        print("the two builds render the same source", file=sys.stderr)
+    return 1 if args.exit_code and text else 0
+
+
+def cmd_rolemap(args) -> int:
+    from .lower import lower, make_build
+    from .rolemap import plot_rolemap, short_label, summary
+    from .spec import load_spec
+
+    loaded = load_spec(args.spec)
+    ir = lower(loaded, make_build(loaded, args.target, **_build_params(args)))
+    out = args.output or f"rolemap-{ir.name}.{ir.target.name}.{short_label(ir)}.png"
+    for line in summary(ir):
+        print(line)
+    try:
+        print(f"wrote {plot_rolemap(ir, out)}")
+    except RuntimeError as e:  # no matplotlib
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def cmd_trace(args) -> int:
+    import importlib
+
+    from .generate import build_label
+    from .spec import load_spec
+    from .trace import trace
+
+    params = _build_params(args)
+    params.pop("timeline", None)
+    make_args = None
+    if args.case:
+        module, _, fn = args.case.partition(":")
+        if not fn:
+            raise SystemExit("error: --case must look like module:function (e.g. tests.minimax_case:trace_args)")
+        make_args = getattr(importlib.import_module(module), fn)
+    loaded = load_spec(args.spec)
+    if args.output:
+        out = args.output
+    else:
+        from .lower import make_build
+
+        label = build_label(loaded, make_build(loaded, args.target or "sm90", **params, timeline=True))
+        out = f"trace-{loaded.spec.c_name}.{label}"
+    try:
+        written = trace(args.spec, out, target=args.target, seed=args.seed, make_args=make_args,
+                        dims={k: int(v) for k, v in _flags(args.dim).items()}, **params)
+    except RuntimeError as e:  # no GPU, no matplotlib
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    for path in written:
+        print(f"wrote {path}")
+    return 0
+
+
+def cmd_docs(args) -> int:
+    from .docs import SPEC_REFERENCE, spec_reference, write_spec_reference
+
+    rel = SPEC_REFERENCE.relative_to(SPEC_REFERENCE.parents[1])
+    if args.check:
+        current = SPEC_REFERENCE.exists() and SPEC_REFERENCE.read_text() == spec_reference()
+        print(f"{rel} is {'up to date' if current else 'stale: run python -m codegen docs'}")
+        return 0 if current else 1
+    print(f"wrote {rel}" if write_spec_reference(SPEC_REFERENCE) else f"{rel} is up to date")
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m codegen", description=__doc__.splitlines()[0])
+    prog = "mono-codegen" if os.path.basename(sys.argv[0]) == "mono-codegen" else "python -m codegen"
+    parser = argparse.ArgumentParser(prog=prog, description="Mono kernels from YAML specs: check, render, review, run.")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("check", help="validate spec files")
     p.add_argument("specs", nargs="+")
@@ -139,12 +232,57 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tokens", type=int, default=1)
     p.add_argument("flag", nargs="*", help="build parameters as name=value")
     p.set_defaults(fn=cmd_show)
-    p = sub.add_parser("report", help="registers, LDS, spills, MMA opcodes of the review builds (no GPU)")
+    p = sub.add_parser("report", help="registers, LDS, spills, co-residency, mailbox bytes, MMA opcodes "
+                                      "of the review builds (no GPU)")
     p.add_argument("spec", nargs="?")
     p.add_argument("--target")
     p.add_argument("--json", action="store_true")
     p.set_defaults(fn=cmd_report)
-    args = parser.parse_args(argv)
+    p = sub.add_parser("diff", allow_abbrev=False,
+                       help="unified diff of generated source: two builds, two targets, or the tree vs a git revision",
+                       description="diff SPEC --a tokens=1 --b tokens=4 | diff SPEC --target-a sm90 --target-b gfx950 "
+                                   "| diff [SPEC] --rev HEAD~1")
+    p.add_argument("spec", nargs="?")
+    p.add_argument("flag", nargs="*", help="build parameters of both sides, as name=value")
+    p.add_argument("--a", nargs="+", action="extend", default=[], metavar="NAME=VALUE", help="build A's parameters")
+    p.add_argument("--b", nargs="+", action="extend", default=[], metavar="NAME=VALUE", help="build B's parameters")
+    p.add_argument("--target", help="target of both sides (default sm90)")
+    p.add_argument("--target-a")
+    p.add_argument("--target-b")
+    p.add_argument("--tokens", type=int)
+    p.add_argument("--rev", help="diff the review builds rendered now against generated/ at this git revision")
+    p.add_argument("--stat", action="store_true", help="with --rev: list the changed files only")
+    p.add_argument("-U", "--unified", type=int, default=3, metavar="N", help="lines of context (default 3)")
+    p.add_argument("--exit-code", action="store_true", help="exit with 1 when there are differences")
+    p.set_defaults(fn=cmd_diff)
+    p = sub.add_parser("rolemap", help="PNG of which CTA runs which task of which stage (no GPU)")
+    p.add_argument("spec")
+    p.add_argument("flag", nargs="*", help="build parameters as name=value")
+    p.add_argument("--target", default="sm90")
+    p.add_argument("--tokens", type=int, default=1)
+    p.add_argument("-o", "--output", help="PNG path (default rolemap-<kernel>.<target>.<build>.png)")
+    p.set_defaults(fn=cmd_rolemap)
+    p = sub.add_parser("trace", help="launch a timeline=true build on the GPU: Perfetto trace JSON and a PNG")
+    p.add_argument("spec")
+    p.add_argument("flag", nargs="*", help="build parameters as name=value")
+    p.add_argument("--target", help="default: the GPU's")
+    p.add_argument("--tokens", type=int, default=1)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--case", metavar="MODULE:FUNCTION",
+                   help="function(kernel, seed) -> launch arguments (default: random ones from the ABI)")
+    p.add_argument("--dim", action="append", default=[], metavar="NAME=SIZE",
+                   help="size of a runtime dimension for the random arguments (default 1)")
+    p.add_argument("-o", "--output", help="path prefix of <prefix>.json and <prefix>.png")
+    p.set_defaults(fn=cmd_trace)
+    p = sub.add_parser("docs", help="write docs/spec-reference.md from the spec models")
+    p.add_argument("--check", action="store_true", help="only say whether the file is current (exit 1 if not)")
+    p.set_defaults(fn=cmd_docs)
+    # build flags may follow options (`show SPEC --tokens 4 timeline=true`): argparse leaves them over
+    args, rest = parser.parse_known_args(argv)
+    if rest and hasattr(args, "flag") and all("=" in r and not r.startswith("-") for r in rest):
+        args.flag = [*args.flag, *rest]
+    elif rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
     try:
         return args.fn(args)
     except SpecError as e:

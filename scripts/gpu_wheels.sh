@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Wheels the lent GPU machine lacks (its image has torch, jinja2, pyyaml, numpy,
-# pytest, cuda-python and nvrtc, but no pydantic), for Python 3.12 on x86-64,
+# pytest, matplotlib, cuda-python and nvrtc, but no pydantic), for Python 3.12 on x86-64,
 # into .whl/ (ignored by git; carried to the device with `carry: [".whl"]`).
 set -euo pipefail
 cd "$(dirname "$0")/.."

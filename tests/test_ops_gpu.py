@@ -1,0 +1,129 @@
+"""The MiniMax-M3 pre_attn kernel as a torch custom op on the GPU: under
+``torch.compile(fullgraph=True)`` it writes what a direct launch writes
+(h_out, the qkv mailbox, every output and cache byte), inside CUDA graph
+capture it replays like the kernel itself, and a compiled caller can be
+captured too (how serving engines run decode steps)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import codegen
+from codegen import ops
+from tests.minimax_case import expected_tag, launch_args, make_inputs, read_mailbox
+
+pytestmark = pytest.mark.gpu
+
+SPEC = "minimax_m3/pre_attn"
+
+
+def written(kernel, args: dict) -> dict:
+    """Bytes of every out/inout ABI tensor other than the workspace, and of the qkv region."""
+    out = {a.name: args[a.name].cpu().contiguous().view(torch.uint8).clone()
+           for a in kernel.ir.abi if a.is_tensor and a.intent != "in" and a.workspace is None}
+    r = kernel.ir.region("qkv")
+    out["scratch.qkv"] = args["scratch"][r.offset: r.offset + r.nbytes].cpu().clone()
+    return out
+
+
+def case(tokens: int, seed: int, **flags):
+    kernel = codegen.load(SPEC, tokens=tokens, **flags)
+    inp = make_inputs(tokens, kernel.target.name, seed, kv_page_stride=flags.get("kv_page_stride", 16))
+    return kernel, inp
+
+
+@pytest.mark.parametrize("kv_page_stride", (16, 8))  # 16: the K and V views share one allocation
+def test_op_under_torch_compile(kv_page_stride):
+    tokens = 4
+    kernel, inp = case(tokens, seed=11, kv_page_stride=kv_page_stride)
+    op = ops.register(kernel)
+    names = [a.name for a in kernel.ir.abi]
+
+    direct = launch_args(inp, kernel.workspace("cuda"))
+    kernel(**direct)
+    torch.cuda.synchronize()
+    want = written(kernel, direct)
+
+    @torch.compile(fullgraph=True)
+    def decode_step(xs):
+        op(*xs)
+
+    args = launch_args(inp, kernel.workspace("cuda"))
+    decode_step([args[n] for n in names])
+    torch.cuda.synchronize()
+    got = written(kernel, args)
+    assert got.keys() == want.keys()
+    for name in want:
+        assert torch.equal(got[name], want[name]), f"{name} differs from the direct launch"
+    assert args["step"].cpu().tolist() == [1, 0], "the op advanced the epoch once"
+
+    decode_step([args[n] for n in names])  # the compiled code again: the next epoch, same values
+    torch.cuda.synchronize()
+    mb = read_mailbox(kernel, args["scratch"], tokens)
+    assert args["step"].cpu().tolist() == [2, 0]
+    assert (mb["qkv_tag"] == expected_tag(1)).all()
+    assert torch.equal(mb["qkv"], read_mailbox(kernel, direct["scratch"], tokens)["qkv"])
+
+
+@pytest.mark.parametrize("tokens", (1, 16))
+def test_op_in_cuda_graph(tokens):
+    kernel, inp = case(tokens, seed=21)
+    op = ops.register(kernel)
+    args = launch_args(inp, kernel.workspace("cuda"))
+    op(**args)  # compile and warm up outside the capture
+    torch.cuda.synchronize()
+    single = read_mailbox(kernel, args["scratch"], tokens)
+    h_single = args["h_out"].clone()
+
+    stream = torch.cuda.Stream()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(stream):
+        with torch.cuda.graph(graph, stream=stream):
+            op(**args)
+    torch.cuda.synchronize()
+    before = args["step"][0].item()
+    for _ in range(10):
+        graph.replay()
+    torch.cuda.synchronize()
+    assert args["step"][0].item() == before + 10
+    got = read_mailbox(kernel, args["scratch"], tokens)
+    assert torch.equal(got["qkv"], single["qkv"])
+    assert (got["qkv_tag"] == expected_tag(before + 9)).all()
+    assert torch.equal(args["h_out"], h_single)
+
+
+def test_compiled_caller_in_cuda_graph():
+    """torch.compile first, then capture the compiled function: the pattern of
+    engines that compile the model and replay decode steps from graphs."""
+    tokens = 4
+    kernel, inp = case(tokens, seed=31)
+    op = ops.register(kernel)
+    names = [a.name for a in kernel.ir.abi]
+    args = launch_args(inp, kernel.workspace("cuda"))
+    xs = [args[n] for n in names]
+
+    @torch.compile(fullgraph=True)
+    def decode_step(xs):
+        op(*xs)
+
+    decode_step(xs)  # compile outside the capture
+    torch.cuda.synchronize()
+    single = read_mailbox(kernel, args["scratch"], tokens)
+
+    stream = torch.cuda.Stream()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(stream):
+        decode_step(xs)  # warm the compiled code on the capture stream
+        torch.cuda.synchronize()
+        with torch.cuda.graph(graph, stream=stream):
+            decode_step(xs)
+    torch.cuda.synchronize()
+    before = args["step"][0].item()
+    for _ in range(5):
+        graph.replay()
+    torch.cuda.synchronize()
+    assert args["step"][0].item() == before + 5
+    got = read_mailbox(kernel, args["scratch"], tokens)
+    assert torch.equal(got["qkv"], single["qkv"])
+    assert (got["qkv_tag"] == expected_tag(before + 4)).all()

@@ -1,0 +1,75 @@
+"""Timelines on the GPU: a timeline=true build launched by ``codegen.trace``
+gives one Perfetto track per CTA with a slice from start to stages_done on
+every CTA, and a PNG; the trace command does the same from the command line.
+
+Order matters here: the generic random-ABI inputs (last test) are the least
+known to the kernel, so they run after everything else in this file."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+
+import pytest
+
+from codegen.__main__ import main
+from codegen.trace import trace
+from tests.minimax_case import launch_args, make_inputs
+
+pytestmark = pytest.mark.gpu
+
+SPEC = "minimax_m3/pre_attn"
+HAVE_MPL = importlib.util.find_spec("matplotlib") is not None
+
+
+def case_args(kernel, seed: int) -> dict:
+    """The launch the MiniMax GPU tests check against the reference (``--case`` form)."""
+    params = dict(kernel.ir.build.params)
+    inp = make_inputs(params["tokens"], kernel.target.name, seed, kv_page_stride=params.get("kv_page_stride", 16),
+                      index_heads=params.get("index_heads", 1))
+    return launch_args(inp, kernel.workspace("cuda"))
+
+
+def check_trace(path, blocks: int, points: list[str]) -> None:
+    data = json.loads(path.read_text())
+    events = data["traceEvents"]
+    tracks = {e["tid"] for e in events if e["name"] == "thread_name"}
+    assert tracks == set(range(blocks)), "one track per CTA"
+    slices = [e for e in events if e["ph"] == "X"]
+    assert {e["name"] for e in slices} <= set(points)
+    assert all(e["dur"] >= 0 and e["ts"] >= 0 for e in slices)
+    ends = {e["tid"] for e in slices if e["name"] == "stages_done"}
+    assert ends == set(range(blocks)), "every CTA reaches stages_done"
+    total = max(e["ts"] + e["dur"] for e in slices)
+    assert 0 < total < 10_000, f"a launch of {total} us"
+
+
+@pytest.mark.parametrize("tokens", (1, 4))
+def test_trace_of_the_minimax_case(tmp_path, tokens):
+    import codegen
+
+    files = trace(SPEC, tmp_path / f"s{tokens}", tokens=tokens, make_args=case_args, png=HAVE_MPL)
+    kernel = codegen.load(SPEC, tokens=tokens, timeline=True)
+    assert files[0].name == f"s{tokens}.json"
+    check_trace(files[0], kernel.ir.blocks, list(kernel.ir.timeline_points))
+    if HAVE_MPL:
+        assert files[1].name == f"s{tokens}.png" and files[1].stat().st_size > 1000
+
+
+@pytest.mark.skipif(not HAVE_MPL, reason="the command writes a PNG: needs matplotlib")
+def test_trace_command_with_a_case(tmp_path, capsys):
+    out = tmp_path / "case"
+    assert main(["trace", SPEC, "--tokens", "3", "--case", "tests.test_trace_gpu:case_args", "-o", str(out)]) == 0
+    assert f"wrote {out}.json" in capsys.readouterr().out
+    assert (tmp_path / "case.png").stat().st_size > 1000
+
+
+@pytest.mark.skipif(not HAVE_MPL, reason="the command writes a PNG: needs matplotlib")
+def test_trace_command_random_inputs(tmp_path):
+    """The default: random inputs from the ABI alone (runtime dimensions of 1)."""
+    import codegen
+
+    out = tmp_path / "random"
+    assert main(["trace", SPEC, "--tokens", "2", "-o", str(out)]) == 0
+    kernel = codegen.load(SPEC, tokens=2, timeline=True)
+    check_trace(tmp_path / "random.json", kernel.ir.blocks, list(kernel.ir.timeline_points))
