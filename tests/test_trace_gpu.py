@@ -1,5 +1,5 @@
 """Timelines on the GPU: a timeline=true build launched by ``codegen.trace``
-gives one Perfetto track per CTA with a slice from start to stages_done on
+gives one Perfetto track per CTA with a slice ending at scores_done (every CTA scores) on
 every CTA, and a PNG; the trace command does the same from the command line.
 
 Order matters here: the generic random-ABI inputs (last test) are the least
@@ -38,8 +38,8 @@ def check_trace(path, blocks: int, points: list[str]) -> None:
     slices = [e for e in events if e["ph"] == "X"]
     assert {e["name"] for e in slices} <= set(points)
     assert all(e["dur"] >= 0 and e["ts"] >= 0 for e in slices)
-    ends = {e["tid"] for e in slices if e["name"] == "stages_done"}
-    assert ends == set(range(blocks)), "every CTA reaches stages_done"
+    ends = {e["tid"] for e in slices if e["name"] == "scores_done"}
+    assert ends == set(range(blocks)), "every CTA reaches scores_done"
     total = max(e["ts"] + e["dur"] for e in slices)
     assert 0 < total < 10_000, f"a launch of {total} us"
 
