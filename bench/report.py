@@ -1,0 +1,123 @@
+"""Reporting: the console table, the markdown entry for bench/RESULTS.md, the
+JSON of all numbers and the plot (matplotlib optional)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+COLUMNS = ("S", "ours us", "eager us", "compile us", "floor us", "ours/floor", "compile/ours")
+
+
+def _f(v, digits: int = 2) -> str:
+    return "n/a" if v is None else f"{v:.{digits}f}"
+
+
+def table_rows(rows: list[dict]) -> list[list[str]]:
+    """One list of cells per case row (see ``COLUMNS``)."""
+    out = []
+    for r in rows:
+        ours, comp, floor = r.get("ours_us"), r.get("compile_us"), r["floor_us"]
+        s = str(r["tokens"]) if not r.get("context") else f"{r['tokens']} (ctx {r['context']})"
+        out.append([
+            s, _f(ours), _f(r.get("eager_us")), _f(comp), _f(floor),
+            _f(ours / floor if ours else None), _f(comp / ours if comp and ours else None),
+        ])
+    return out
+
+
+def format_table(rows: list[dict]) -> str:
+    cells = [list(COLUMNS)] + table_rows(rows)
+    widths = [max(len(c[i]) for c in cells) for i in range(len(COLUMNS))]
+    lines = ["  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in cells]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def markdown_table(rows: list[dict]) -> str:
+    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "|".join("---:" for _ in COLUMNS) + "|"]
+    lines += ["| " + " | ".join(r) + " |" for r in table_rows(rows)]
+    return "\n".join(lines)
+
+
+def markdown_entry(meta: dict, rows: list[dict], extras: dict) -> str:
+    """The section appended to bench/RESULTS.md for one run."""
+    fake = " (DRY RUN: fake numbers)" if meta.get("dry_run") else ""
+    bw = extras.get("copy_bandwidth", {})
+    lines = [
+        f"## {meta['kernel']} on {meta['gpu']}, {meta['date']}{fake}",
+        "",
+        f"commit `{meta['commit']}`, torch {meta['torch']}, CUDA {meta.get('cuda') or 'n/a'}, "
+        f"target {meta['target']}; {meta['copies']} weight copies per graph "
+        f"(L2 {meta['l2_bytes'] / 2**20:.0f} MiB), {meta['replays']} replays (median); "
+        f"unfused GEMM: {meta['gemm']}; copy bandwidth {bw.get('bytes_per_s', 0) / 1e12:.2f} TB/s "
+        "(read + written).",
+        "",
+        markdown_table(rows),
+        "",
+    ]
+    notes = list(meta.get("notes", []))
+    for key, label in (("jit", "JIT"), ("generate", "make generate")):
+        if key in extras:
+            notes.append(f"{label}: " + ", ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}"
+                                                  for k, v in extras[key].items() if not k.endswith("stderr")))
+    if notes:
+        lines += [f"- {n}" for n in notes] + [""]
+    return "\n".join(lines)
+
+
+def append_results(path: Path, entry: str) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    head = "" if path.exists() else (
+        "# Benchmark results\n\nAppended by `make bench` (`python -m bench.run`); method in "
+        "bench/NOTES.md. Times are per call, us.\n\n")
+    with open(path, "a") as f:
+        f.write(head + entry + "\n")
+
+
+def write_json(path: Path, data: dict) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(data, indent=1, default=str))
+    os.replace(tmp, path)
+
+
+def plot(rows: list[dict], path: Path, title: str) -> str | None:
+    """us vs S, one line per contender and the floor, to ``path`` (PNG).
+    Returns None, or why no plot was written (matplotlib missing)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as e:
+        return f"no plot: matplotlib is not installed ({e}); later: python -m bench.plot bench.json"
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    ctx = rows[0].get("context") if rows else None
+    if any(r.get("context") != ctx for r in rows):  # several contexts: plot the first one's
+        rows = [r for r in rows if r.get("context") == ctx]
+        title += f", context {ctx}"
+    xs = [r["tokens"] for r in rows]
+    fig, ax = plt.subplots(figsize=(6.4, 4.2), dpi=120)
+    for key, label, style in (("ours_us", "ours (mono kernel)", "o-"), ("eager_us", "eager unfused", "s-"),
+                              ("compile_us", "torch.compile unfused", "^-"),
+                              ("floor_us", "streaming floor", "k--")):
+        pts = [(x, r.get(key)) for x, r in zip(xs, rows) if r.get(key) is not None]
+        if pts:
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], style, label=label)
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(xs, [str(x) for x in xs])
+    ax.set_ylim(bottom=0)
+    ax.set_xlabel("tokens S")
+    ax.set_ylabel("us per call (cold weights, CUDA graph)")
+    ax.set_title(title, fontsize=9)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return None
