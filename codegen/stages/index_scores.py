@@ -84,8 +84,9 @@ def lower(stage: Model, ctx) -> dict:
         ctx.fail(("index_own",), f"index heads {heads} with own head {own}: need 1 head, or 4 with own in 0..3")
     iq_base = ev(src.iq_off, ("iq_from",)) - own * head_dim
     rows = ctx.tokens * heads  # (row, head) pairs of a request's index q
-    ctx.lds(stage.name, "iq", "float", rows * head_dim)  # the request's index q rows, bf16 values as f32
-    ctx.lds(stage.name, "best", "float", rows * (block // ctx.target.wave_size))  # per-wave maxima
+    quarters = ctx.threads // block  # threads per key
+    ctx.lds(stage.name, "iq", "float", rows * quarters * (head_dim // quarters + 1))  # index q, quarters padded
+    ctx.lds(stage.name, "best", "float", rows * (ctx.threads // ctx.target.wave_size))  # per-wave maxima
     return {
         "topk_blocks": ev(stage.topk_blocks, ("topk_blocks",)),
         "init_blocks": ev(stage.init_blocks, ("init_blocks",)),
