@@ -50,28 +50,28 @@ def make_inputs(tokens: int, target: str, seed: int, kv_page_stride: int = 16, n
     return inp
 
 
-def caches(inp: dict, device: str) -> dict:
+def caches(inp: dict, device: str, num_blocks: int = NUM_BLOCKS) -> dict:
     """K/V views, scales and index cache filled with canaries. Stride 16: K and V
     sides packed in one allocation (the V view starts 8 pages in); stride 8:
     separate allocations."""
     fp8 = inp["fp8"]
-    pages = NUM_BLOCKS * 16
+    pages = num_blocks * 16
     if inp["kv_page_stride"] == 16:
-        block = torch.full((NUM_BLOCKS * 32768,), CANARY, dtype=torch.uint8, device=device)
+        block = torch.full((num_blocks * 32768,), CANARY, dtype=torch.uint8, device=device)
         k = block.view(pages, ref.PAGE_BYTES)
         v = block[8 * ref.PAGE_BYTES:].view(pages - 8, ref.PAGE_BYTES)
     else:
-        k = torch.full((NUM_BLOCKS * 8, ref.PAGE_BYTES), CANARY, dtype=torch.uint8, device=device)
-        v = torch.full((NUM_BLOCKS * 8, ref.PAGE_BYTES), CANARY, dtype=torch.uint8, device=device)
+        k = torch.full((num_blocks * 8, ref.PAGE_BYTES), CANARY, dtype=torch.uint8, device=device)
+        v = torch.full((num_blocks * 8, ref.PAGE_BYTES), CANARY, dtype=torch.uint8, device=device)
     return {
         "k_cache": k.view(fp8), "v_cache": v.view(fp8),
         "k_scale": torch.full((pages, 16), -7.0, device=device),
         "v_scale": torch.full((pages, 16), -7.0, device=device),
-        "index_cache": torch.full((NUM_BLOCKS, 128, 128), CANARY, dtype=torch.uint8, device=device).view(fp8),
+        "index_cache": torch.full((num_blocks, 128, 128), CANARY, dtype=torch.uint8, device=device).view(fp8),
     }
 
 
-def launch_args(inp: dict, ws: dict, device: str = "cuda") -> dict:
+def launch_args(inp: dict, ws: dict, device: str = "cuda", num_blocks: int = NUM_BLOCKS) -> dict:
     """Every ABI argument of a launch; outputs poisoned."""
     s = inp["ar"].shape[0]
     poison = lambda *shape: torch.full(shape, POISON_BF16, dtype=torch.int16, device=device).view(torch.bfloat16)  # noqa: E731
@@ -81,7 +81,7 @@ def launch_args(inp: dict, ws: dict, device: str = "cuda") -> dict:
         "g_in": inp["g_in"].to(device), "w_qkv": preshuffle(inp["w"], inp["target"]).to(device),
         "s_qkv": inp["s_qkv"].to(device),
         **{k: inp[k].to(device) for k in ("g_q", "g_k", "g_iq", "g_ik", "cos_sin", "positions", "slot_mapping")},
-        **caches(inp, device),
+        **caches(inp, device, num_blocks),
         "q_out": poison(s, ref.LOCAL_Q_HEADS * ref.HEAD_DIM), "iq_out": poison(s, 1, ref.HEAD_DIM),
         "block_table": torch.arange(s * bt_cols, dtype=torch.int32, device=device).view(s, bt_cols) % NUM_BLOCKS,
         "seq_lens": torch.full((s,), 100, dtype=torch.int32, device=device),

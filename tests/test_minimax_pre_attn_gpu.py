@@ -318,3 +318,37 @@ def test_index_context_parallel(own, tokens, q_len, contexts):
     finite = torch.isfinite(scores[want])
     assert torch.equal(torch.isfinite(vals[want]), finite)
     assert ((vals[want] - scores[want]).abs()[finite] <= bound[want][finite]).all()
+
+
+def test_index_scores_read_this_launchs_keys():
+    """Each row's new key at its own slot (position seq - 1 through its block
+    table), some in scored blocks (q_len 4 just past a block boundary): the
+    scorers read them only after the index-K head tasks, so the scores match the
+    reference on the cache as the launch leaves it."""
+    tokens, q_len, num_blocks = 16, 4, 1024
+    kernel = codegen.load("minimax_m3/pre_attn", tokens=tokens)
+    inp = make_inputs(tokens, kernel.target.name, seed=99, negative_slots=False)
+    case = context_case(tokens, q_len, [128 * 20 + 1, 128 * 40 + 2, 5000, 128 * 17 + 3], seed=4,
+                        num_blocks=num_blocks)
+    seq, table = case["seq_lens"].long(), case["block_table"].long()
+    pos = seq - 1
+    inp["slot_mapping"] = table[torch.arange(tokens), pos // 128] * 128 + pos % 128
+    inp["positions"] = pos % 4096
+    ws = kernel.workspace("cuda")
+    args = launch_args(inp, ws, num_blocks=num_blocks)
+    args.update(seq_lens=case["seq_lens"].cuda(), block_table=case["block_table"].cuda(), bt_width=case["bt_cols"],
+                q_len=q_len, index_cache=case["index_cache_bytes"].cuda().view(inp["fp8"]),
+                iscore=torch.full((16 * 8192 * 8,), 0x5A, dtype=torch.uint8, device="cuda"))
+    kernel(**args)
+    torch.cuda.synchronize()
+    scored_new = [(int(pos[k]) // 128) for k in range(tokens)
+                  if int(pos[k]) // 128 < -(-int(seq[(k // q_len) * q_len + q_len - 1]) // 128) - 1]
+    assert scored_new, "the case must put new keys into scored blocks"
+    scores, want, bound = ref.index_scores(args["iq_out"].cpu().view(tokens, 128), args["index_cache"].cpu(),
+                                           case["block_table"], case["seq_lens"], q_len)
+    pairs = args["iscore"].cpu().view(torch.int32).view(16, 8192, 2)[:tokens]
+    written = pairs[..., 1] == expected_tag(0)
+    assert torch.equal(written, want)
+    vals = pairs[..., 0].view(torch.float32)
+    finite = torch.isfinite(scores[want])
+    assert ((vals[want] - scores[want]).abs()[finite] <= bound[want][finite]).all()

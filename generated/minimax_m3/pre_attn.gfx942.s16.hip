@@ -439,20 +439,36 @@ constexpr int NORM_ROW_WORDS = 1536;  // one FP8 row in 32-bit words
 constexpr int NORM_RED_TOTAL = 32;             // red[]: warp sums 0..31, total, per-wave amax
 constexpr int NORM_RED_AMAX = 33;
 
-// Token tk (contract A.5.1, A.5.2): acc = f32(ar) + f32(res); h_out = bf16(acc) where
-// store_residual; tot = sum of acc^2 (fma per lt in element order, butterfly 16..1 per
-// logical warp, the warp sums butterflied again); n = (acc * rsq(tot / 6144 + EPS)) * (g + 1);
-// s = amax / FP8_MAX (1 if amax == 0); x8 = fp8(RN(n / s)) as words into x8 (LDS or global).
-// Returns s. red: 64 floats of LDS.
-MONO_DEVICE float norm_quant_row(const Args& a, int tk, u32* x8, float* red, bool store_residual, u8* lds) {
+// A token's norm inputs as loaded: its all-reduce and residual words and the gamma
+// words of this thread's logical threads (loaded first, so that a weight stream issued
+// afterwards does not delay them).
+struct NormIn {
+    u32x4 ar[NORM_SLOTS], res[NORM_SLOTS], g[NORM_SLOTS];
+};
+MONO_DEVICE void norm_load(const Args& a, int tk, NormIn& in) {
+    const int tid = thread_id();
+    for (int i = 0; i < NORM_SLOTS; ++i) {
+        const int lt = i * THREADS + tid;
+        if (lt >= NORM_LTS) break;  // whole 32-lane groups leave together
+        in.ar[i] = ld16(a.ar + tk * HIDDEN + lt * 8);
+        in.res[i] = ld16(a.res + tk * HIDDEN + lt * 8);
+        in.g[i] = ld16(a.g_in + lt * 8);
+    }
+}
+
+// Token tk (contract A.5.1, A.5.2) from its loaded inputs: acc = f32(ar) + f32(res);
+// h_out = bf16(acc) where store_residual; tot = sum of acc^2 (fma per lt in element
+// order, butterfly 16..1 per logical warp, the warp sums butterflied again);
+// n = (acc * rsq(tot / 6144 + EPS)) * (g + 1); s = amax / FP8_MAX (1 if amax == 0);
+// x8 = fp8(RN(n / s)) as words into x8 (LDS or global). Returns s. red: 64 floats of LDS.
+MONO_DEVICE float norm_quant_row(const Args& a, int tk, const NormIn& in, u32* x8, float* red, bool store_residual, u8* lds) {
     const int tid = thread_id();
     float n[NORM_SLOTS][8];
     for (int i = 0; i < NORM_SLOTS; ++i) {
         const int lt = i * THREADS + tid;
-        if (lt >= NORM_LTS) break;  // whole 32-lane groups leave together
-        const u32x4 ar = ld16(a.ar + tk * HIDDEN + lt * 8);
-        const u32x4 res = ld16(a.res + tk * HIDDEN + lt * 8);
-        const u32 arw[4] = {ar.x, ar.y, ar.z, ar.w}, resw[4] = {res.x, res.y, res.z, res.w};
+        if (lt >= NORM_LTS) break;
+        const u32 arw[4] = {in.ar[i].x, in.ar[i].y, in.ar[i].z, in.ar[i].w};
+        const u32 resw[4] = {in.res[i].x, in.res[i].y, in.res[i].z, in.res[i].w};
         u32 hw[4];
         float p = 0.0f;
         for (int e = 0; e < 8; ++e) {
@@ -480,8 +496,7 @@ MONO_DEVICE float norm_quant_row(const Args& a, int tk, u32* x8, float* red, boo
     for (int i = 0; i < NORM_SLOTS; ++i) {
         const int lt = i * THREADS + tid;
         if (lt >= NORM_LTS) break;
-        const u32x4 g = ld16(a.g_in + lt * 8);
-        const u32 gw[4] = {g.x, g.y, g.z, g.w};
+        const u32 gw[4] = {in.g[i].x, in.g[i].y, in.g[i].z, in.g[i].w};
         for (int e = 0; e < 8; ++e) {
             const float ge = bf16_to_f32(bf16_t(gw[e / 2] >> (16 * (e % 2))));
             n[i][e] = (n[i][e] * rstd) * (ge + 1.0f);
@@ -512,7 +527,9 @@ MONO_DEVICE void run(const Args& a, const Mailbox& mb, u8* lds) {
     if (t0 < 0 || t0 >= CTAS) return;
     float* red = reinterpret_cast<float*>(lds + LDS_RED);
     for (int tk = t0; tk < TASKS; tk += CTAS) {
-        const float scale = norm_quant_row(a, tk, mb.x8 + tk * NORM_ROW_WORDS, red, true, lds);
+        NormIn in;
+        norm_load(a, tk, in);
+        const float scale = norm_quant_row(a, tk, in, mb.x8 + tk * NORM_ROW_WORDS, red, true, lds);
         fence_release();  // every thread's row words device-visible ...
         barrier();        // ... before thread 0 raises the flag
         if (thread_id() == 0) mailbox_put(mb.x8s + tk, float_as_u32(scale), mb.tag);
