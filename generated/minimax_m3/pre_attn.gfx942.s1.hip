@@ -564,11 +564,13 @@ MONO_DEVICE void run(const Args& a, const Mailbox& mb, u8* lds) {
     // the norm's inputs, then the first task's weights, then the norm math: the norm
     // overlaps the weight stream without waiting behind it (issued first, served first)
     NormIn in[TOKENS];
+#pragma unroll
     for (int tk = 0; tk < TOKENS; ++tk) norm_load(a, tk, in[tk]);
     load_weights(a, task_row0(t0), first_chunk, lane, w);
     // 1 token(s): this CTA normalizes every token itself (no hand-off on the
     // critical path); the CTA that runs task t writes token t's residual.
     float* red = reinterpret_cast<float*>(lds + LDS_RED);
+#pragma unroll
     for (int tk = 0; tk < TOKENS; ++tk) {
         const bool writer = WRITES_RESIDUAL && tk < TASKS && tk % CTAS == t0;
         const float scale = norm_quant_row(a, tk, in[tk], x8 + tk * X8_STRIDE, red, writer, lds);
