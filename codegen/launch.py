@@ -6,7 +6,18 @@ Checks before any launch (a wrong argument is a pointer read as another,
 silently): names, dtype, shape, device, contiguity, 16-byte alignment, scalar
 ranges. The grid must be co-resident (the stages poll each other's
 mailboxes): the launcher refuses a grid larger than occupancy x SMs and uses
-the backend's cooperative launch."""
+the backend's cooperative launch.
+
+No tensor is too small for an index the kernel forms from its build: a fixed
+dimension must equal the ABI's exactly (the shape check), and the lowering
+checks the ABI against the indices each stage forms (``_Ctx.abi_arg`` and
+``_Ctx.region`` with shapes and counts; the workspaces' sizes). Indices read
+from data at run time (positions, slots, block tables) are the caller's
+contract: checking them here would mean reading the GPU before every launch.
+
+Debug builds (``debug=True``): a mailbox wait gives up after 1 s and records
+where; every launch is followed by ``check_errors()`` (outside graph captures),
+which raises ``KernelHang`` naming the stage, task, CTA, region and tags."""
 
 from __future__ import annotations
 
@@ -14,13 +25,14 @@ import functools
 from dataclasses import dataclass
 from typing import Any
 
-from .lower import Arg, KernelIR, lower, make_build
+from .lower import HANG_REGION, REGION_BYTES, Arg, KernelIR, lower, make_build
 from .render import render
 from .spec import load_spec
 from .targets import Target, get_target
 
 ALIGN = 16  # every tensor argument: 16-byte loads and stores
 SCALAR_CTYPES = {"i32": "i32", "i64": "i64", "f32": "f32"}
+SCALAR_RANGES = {"i32": (-(2**31), 2**31 - 1), "i64": (-(2**63), 2**63 - 1)}  # where the ABI gives no range
 
 
 class ArgumentError(ValueError):
@@ -30,6 +42,50 @@ class ArgumentError(ValueError):
 
 class CoResidencyError(RuntimeError):
     """The grid cannot be resident at once, so the mailbox waits could hang."""
+
+
+class KernelHang(RuntimeError):
+    """A debug build's mailbox wait gave up (its tag never came within the time
+    limit): the launch ran to its end with stale values, so its outputs are
+    invalid. ``record`` holds what the kernel wrote (see ``describe_hang``)."""
+
+    def __init__(self, message: str, record: dict):
+        super().__init__(message)
+        self.record = record
+
+
+def hang_record(ir: KernelIR, words: list[int]) -> dict:
+    """The hang record's 8 words (kernel.hip.j2: waits that gave up, stage, task,
+    CTA, byte offset of the pair in scratch, tag expected, tag seen, thread) with
+    the names they point at: the stage, and the scratch region and entry."""
+    count, stage, task, cta, at, want, seen, thread = [w & 0xFFFFFFFF for w in words]
+    st = next((s for s in ir.stages if s.index == stage), None)
+    region = next((r for r in ir.regions if r.offset <= at < r.offset + r.nbytes), None)
+    return {
+        "waits": count, "stage_index": stage, "stage": st.name if st else None, "kind": st.kind if st else None,
+        "task": task - (1 << 32) if task >= 1 << 31 else task, "cta": cta, "thread": thread, "offset": at,
+        "region": region.name if region else None,
+        "entry": (at - region.offset) // REGION_BYTES[region.kind] if region else None,
+        "tag": want, "seen": seen,
+    }
+
+
+def describe_hang(ir: KernelIR, rec: dict) -> str:
+    """One message naming the stage, the task and CTA, the region and entry,
+    and the tags expected and seen (a tag is epoch * stride + layer + 1)."""
+    def tag(t):
+        if t == 0:
+            return "0 (never written)"
+        epoch, rest = divmod(t - 1, ir.tag_stride)
+        return f"{t} (epoch {epoch}" + (f", layer {rest})" if ir.layer_arg else ")")
+
+    stage = f"stage {rec['stage_index']} {rec['stage']!r} ({rec['kind']})" if rec["stage"] else f"stage {rec['stage_index']}"
+    where = (f"region {rec['region']!r} entry {rec['entry']}" if rec["region"]
+             else f"a pair outside the scratch buffer (offset {rec['offset']})")
+    return (f"{ir.kernel} [{ir.target.name} {ir.build.label()}]: a mailbox wait gave up after 1 s: {stage}, "
+            f"task {rec['task']} on CTA {rec['cta']} (thread {rec['thread']}), waiting on {where} for tag "
+            f"{tag(rec['tag'])}, saw tag {tag(rec['seen'])}; {rec['waits']} wait(s) gave up, later ones returned "
+            "at once: this launch's outputs are invalid")
 
 
 def _torch():
@@ -75,6 +131,35 @@ class Kernel:
     def __post_init__(self):
         self._function = None
         self.co_resident_ctas = None  # occupancy x SMs, once loaded
+        self._scratch = None  # debug builds: the scratch buffer of the last launch (its hang record)
+
+    @property
+    def debug(self) -> bool:
+        """A debug build: mailbox waits give up after 1 s and record where
+        (``check_errors``); the scratch buffer ends with the hang record."""
+        return any(r.name == HANG_REGION for r in self.ir.regions)
+
+    def check_errors(self, scratch=None) -> None:
+        """Debug builds: wait for the GPU, then raise ``KernelHang`` if a mailbox
+        wait of a launch since the last check gave up (and clear the record, so
+        the next launch starts clean). ``scratch``: the buffer those launches
+        used (default: the last launch's). Release builds: nothing to check."""
+        if not self.debug:
+            return
+        scratch = scratch if scratch is not None else self._scratch
+        if scratch is None:
+            return  # never launched
+        torch = _torch()
+        r = self.ir.region(HANG_REGION)
+        if scratch.is_cuda:
+            torch.cuda.synchronize(scratch.device)
+        view = scratch[r.offset: r.offset + r.nbytes].view(torch.int32)
+        words = view.tolist()
+        if words[0] == 0:
+            return
+        view.zero_()
+        rec = hang_record(self.ir, words)
+        raise KernelHang(describe_hang(self.ir, rec), rec)
 
     @property
     def name(self) -> str:
@@ -144,7 +229,10 @@ class Kernel:
             raise ArgumentError(f"{self.ir.kernel}: missing argument(s) {', '.join(missing)} "
                                 "(workspace arguments come from kernel.workspace(device))")
         dims: dict[str, tuple[str, int]] = {}  # runtime dimension -> (first argument, size)
-        return [self._check(a, tensors.get(a.name), dims) for a in self.ir.abi]
+        # what the arguments are (type, dtype, shape, layout) for all of them first, then
+        # where they are (device, alignment): a wrong shape is named before a wrong device
+        packed = [self._check(a, tensors.get(a.name), dims) for a in self.ir.abi]
+        return [self._place(a, tensors.get(a.name), p) for a, p in zip(self.ir.abi, packed)]
 
     def _check(self, a: Arg, value, dims: dict) -> tuple[str, int | float]:
         torch = _torch()
@@ -155,8 +243,9 @@ class Kernel:
                     raise ArgumentError(f"{where}: expected a float, got {type(value).__name__}")
             elif not isinstance(value, int) or isinstance(value, bool):
                 raise ArgumentError(f"{where}: expected an int ({a.dtype}), got {type(value).__name__}")
-            if a.range is not None and not a.range[0] <= value <= a.range[1]:
-                raise ArgumentError(f"{where}: expected a value in [{a.range[0]}, {a.range[1]}], got {value}")
+            lo, hi = a.range if a.range is not None else SCALAR_RANGES.get(a.dtype, (value, value))
+            if not lo <= value <= hi:
+                raise ArgumentError(f"{where}: expected a value in [{lo}, {hi}], got {value}")
             return (SCALAR_CTYPES[a.dtype], value)
         if value is None:
             if a.optional:
@@ -178,13 +267,21 @@ class Kernel:
                 first = dims.setdefault(d, (a.name, n))
                 if first[1] != n:
                     raise ArgumentError(f"{where}: dimension {d} = {n} disagrees with {first[0]!r} ({d} = {first[1]})")
+        if not value.is_contiguous():
+            raise ArgumentError(f"{where}: expected a contiguous tensor, got strides {list(value.stride())}")
+        return ("u64", 0)  # the address once placed
+
+    def _place(self, a: Arg, value, packed: tuple[str, int | float]) -> tuple[str, int | float]:
+        """The device and alignment checks of a tensor argument; its address."""
+        if not a.is_tensor or value is None:
+            return packed
+        torch = _torch()
+        where = f"{self.ir.kernel} argument {a.name!r}"
         if value.device.type != "cuda":
             raise ArgumentError(f"{where}: expected a tensor on the GPU, got device {value.device}")
         if value.device.index != torch.cuda.current_device():
             raise ArgumentError(f"{where}: expected device cuda:{torch.cuda.current_device()} "
                                 f"(the current device), got {value.device}")
-        if not value.is_contiguous():
-            raise ArgumentError(f"{where}: expected a contiguous tensor, got strides {list(value.stride())}")
         if value.data_ptr() % ALIGN:
             raise ArgumentError(f"{where}: expected a {ALIGN}-byte aligned address, got 0x{value.data_ptr():x}")
         return ("u64", value.data_ptr())
@@ -196,6 +293,10 @@ class Kernel:
         fn = self.compile()
         stream = torch.cuda.current_stream().cuda_stream
         fn.launch(self.ir.blocks, self.ir.threads, self.dynamic_lds, stream, args, cooperative=self.cooperative)
+        if self.debug:  # every launch is checked, except inside a graph capture (check_errors after replays)
+            self._scratch = tensors[self.ir.scratch_arg]
+            if not torch.cuda.is_current_stream_capturing():
+                self.check_errors()
 
 
 def _compute_units() -> int:

@@ -27,6 +27,7 @@ from .targets import Target, get_target
 
 INT_MIN, INT_MAX = -(2**31), 2**31 - 1  # int constants of the generated code
 SCRATCH_ALIGN = 256  # every mailbox region starts on its own 256-byte stretch
+HANG_REGION, HANG_WORDS = "hang", 8  # debug builds' scratch region: the record of a wait that gave up
 LDS_ALIGN = 16  # 16-byte LDS loads and stores
 REGION_BYTES = {"pairs": 8, "flags": 8, "words": 4}
 CTYPES = {"bf16": "bf16_t", "f32": "float", "i32": "int", "i64": "long long", "u8": "u8", "fp8": "u8"}
@@ -376,6 +377,12 @@ def _lower(loaded: LoadedSpec, build: Build) -> KernelIR:
         nbytes = count * REGION_BYTES[r.kind]
         regions.append(Region(r.name, r.kind, count, offset, nbytes, r.doc))
         offset = _align(offset + nbytes, SCRATCH_ALIGN)
+    if dict(build.params).get("debug", False):  # debug builds: where a mailbox wait gave up
+        if any(r.name == HANG_REGION for r in spec.scratch):
+            fail(("scratch",), f"the region name {HANG_REGION!r} is taken by debug builds' hang record", "rename it")
+        regions.append(Region(HANG_REGION, "words", HANG_WORDS, offset, HANG_WORDS * 4,
+                              "debug builds: the hang record of a mailbox wait that gave up (launch.KernelHang)"))
+        offset = _align(offset + HANG_WORDS * 4, SCRATCH_ALIGN)
     scratch_bytes = max(offset, SCRATCH_ALIGN)
     scope["SCRATCH_BYTES"] = scratch_bytes
 

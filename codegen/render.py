@@ -31,7 +31,8 @@ def render(ir: KernelIR) -> str:
     """The HIP source of one build."""
     template = environment().get_template("kernel.hip.j2")
     timeline = dict(ir.build.params).get("timeline", False)
-    text = template.render(ir=ir, constants=ir.constants, timeline=timeline)
+    debug = dict(ir.build.params).get("debug", False)  # mailbox waits give up (kernel.hip.j2)
+    text = template.render(ir=ir, constants=ir.constants, timeline=timeline, debug=debug)
     # one trailing newline, no trailing blanks: stable diffs
     return "\n".join(line.rstrip() for line in text.splitlines()).rstrip() + "\n"
 

@@ -40,7 +40,7 @@ def test_make_generate_idempotent(tmp_path):
 def test_generated_compiles(rb):
     target = get_target(rb.target)
     reports = jit.resource_report(rb.path.read_text(), rb.path.name, target)
-    assert [r.name for r in reports] == ["minimax_m3_pre_attn"]
+    assert [r.name for r in reports] == [load_spec(rb.spec).spec.c_name]
     rep = reports[0]
     assert rep.spills == 0, f"{rb.path.name}: {rep.vgpr_spills} VGPR / {rep.sgpr_spills} SGPR spills"
     assert rep.scratch_bytes == 0, f"{rb.path.name}: {rep.scratch_bytes} bytes of stack"

@@ -1,0 +1,137 @@
+"""Debug builds (``debug=True``), on the CPU: mailbox waits that give up.
+
+A debug build appends the scratch region ``hang`` (8 words) and renders a
+``Tag`` in place of the u32 tag: every ``mailbox_wait(pair, mb.tag)`` /
+``mailbox_wait2(pair, mb.tag, ..)`` of the stage templates then resolves to the
+bounded overload of kernel.hip.j2 (1 s of ``timer_now()``, ``TIMER_HZ`` from
+the device library), which records stage, task, CTA, pair offset and tags.
+Release builds render none of it. The GPU side is tests/test_reliability_gpu.py."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+
+import codegen
+from codegen import jit
+from codegen.errors import SpecError
+from codegen.launch import KernelHang, describe_hang, hang_record
+from codegen.lower import HANG_REGION, lower, make_build
+from codegen.render import render, source
+from codegen.spec import load_spec, parse_spec
+from codegen.spec.load import spec_path
+from codegen.targets import TARGETS, get_target
+
+SPEC = "minimax_m3/pre_attn"
+
+
+def test_debug_is_a_bool_parameter_off_by_default():
+    p = load_spec(SPEC).spec.params["debug"]
+    assert (p.type, p.default) == ("bool", False)
+    assert all(not b.get("debug", False) for b in load_spec(SPEC).spec.review_builds)
+
+
+@pytest.mark.parametrize("target", list(TARGETS))
+def test_debug_layout_appends_the_hang_record(target):
+    rel, _ = source(SPEC, target, tokens=4)
+    dbg, _ = source(SPEC, target, tokens=4, debug=True)
+    assert [r for r in dbg.regions if r.name != HANG_REGION] == list(rel.regions), "the other regions do not move"
+    hang = dbg.region(HANG_REGION)
+    assert (hang.kind, hang.count, hang.nbytes) == ("words", 8, 32)
+    assert hang.offset >= rel.scratch_bytes and hang.offset % 256 == 0
+    assert dbg.scratch_bytes >= hang.offset + hang.nbytes
+    assert dbg.arg(dbg.scratch_arg).shape == (dbg.scratch_bytes,)
+    assert HANG_REGION not in {r.name for r in rel.regions}
+
+
+WAIT_CALL = re.compile(r"\bmailbox_wait2?\(([^;]*)\)")
+
+
+@pytest.mark.parametrize("target", list(TARGETS))
+def test_debug_source(target):
+    ir, text = source(SPEC, target, tokens=4, debug=True)
+    _, release = source(SPEC, target, tokens=4)
+    for marker in ("struct Tag {", "Tag tag;", "constexpr long long WAIT_TIMEOUT = TIMER_HZ;",
+                   f"constexpr int HANG_RECORD = {ir.region(HANG_REGION).offset};", "mb.tag.scratch = scratch;"):
+        assert marker in text, marker
+        assert marker not in release, marker
+    assert "give_up" not in release and "constexpr long long TIMER_HZ" in release
+    for s in ir.stages:  # the context of the hang record, set before each stage
+        assert f"    mb.tag.stage = {s.index};\n    mb.tag.task = block_id() - stage_{s.name}::FIRST;\n" in text
+    # every wait in the stages passes mb.tag itself: the bounded overload (a copy into a u32
+    # would pick the unbounded one of the device library)
+    stages = text[text.index("// stage 0:"):]
+    calls = WAIT_CALL.findall(stages)
+    assert calls, "the stages wait on mailboxes"
+    for args in calls:
+        assert re.search(r",\s*mb\.tag\b", args), f"a wait without mb.tag: mailbox_wait({args})"
+
+
+@pytest.mark.parametrize("target", list(TARGETS))
+def test_debug_build_compiles(target):
+    ir, text = source(SPEC, target, tokens=4, debug=True)
+    reports = jit.resource_report(text, f"pre_attn.{target}.s4-debug.hip", get_target(target))
+    assert [r.name for r in reports] == [ir.name]
+    assert reports[0].spills == 0
+
+
+def test_hang_region_name_is_reserved():
+    text = spec_path(SPEC).read_text()
+    anchor = "\nstages:\n"
+    assert text.count(anchor) == 1
+    text = text.replace(anchor, "\n  - {name: hang, kind: words, count: 8, doc: taken}\n" + anchor.lstrip("\n"), 1)
+    loaded = parse_spec(text, "reserved.yaml")
+    lower(loaded, make_build(loaded, "sm90", tokens=1))  # release builds may use the name
+    with pytest.raises(SpecError, match="'hang' is taken by debug builds"):
+        lower(loaded, make_build(loaded, "sm90", tokens=1, debug=True))
+
+
+def record_words(ir, region: str, entry: int, stage: int, tag: int, seen: int) -> list[int]:
+    r = ir.region(region)
+    return [2, stage, 3, 17, r.offset + entry * (4 if r.kind == "words" else 8), tag, seen, 5]
+
+
+def test_hang_record_names_stage_region_and_tags():
+    kernel = codegen.launch.load(SPEC, tokens=4, target="sm90", debug=True)
+    qkv = next(s for s in kernel.ir.stages if s.kind == "gemv_fp8")
+    tag = 7 * 128 + 5 + 1
+    rec = hang_record(kernel.ir, record_words(kernel.ir, "x8s", 2, qkv.index, tag, 0))
+    assert rec == {"waits": 2, "stage_index": qkv.index, "stage": qkv.name, "kind": "gemv_fp8", "task": 3, "cta": 17,
+                   "thread": 5, "offset": kernel.ir.region("x8s").offset + 16, "region": "x8s", "entry": 2,
+                   "tag": tag, "seen": 0}
+    msg = describe_hang(kernel.ir, rec)
+    for part in (f"stage {qkv.index} {qkv.name!r} (gemv_fp8)", "task 3 on CTA 17", "region 'x8s' entry 2",
+                 f"tag {tag} (epoch 7, layer 5)", "saw tag 0 (never written)", "outputs are invalid"):
+        assert part in msg, (part, msg)
+    outside = hang_record(kernel.ir, [1, qkv.index, 2**32 - 1, 0, kernel.ir.scratch_bytes + 64, tag, tag - 128, 0])
+    assert outside["region"] is None and outside["task"] == -1
+    assert "outside the scratch buffer" in describe_hang(kernel.ir, outside)
+
+
+def test_check_errors_raises_once_and_clears_the_record():
+    kernel = codegen.launch.load(SPEC, tokens=4, target="sm90", debug=True)
+    scratch = torch.zeros(kernel.ir.scratch_bytes, dtype=torch.uint8)
+    kernel.check_errors(scratch)  # nothing recorded
+    hang = kernel.ir.region(HANG_REGION)
+    heads = next(s for s in kernel.ir.stages if s.kind == "head_norm_rope")
+    words = record_words(kernel.ir, "qkv", 2560 + 7, heads.index, 129 + 5, 5)
+    scratch[hang.offset: hang.offset + 32].view(torch.int32).copy_(torch.tensor(words, dtype=torch.int32))
+    with pytest.raises(KernelHang, match=r"stage \d+ 'heads' \(head_norm_rope\).*region 'qkv' entry 2567") as e:
+        kernel.check_errors(scratch)
+    assert e.value.record["region"] == "qkv" and e.value.record["stage"] == "heads"
+    assert not scratch[hang.offset: hang.offset + 32].any(), "the record is cleared for the next launch"
+    kernel.check_errors(scratch)
+
+
+def test_release_build_has_nothing_to_check():
+    kernel = codegen.launch.load(SPEC, tokens=4, target="sm90")
+    assert not kernel.debug
+    kernel.check_errors(torch.ones(kernel.ir.scratch_bytes, dtype=torch.uint8))
+
+
+def test_generated_files_are_release_builds():
+    for rb_text in (render(lower(load_spec(SPEC), make_build(load_spec(SPEC), t, **b)))
+                    for t in TARGETS for b in load_spec(SPEC).spec.review_builds):
+        assert "struct Tag" not in rb_text
