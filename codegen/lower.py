@@ -456,7 +456,7 @@ def _lower(loaded: LoadedSpec, build: Build) -> KernelIR:
         if first < 0 or ctas <= 0 or first + ctas > blocks:
             fail(ploc, f"CTAs {first}..{first + ctas - 1} lie outside the grid of {blocks} CTAs",
                  f"keep the range inside 0..{blocks - 1} for {target.name}")
-        ctx.task_count = tasks
+        ctx.task_count, ctx.stage_ctas = tasks, ctas
         values = KINDS[s.kind].lower(s, ctx)
         waits = tuple(d for d in s.waits_on if active.get(d))
         stages.append(StageIR(i, s.name, s.kind, s.doc, tasks, kind, first, ctas, waits, values))

@@ -269,6 +269,7 @@ CP_CASES = [  # (tokens, q_len, contexts): long requests have more than 288 bloc
     (4, 2, [36865, 2000]),               # 289 blocks: just long
     (3, 1, [36864, 5000, 1]),            # 288 blocks: a short step (other heads not computed)
     (16, 4, [65536, 2049, 100000, 37000]),
+    (2, 1, [40000, 100]),                # S <= 2: the other heads' GEMV reads the published rows
 ]
 
 

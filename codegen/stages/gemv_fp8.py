@@ -49,8 +49,15 @@ class Model(StageBase):
     row_ranges: list[tuple[Expr, Expr]] | None = None
     long_step: LongStep | None = None  # run only in steps with a long request
     writes_residual: bool = True  # inline norm: the CTA of task t writes token t's residual (one stage only)
+    # with the x_from stage off in a build: true = normalize here, false = read the rows an
+    # earlier inline GEMV stage's residual writers publish (waits_on must name it)
+    norm_inline: bool = True
+    # stream-K per target (1 = on): the (row group, k chunk) units split evenly over the
+    # CTAs, a row group shared by two CTAs summed through the `partials` pairs region
+    stream_k: PerTarget = PerTarget(default=0)
+    partials: Name | None = None
 
-    _tile = field_validator("token_tile", mode="before")(classmethod(lambda cls, v: per_target(v)))
+    _tile = field_validator("token_tile", "stream_k", mode="before")(classmethod(lambda cls, v: per_target(v)))
 
 
 def lower(stage: Model, ctx) -> dict:
@@ -79,7 +86,10 @@ def lower(stage: Model, ctx) -> dict:
     ctx.abi_arg(stage.weight_scale, ("weight_scale",), dtype="f32", shape=(rows,))
     ctx.region(stage.out, ("out",), kind="pairs", min_count=ctx.tokens * rows)
     src = ctx.stage_model(stage.x_from, ("x_from",), kind="rmsnorm_fp8")
-    inline = not ctx.stage_active(stage.x_from)
+    inline = not ctx.stage_active(stage.x_from) and stage.norm_inline
+    if not ctx.stage_active(stage.x_from) and not stage.norm_inline and not stage.waits_on:
+        ctx.fail(("norm_inline",), "with the norm stage off, this stage reads rows another stage publishes",
+                 "list that stage (an inline GEMV whose residual writers publish x8) in waits_on")
     if inline:  # this stage does the norm's work itself: its bindings, reported at the norm's lines
         here, ctx.loc = ctx.loc, ("stages", ctx.loaded.spec.stages.index(src))
         check_io(src, ctx, k)
@@ -108,6 +118,7 @@ def lower(stage: Model, ctx) -> dict:
         "norm": checked_norm_constants(k, ctx, ("k",)),
         "rdone": residual_done(src, ctx) if inline else None,
         "writes_residual": stage.writes_residual,
+        **stream_k(stage, ctx, k // chunk, tasks, tokens, tile),
         "ranges": [(first // ROWS_PER_TASK, count // ROWS_PER_TASK) for first, count in ranges],
         "long_step": None if stage.long_step is None else {
             "seq_lens": stage.long_step.seq_lens, "q_len": stage.long_step.q_len,
@@ -116,3 +127,26 @@ def lower(stage: Model, ctx) -> dict:
         "src": src,
         "fields": stage,
     }
+
+
+def stream_k(stage: Model, ctx, nchunk: int, tasks: int, tokens: int, tile: int) -> dict:
+    """Stream-K values: whether the build splits units evenly over the CTAs, and
+    the checks that make it safe (one token tile; no row group over three CTAs:
+    a middle piece would need a second hand-off)."""
+    on = bool(ctx.integer(stage.stream_k.for_target(ctx.target.name), ("stream_k",), minimum=0))
+    if not on:
+        return {"split": False, "partials": None}
+    if stage.partials is None:
+        ctx.fail(("partials",), "stream_k needs a pairs region for the partial tiles", "add 'partials: <region>'")
+    ctx.region(stage.partials, ("partials",), kind="pairs", min_count=tasks * 16 * 16)
+    if tile < tokens:
+        ctx.fail(("stream_k",), f"stream_k needs every token in one tile ({tile} < {tokens})", "raise token_tile")
+    ctas = ctx.stage_ctas
+    units = tasks * nchunk
+    for c in range(ctas):
+        lo, hi = c * units // ctas, (c + 1) * units // ctas
+        for g in range(lo // nchunk, (hi - 1) // nchunk + 1):
+            if g * nchunk < lo and (g + 1) * nchunk > hi:
+                ctx.fail(("stream_k",), f"row group {g} would span three CTAs ({ctas} CTAs for {tasks} groups)",
+                         "turn stream_k off for this target: it needs at least one row group's worth of units per CTA")
+    return {"split": True, "partials": stage.partials, "tasks": tasks, "ctas": ctas, "nchunk": nchunk}

@@ -36,17 +36,18 @@
 //   23 bt_width   i32   scalar             in    row stride of block_table in elements
 //   24 q_len      i32   scalar             in    rows per request (speculative verify)
 //   25 iscore     u8    [1048576]          inout K4's iscore pairs: row k, block b at pair k * 8192 + b
-//   26 scratch    u8    [429056]           inout mailboxes; zeroed once, never cleared
+//   26 scratch    u8    [756736]           inout mailboxes; zeroed once, never cleared
 //   27 step       i32   [2]                inout [step, CTAs done]: the epoch counter the kernel advances
 //   28 layer      i32   scalar             in    layer id (part of the tag)
 //   29 tl         i64   [256, 8]           out   timeline stamps (timeline builds)
 //
-// scratch (429056 bytes; regions 256-byte aligned; tag = step[0] * 128 + layer + 1):
+// scratch (756736 bytes; regions 256-byte aligned; tag = step[0] * 128 + layer + 1):
 //   qkv      @        0    327680 B  40960 pairs: GEMV results: token t, row r at pair t * QKV_ROWS + r
-//   x8       @   327680     98304 B  24576 words: FP8 rows of the norm tasks
-//   x8s      @   425984       128 B  16 pairs: per-token x scale; the row's ready flag
-//   rdone    @   426240       128 B  16 flags: token t's residual (h_out) written: signal builds
-//   hdone    @   426496      2560 B  320 flags: head task h of token t done: pair t * N_HEAD_TASKS + h
+//   qkv_part @   327680    327680 B  40960 pairs: stream-K partial tiles: row group g, row r, token t at (16 g + r) * 16 + t
+//   x8       @   655360     98304 B  24576 words: FP8 rows of the norm tasks
+//   x8s      @   753664       128 B  16 pairs: per-token x scale; the row's ready flag
+//   rdone    @   753920       128 B  16 flags: token t's residual (h_out) written: signal builds
+//   hdone    @   754176      2560 B  320 flags: head task h of token t done: pair t * N_HEAD_TASKS + h
 //
 // LDS (57792 bytes; stages reuse the same bytes, one after another):
 //   stage_norm::LDS_RED    @      0  64 x float
@@ -105,7 +106,7 @@ constexpr int ISCORE_BYTES = 1048576;  // K4's iscore pairs
 constexpr int INLINE_NORM_TOKENS = 2;  // up to this many rows the GEMV CTAs normalize themselves
 constexpr int LAYER_SLOTS = 128;  // epoch stride: tag = step * LAYER_SLOTS + layer + 1
 constexpr int BLOCKS = 256;  // CTAs of the grid for the build's target
-constexpr int SCRATCH_BYTES = 429056;  // size of the scratch buffer (all regions, 256-byte aligned)
+constexpr int SCRATCH_BYTES = 756736;  // size of the scratch buffer (all regions, 256-byte aligned)
 
 
 // ---- device library: gfx942 (MI300X), compiled by clang / hiprtc --------
@@ -249,11 +250,13 @@ MONO_DEVICE int min_i(int a, int b) { return a < b ? a : b; }
 // The wave's f32 partial tile goes to part[row * 16 + column].
 constexpr int GEMV_K_CHUNK = 64;
 template <int CPW, int STRIDE>
-MONO_DEVICE void gemv16_partial(const u32x4 (&w)[CPW], const u32* x8, int first_chunk, int tokens, float* part) {
+MONO_DEVICE void gemv16_partial(const u32x4 (&w)[CPW], int n, const u32* x8, int first_chunk, int tokens, float* part) {
     const int lane = lane_id();
     const u32* xrow = x8 + min_i(lane % 16, tokens - 1) * STRIDE + 4 * (lane / 16);
     f32x4 acc = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
     for (int c = 0; c < CPW; ++c) {
+        if (c >= n) break;  // wave-uniform: this wave's share may be shorter
         const u32x4 x = *reinterpret_cast<const u32x4*>(xrow + 16 * (first_chunk + c));
         acc = mfma_fp8_16x16x32(long(u64(w[c].x) | (u64(w[c].y) << 32)), long(u64(x.x) | (u64(x.y) << 32)), acc);
         acc = mfma_fp8_16x16x32(long(u64(w[c].z) | (u64(w[c].w) << 32)), long(u64(x.z) | (u64(x.w) << 32)), acc);
@@ -402,10 +405,11 @@ struct Args {
 struct Mailbox {
     u32 tag;
     u64* qkv;  // 40960 pairs @ 0
-    u32* x8;  // 24576 words @ 327680
-    u64* x8s;  // 16 pairs @ 425984
-    u64* rdone;  // 16 flags @ 426240
-    u64* hdone;  // 320 flags @ 426496
+    u64* qkv_part;  // 40960 pairs @ 327680
+    u32* x8;  // 24576 words @ 655360
+    u64* x8s;  // 16 pairs @ 753664
+    u64* rdone;  // 16 flags @ 753920
+    u64* hdone;  // 320 flags @ 754176
 };
 
 constexpr int LDS_BYTES = 57792;  // the union of the stages' LDS, plus the stamps
@@ -569,11 +573,17 @@ MONO_DEVICE int task_row0(int t) {
     return 16 * (RANGE_FIRST[i] + t);
 }
 
-// This wave's weight chunks of the 16 rows from row0: one 16-byte load a chunk.
-MONO_DEVICE void load_weights(const Args& a, int row0, int first_chunk, int lane, u32x4 (&w)[CHUNKS_PER_WAVE]) {
+// This wave's weight chunks first_chunk .. + n - 1 of the 16 rows from row0: one 16-byte
+// load a chunk.
+MONO_DEVICE void load_weights(const Args& a, int row0, int first_chunk, int n, int lane, u32x4 (&w)[CHUNKS_PER_WAVE]) {
     const u8* wrow = a.w_qkv + row0 * K + lane * 16;
-    for (int c = 0; c < CHUNKS_PER_WAVE; ++c) w[c] = ld16(wrow + (first_chunk + c) * 16 * GEMV_K_CHUNK);
+#pragma unroll
+    for (int c = 0; c < CHUNKS_PER_WAVE; ++c)
+        if (c < n) w[c] = ld16(wrow + (first_chunk + c) * 16 * GEMV_K_CHUNK);
 }
+
+// The CTA of task t0 writes (and, inline, publishes) token tk's residual.
+MONO_DEVICE bool writes_token(int tk, int t0) { return WRITES_RESIDUAL && tk < TASKS && tk % CTAS == t0; }
 
 // Task t: rows 16t .. 16t + 15 for every token. Each wave streams its 12 weight
 // chunks into registers first, then runs the MMAs against the LDS token rows; the
@@ -586,8 +596,9 @@ MONO_DEVICE void run(const Args& a, const Mailbox& mb, u8* lds) {
     u32* x8 = reinterpret_cast<u32*>(lds + LDS_X8);
     float* part = reinterpret_cast<float*>(lds + LDS_PART);
     float* xs = reinterpret_cast<float*>(lds + LDS_XS);
-    const int first_chunk = wave * CHUNKS_PER_WAVE;
     u32x4 w[CHUNKS_PER_WAVE];
+    const int first_chunk = wave * CHUNKS_PER_WAVE;
+    const int FIRST_ROW0 = task_row0(t0), FIRST_CHUNK0 = first_chunk, FIRST_N = CHUNKS_PER_WAVE;
     // the norm tasks' scales (each put after its row's words: the row's flag) ...
     if (tid < TOKENS) xs[tid] = u32_as_float(mailbox_wait(mb.x8s + tid, mb.tag));
     barrier();
@@ -595,7 +606,7 @@ MONO_DEVICE void run(const Args& a, const Mailbox& mb, u8* lds) {
     stamp(lds, TL_X8_READY);
     for (int task = t0; task < TASKS; task += CTAS) {
         const int row0 = task_row0(task);
-        if (!INLINE_NORM || task != t0) load_weights(a, row0, first_chunk, lane, w);  // inline: t0's went out first
+        if (!INLINE_NORM || task != t0) load_weights(a, row0, first_chunk, CHUNKS_PER_WAVE, lane, w);  // inline: t0's went out first
         for (int tile = 0; tile < N_TILES; ++tile) {
             const int tok0 = tile * TILE;
             const int nt = min_i(TILE, TOKENS - tok0);
@@ -609,7 +620,7 @@ MONO_DEVICE void run(const Args& a, const Mailbox& mb, u8* lds) {
                 }
                 barrier();
             }
-            gemv16_partial<CHUNKS_PER_WAVE, X8_STRIDE>(w, x8, first_chunk, nt, part + wave * 256);
+            gemv16_partial<CHUNKS_PER_WAVE, X8_STRIDE>(w, CHUNKS_PER_WAVE, x8, first_chunk, nt, part + wave * 256);
             barrier();
             if (tid < 16 * nt) {  // thread (row r, token c): the waves' partials in wave order
                 const int r = tid % 16, c = tid / 16;
@@ -1008,10 +1019,11 @@ MONO_KERNEL minimax_m3_pre_attn(
     Mailbox mb;
     mb.tag = epoch_now * 128u + u32(layer) + 1u;
     mb.qkv = reinterpret_cast<u64*>(scratch + 0);
-    mb.x8 = reinterpret_cast<u32*>(scratch + 327680);
-    mb.x8s = reinterpret_cast<u64*>(scratch + 425984);
-    mb.rdone = reinterpret_cast<u64*>(scratch + 426240);
-    mb.hdone = reinterpret_cast<u64*>(scratch + 426496);
+    mb.qkv_part = reinterpret_cast<u64*>(scratch + 327680);
+    mb.x8 = reinterpret_cast<u32*>(scratch + 655360);
+    mb.x8s = reinterpret_cast<u64*>(scratch + 753664);
+    mb.rdone = reinterpret_cast<u64*>(scratch + 753920);
+    mb.hdone = reinterpret_cast<u64*>(scratch + 754176);
     stamp(lds, TL_START);
 
     stage_norm::run(a, mb, lds);

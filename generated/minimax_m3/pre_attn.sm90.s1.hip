@@ -36,17 +36,18 @@
 //   23 bt_width   i32   scalar             in    row stride of block_table in elements
 //   24 q_len      i32   scalar             in    rows per request (speculative verify)
 //   25 iscore     u8    [1048576]          inout K4's iscore pairs: row k, block b at pair k * 8192 + b
-//   26 scratch    u8    [429056]           inout mailboxes; zeroed once, never cleared
+//   26 scratch    u8    [756736]           inout mailboxes; zeroed once, never cleared
 //   27 step       i32   [2]                inout [step, CTAs done]: the epoch counter the kernel advances
 //   28 layer      i32   scalar             in    layer id (part of the tag)
 //   29 tl         i64   [132, 8]           out   timeline stamps (timeline builds)
 //
-// scratch (429056 bytes; regions 256-byte aligned; tag = step[0] * 128 + layer + 1):
+// scratch (756736 bytes; regions 256-byte aligned; tag = step[0] * 128 + layer + 1):
 //   qkv      @        0    327680 B  40960 pairs: GEMV results: token t, row r at pair t * QKV_ROWS + r
-//   x8       @   327680     98304 B  24576 words: FP8 rows of the norm tasks
-//   x8s      @   425984       128 B  16 pairs: per-token x scale; the row's ready flag
-//   rdone    @   426240       128 B  16 flags: token t's residual (h_out) written: signal builds
-//   hdone    @   426496      2560 B  320 flags: head task h of token t done: pair t * N_HEAD_TASKS + h
+//   qkv_part @   327680    327680 B  40960 pairs: stream-K partial tiles: row group g, row r, token t at (16 g + r) * 16 + t
+//   x8       @   655360     98304 B  24576 words: FP8 rows of the norm tasks
+//   x8s      @   753664       128 B  16 pairs: per-token x scale; the row's ready flag
+//   rdone    @   753920       128 B  16 flags: token t's residual (h_out) written: signal builds
+//   hdone    @   754176      2560 B  320 flags: head task h of token t done: pair t * N_HEAD_TASKS + h
 //
 // LDS (22816 bytes; stages reuse the same bytes, one after another):
 //   stage_qkv::LDS_X8      @      0  1540 x u32
@@ -103,7 +104,7 @@ constexpr int ISCORE_BYTES = 1048576;  // K4's iscore pairs
 constexpr int INLINE_NORM_TOKENS = 2;  // up to this many rows the GEMV CTAs normalize themselves
 constexpr int LAYER_SLOTS = 128;  // epoch stride: tag = step * LAYER_SLOTS + layer + 1
 constexpr int BLOCKS = 132;  // CTAs of the grid for the build's target
-constexpr int SCRATCH_BYTES = 429056;  // size of the scratch buffer (all regions, 256-byte aligned)
+constexpr int SCRATCH_BYTES = 756736;  // size of the scratch buffer (all regions, 256-byte aligned)
 
 // ---- device library: sm90 (H100 / H200), compiled by nvrtc --------------------------
 // Self-contained: no CUDA headers. Warp of 32 lanes; FP8 is OCP e4m3fn.
@@ -259,16 +260,19 @@ MONO_DEVICE int min_i(int a, int b) { return a < b ? a : b; }
 // ---- GEMV inner loop: one warp's share of a 16-row x 16-token FP8 tile ------------------
 // 32 k per weight chunk: lane l's 16 bytes are exactly its mma A fragment (rows g, g + 8;
 // k 4q.., 16 + 4q..; g = l / 4, q = l % 4: the sm90 preshuffle of codegen.weights); the
-// B fragments are 4-byte LDS reads of token columns g and 8 + g (clamped to tokens - 1).
+// B fragments are 4-byte LDS reads of token columns g and 8 + g (clamped to tokens - 1);
+// chunks first_chunk .. first_chunk + n - 1 (n <= CPW) from w[0 .. n - 1].
 // The warp's f32 partial tile goes to part[row * 16 + column].
 constexpr int GEMV_K_CHUNK = 32;
 template <int CPW, int STRIDE>
-MONO_DEVICE void gemv16_partial(const u32x4 (&w)[CPW], const u32* x8, int first_chunk, int tokens, float* part) {
+MONO_DEVICE void gemv16_partial(const u32x4 (&w)[CPW], int n, const u32* x8, int first_chunk, int tokens, float* part) {
     const int lane = lane_id(), g = lane / 4, q = lane % 4;
     const u32* x_lo = x8 + min_i(g, tokens - 1) * STRIDE + q;
     const u32* x_hi = x8 + min_i(8 + g, tokens - 1) * STRIDE + q;
     float acc[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
+#pragma unroll
     for (int c = 0; c < CPW; ++c) {
+        if (c >= n) break;  // warp-uniform: this warp's share may be shorter
         const u32 a[4] = {w[c].x, w[c].y, w[c].z, w[c].w};
         const int k4 = 8 * (first_chunk + c);  // the chunk's first word of a row
         mma_fp8_16x8x32(acc[0], a, x_lo[k4], x_lo[k4 + 4]);
@@ -433,10 +437,11 @@ struct Args {
 struct Mailbox {
     u32 tag;
     u64* qkv;  // 40960 pairs @ 0
-    u32* x8;  // 24576 words @ 327680
-    u64* x8s;  // 16 pairs @ 425984
-    u64* rdone;  // 16 flags @ 426240
-    u64* hdone;  // 320 flags @ 426496
+    u64* qkv_part;  // 40960 pairs @ 327680
+    u32* x8;  // 24576 words @ 655360
+    u64* x8s;  // 16 pairs @ 753664
+    u64* rdone;  // 16 flags @ 753920
+    u64* hdone;  // 320 flags @ 754176
 };
 
 constexpr int LDS_BYTES = 22816;  // the union of the stages' LDS, plus the stamps
@@ -575,10 +580,36 @@ MONO_DEVICE float norm_quant_row(const Args& a, int tk, const NormIn& in, u32* x
     return scale;
 }
 
-// This wave's weight chunks of the 16 rows from row0: one 16-byte load a chunk.
-MONO_DEVICE void load_weights(const Args& a, int row0, int first_chunk, int lane, u32x4 (&w)[CHUNKS_PER_WAVE]) {
+// This wave's weight chunks first_chunk .. + n - 1 of the 16 rows from row0: one 16-byte
+// load a chunk.
+MONO_DEVICE void load_weights(const Args& a, int row0, int first_chunk, int n, int lane, u32x4 (&w)[CHUNKS_PER_WAVE]) {
     const u8* wrow = a.w_qkv + row0 * K + lane * 16;
-    for (int c = 0; c < CHUNKS_PER_WAVE; ++c) w[c] = ld16(wrow + (first_chunk + c) * 16 * GEMV_K_CHUNK);
+#pragma unroll
+    for (int c = 0; c < CHUNKS_PER_WAVE; ++c)
+        if (c < n) w[c] = ld16(wrow + (first_chunk + c) * 16 * GEMV_K_CHUNK);
+}
+
+// The CTA of task t0 writes (and, inline, publishes) token tk's residual.
+MONO_DEVICE bool writes_token(int tk, int t0) { return WRITES_RESIDUAL && tk < TASKS && tk % CTAS == t0; }
+
+// Stream-K (sm90: 160 row groups do not divide over 132 SMs): the
+// (row group, 32-k chunk) units are split evenly over the CTAs, so a row group's
+// chunks may lie on two CTAs: the lower chunks' CTA puts its partial tile into qkv_part
+// (the "head" piece), the other adds it first and finishes the group (the "tail").
+constexpr int NCHUNK = K / GEMV_K_CHUNK;   // chunks of a row group
+constexpr int UNITS = TASKS * NCHUNK;      // (row group, chunk) units of the stage
+
+struct Segment {
+    int g, k0, k1;  // row group g's chunks k0 .. k1 - 1 on this CTA
+};
+MONO_DEVICE Segment segment_of(int g, int lo, int hi) {
+    return Segment{g, g * NCHUNK < lo ? lo - g * NCHUNK : 0, (g + 1) * NCHUNK > hi ? hi - g * NCHUNK : NCHUNK};
+}
+// wave w's contiguous share of a segment's chunks
+MONO_DEVICE void wave_share(const Segment& sg, int wave, int& first, int& n) {
+    const int len = sg.k1 - sg.k0;
+    first = sg.k0 + wave * len / (THREADS / WAVE);
+    n = sg.k0 + (wave + 1) * len / (THREADS / WAVE) - first;
 }
 
 // Task t: rows 16t .. 16t + 15 for every token. Each wave streams its 12 weight
@@ -592,49 +623,61 @@ MONO_DEVICE void run(const Args& a, const Mailbox& mb, u8* lds) {
     u32* x8 = reinterpret_cast<u32*>(lds + LDS_X8);
     float* part = reinterpret_cast<float*>(lds + LDS_PART);
     float* xs = reinterpret_cast<float*>(lds + LDS_XS);
-    const int first_chunk = wave * CHUNKS_PER_WAVE;
     u32x4 w[CHUNKS_PER_WAVE];
+    // this CTA's units [lo, hi); its last row group first (a head piece the next CTA waits for)
+    const int lo = int((long long)t0 * UNITS / CTAS), hi = int((long long)(t0 + 1) * UNITS / CTAS);
+    const int g_first = lo / NCHUNK, g_last = (hi - 1) / NCHUNK;
+    Segment seg = segment_of(g_last, lo, hi);
+    int first_chunk, n;
+    wave_share(seg, wave, first_chunk, n);
+    const int FIRST_ROW0 = task_row0(g_last), FIRST_CHUNK0 = first_chunk, FIRST_N = n;
     // the norm's inputs, then the first task's weights, then the norm math: the norm
     // overlaps the weight stream without waiting behind it (issued first, served first)
     NormIn in[TOKENS];
 #pragma unroll
     for (int tk = 0; tk < TOKENS; ++tk) norm_load(a, tk, in[tk]);
-    load_weights(a, task_row0(t0), first_chunk, lane, w);
+    load_weights(a, FIRST_ROW0, FIRST_CHUNK0, FIRST_N, lane, w);
     // 1 token(s): this CTA normalizes every token itself (no hand-off on the
     // critical path); the CTA that runs task t writes token t's residual.
     float* red = reinterpret_cast<float*>(lds + LDS_RED);
 #pragma unroll
     for (int tk = 0; tk < TOKENS; ++tk) {
-        const bool writer = WRITES_RESIDUAL && tk < TASKS && tk % CTAS == t0;
+        const bool writer = writes_token(tk, t0);
         const float scale = norm_quant_row(a, tk, in[tk], x8 + tk * X8_STRIDE, red, writer, lds);
         if (tid == 0) xs[tk] = scale;
     }
     barrier();
     stamp(lds, TL_X8_READY);
-    for (int task = t0; task < TASKS; task += CTAS) {
-        const int row0 = task_row0(task);
-        if (!INLINE_NORM || task != t0) load_weights(a, row0, first_chunk, lane, w);  // inline: t0's went out first
-        for (int tile = 0; tile < N_TILES; ++tile) {
-            const int tok0 = tile * TILE;
-            const int nt = min_i(TILE, TOKENS - tok0);
-            gemv16_partial<CHUNKS_PER_WAVE, X8_STRIDE>(w, x8, first_chunk, nt, part + wave * 256);
-            barrier();
-            if (tid < 16 * nt) {  // thread (row r, token c): the waves' partials in wave order
-                const int r = tid % 16, c = tid / 16;
-                float tot = 0.0f;
-                for (int wv = 0; wv < THREADS / WAVE; ++wv) tot = tot + part[wv * 256 + r * 16 + c];
-                const float val = bf16_round((tot * xs[tok0 + c]) * a.s_qkv[row0 + r]);
-                mailbox_put(mb.qkv + (tok0 + c) * ROWS + row0 + r, float_as_u32(val), mb.tag);
-            }
-            barrier();  // part[] and x8 are reused
+    for (int g = g_last; g >= g_first; --g) {
+        if (g != g_last) {
+            seg = segment_of(g, lo, hi);
+            wave_share(seg, wave, first_chunk, n);
+            load_weights(a, task_row0(g), first_chunk, n, lane, w);
         }
+        const int row0 = task_row0(g);
+        gemv16_partial<CHUNKS_PER_WAVE, X8_STRIDE>(w, n, x8, first_chunk, TOKENS, part + wave * 256);
+        barrier();
+        if (tid < 16 * TOKENS) {  // thread (row r, token c): the waves' partials in wave order
+            const int r = tid % 16, c = tid / 16;
+            float tot = 0.0f;
+            for (int wv = 0; wv < THREADS / WAVE; ++wv) tot = tot + part[wv * 256 + r * 16 + c];
+            u64* piece = mb.qkv_part + (g * 16 + r) * 16 + c;
+            if (seg.k1 < NCHUNK) {
+                mailbox_put(piece, float_as_u32(tot), mb.tag);  // head piece: the next CTA finishes
+            } else {
+                if (seg.k0 > 0) tot = u32_as_float(mailbox_wait(piece, mb.tag)) + tot;  // lower chunks first
+                const float val = bf16_round((tot * xs[c]) * a.s_qkv[row0 + r]);
+                mailbox_put(mb.qkv + c * ROWS + row0 + r, float_as_u32(val), mb.tag);
+            }
+        }
+        barrier();  // part[] is reused
     }
     stamp(lds, TL_GEMV_DONE);
     // token t's residual writer also publishes its FP8 row and scale, as the norm tasks
     // do, so the mailbox holds the same state in every build; after the GEMV, since the
     // release fence would wait for the weight loads in flight
     for (int tk = 0; tk < TOKENS; ++tk) {
-        if (!(WRITES_RESIDUAL && tk < TASKS && tk % CTAS == t0)) continue;
+        if (!writes_token(tk, t0)) continue;
         for (int c = tid; c < K / 16; c += THREADS)
             st16(mb.x8 + tk * (K / 4) + 4 * c, *reinterpret_cast<const u32x4*>(x8 + tk * X8_STRIDE + 4 * c));
         fence_release();
@@ -1027,10 +1070,11 @@ MONO_KERNEL minimax_m3_pre_attn(
     Mailbox mb;
     mb.tag = epoch_now * 128u + u32(layer) + 1u;
     mb.qkv = reinterpret_cast<u64*>(scratch + 0);
-    mb.x8 = reinterpret_cast<u32*>(scratch + 327680);
-    mb.x8s = reinterpret_cast<u64*>(scratch + 425984);
-    mb.rdone = reinterpret_cast<u64*>(scratch + 426240);
-    mb.hdone = reinterpret_cast<u64*>(scratch + 426496);
+    mb.qkv_part = reinterpret_cast<u64*>(scratch + 327680);
+    mb.x8 = reinterpret_cast<u32*>(scratch + 655360);
+    mb.x8s = reinterpret_cast<u64*>(scratch + 753664);
+    mb.rdone = reinterpret_cast<u64*>(scratch + 753920);
+    mb.hdone = reinterpret_cast<u64*>(scratch + 754176);
     stamp(lds, TL_START);
 
     stage_qkv::run(a, mb, lds);
