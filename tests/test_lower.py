@@ -16,6 +16,12 @@ TEXT = spec_path(SPEC).read_text()
 TARGET_NAMES = ("sm90", "gfx942", "gfx950")
 TOKENS = (1, 2, 3, 8, 16)
 HIDDEN, QKV_ROWS, MAX_TOKENS = 6144, 2560, 16
+HEAD_DIM, ROTARY_DIM, LOCAL_Q_HEADS = 128, 64, 16
+REGIONS = ["qkv", "qkv_part", "x8", "x8s", "rdone", "hdone"]  # the spec's; debug builds add "hang"
+# unique edit anchors in the qkv stage (the qkv_cp stage repeats most of its fields)
+QKV_TASKS = "    tasks: (QKV_HEADS + 2) * HEAD_DIM // 16\n"
+QKV_WAITS = QKV_TASKS + "    waits_on: [norm]\n"
+QKV_TILE = "token_tile: {default: 16, gfx942: 8}     # gfx942 has 64 KiB of LDS"
 
 
 def edit(text: str, old: str, new: str) -> str:
@@ -24,7 +30,8 @@ def edit(text: str, old: str, new: str) -> str:
 
 
 def line_of(text: str, mark: str) -> int:
-    hits = [n for n, line in enumerate(text.splitlines(), 1) if mark in line]
+    """The line holding ``mark``; a mark ending in a newline matches only at a line's end."""
+    hits = [n for n, line in enumerate(text.splitlines(), 1) if mark in line + "\n"]
     assert len(hits) == 1, f"mark {mark!r} is on lines {hits}"
     return hits[0]
 
@@ -32,6 +39,12 @@ def line_of(text: str, mark: str) -> int:
 def build_ir(target: str, tokens: int, **params):
     loaded = load_spec(SPEC)
     return lower(loaded, make_build(loaded, target, tokens=tokens, **params))
+
+
+def stage_named(ir, name: str):
+    """The lowered stage ``name`` (stages are found by name: which run depends on the build)."""
+    (s,) = [s for s in ir.stages if s.name == name]
+    return s
 
 
 # ---- the real spec ----------------------------------------------------------------------
@@ -49,7 +62,7 @@ def test_lowering(target, tokens):
 
     # scratch: 256-byte aligned, in spec order, non-overlapping, sized from MAX_TOKENS
     regions = ir.regions
-    assert [r.name for r in regions] == ["qkv", "x8", "x8s"]
+    assert [r.name for r in regions] == REGIONS
     for r in regions:
         assert r.offset % SCRATCH_ALIGN == 0, r
         assert r.nbytes > 0
@@ -61,6 +74,9 @@ def test_lowering(target, tokens):
     assert sizes["qkv"] == ("pairs", MAX_TOKENS * QKV_ROWS, 16 * 2560 * 8)
     assert sizes["x8"] == ("words", MAX_TOKENS * HIDDEN // 4, MAX_TOKENS * HIDDEN)
     assert sizes["x8s"] == ("pairs", MAX_TOKENS, MAX_TOKENS * 8)
+    assert sizes["qkv_part"] == ("pairs", QKV_ROWS * MAX_TOKENS, QKV_ROWS * MAX_TOKENS * 8)
+    assert sizes["rdone"] == ("flags", MAX_TOKENS, MAX_TOKENS * 8)
+    assert sizes["hdone"] == ("flags", MAX_TOKENS * 20, MAX_TOKENS * 20 * 8)
     assert ir.arg("scratch").shape == (ir.scratch_bytes,)
 
     # ABI shapes follow the build
@@ -69,6 +85,22 @@ def test_lowering(target, tokens):
     assert ir.arg("w_qkv").shape == (QKV_ROWS, HIDDEN)
     assert ir.arg("tl").shape == (ir.blocks, len(ir.timeline_points))
     assert ir.arg("layer").shape is None and ir.arg("layer").range == (0, 127)
+    assert len(ir.abi) == 29 and [a.name for a in ir.abi][-4:] == ["scratch", "step", "layer", "tl"]
+    # runtime dimensions stay names (bound at launch); the rest evaluate for the build
+    assert ir.arg("cos_sin").shape == ("max_pos", ROTARY_DIM)
+    assert ir.arg("k_cache").shape == ("k_pages", 2048) and ir.arg("v_cache").shape == ("v_pages", 2048)
+    assert ir.arg("k_scale").shape == ("scale_pages", 16) == ir.arg("v_scale").shape
+    assert ir.arg("index_cache").shape == ("num_blocks", 128, HEAD_DIM)
+    assert ir.arg("block_table").shape == (tokens, "bt_cols")
+    assert ir.arg("q_out").shape == (tokens, LOCAL_Q_HEADS * HEAD_DIM)
+    assert ir.arg("iq_out").shape == (tokens, 1, HEAD_DIM)
+    assert ir.arg("iscore").shape == (MAX_TOKENS * 8192 * 8,)
+    assert ir.arg("positions").dtype == "i64" and ir.arg("positions").shape == (tokens,)
+    assert ir.arg("bt_width").shape is None and ir.arg("bt_width").range == (1, 8192)
+    assert ir.arg("cos_sin").shape_text == f"[max_pos, {ROTARY_DIM}]"
+    assert ir.arg("ar").shape_text == f"[{tokens}, {HIDDEN}]" and ir.arg("layer").shape_text == "scalar"
+    for a in ir.abi:
+        assert all(isinstance(d, int) or d in load_spec(SPEC).spec.runtime_dims for d in a.shape or ()), a
 
     # LDS: within the target's budget; each stage's buffers 16-byte aligned, disjoint
     assert 0 < ir.lds_bytes <= t.lds_bytes
@@ -80,12 +112,35 @@ def test_lowering(target, tokens):
             assert a.offset + a.nbytes <= b.offset, (a, b)
     assert not any(b.stage == "kernel" for b in ir.lds)  # timeline off by default
 
-    # stages: the norm only above INLINE_NORM_TOKENS; the GEMV normalizes inline otherwise
+    # stages: the norm only above INLINE_NORM_TOKENS; the GEMV normalizes inline otherwise;
+    # qkv_cp only with four index heads (not in the default build)
     names = [s.name for s in ir.stages]
-    assert names == (["norm", "qkv"] if tokens > 2 else ["qkv"])
-    qkv = ir.stages[-1]
+    assert names == (["norm"] if tokens > 2 else []) + ["qkv", "heads", "scores"]
+    qkv, heads, scores = stage_named(ir, "qkv"), stage_named(ir, "heads"), stage_named(ir, "scores")
+    assert ir.stages[-2:] == (heads, scores)  # the head tasks, then the scorers, run last
+    assert scores.kind == "index_scores" and scores.tasks == ir.blocks and (scores.first, scores.ctas) == (0, ir.blocks)
+    assert scores.waits_on == ("heads",)  # qkv_cp is not in the build: its wait is dropped
+    sv = scores.values
+    assert sv["lead"] == (28 if target == "sm90" else 180) and sv["done"] == "hdone"
+    assert (sv["start_point"], sv["done_point"]) == ("pre_attn_done", "scores_done")
+    assert (sv["heads"], sv["own"], sv["iq_base"], sv["qkv_rows"]) == (1, 0, 2304, QKV_ROWS)
+    assert (sv["head_dim"], sv["rotary_dim"], sv["lanes"], sv["elems"]) == (HEAD_DIM, ROTARY_DIM, 32, 4)
+    assert (sv["topk_blocks"], sv["init_blocks"], sv["local_blocks"], sv["stride"]) == (16, 0, 1, 8192)
+    assert heads.kind == "head_norm_rope" and heads.tasks == LOCAL_Q_HEADS + 4 == 20 and heads.waits_on == ("qkv",)
+    assert heads.first == (112 if target == "sm90" else 160) and heads.first + heads.ctas == ir.blocks
+    hv = heads.values
+    assert (hv["rows"], hv["q_heads"], hv["head_dim"], hv["rotary_dim"]) == (QKV_ROWS, LOCAL_Q_HEADS, HEAD_DIM, ROTARY_DIM)
+    assert hv["offsets"] == {"k": 2048, "v": 2176, "iq": 2304, "ik": 2432}
+    assert (hv["page_stride"], hv["static_kv_scale"]) == (16, False)  # the build's defaults
     assert qkv.kind == "gemv_fp8" and qkv.tasks == 160 == QKV_ROWS // 16
     assert qkv.values["inline"] is (tokens <= 2)
+    assert qkv.values["ranges"] == [(0, 144), (144, 8), (152, 8)]  # q | k | v, the own index q, index k
+    # stream-K on sm90 only (160 row groups over 132 SMs), partial tiles through qkv_part
+    if target == "sm90":
+        assert qkv.values["split"] is True and qkv.values["partials"] == "qkv_part"
+        assert (qkv.values["tasks"], qkv.values["ctas"], qkv.values["nchunk"]) == (160, 132, HIDDEN // 32)
+    else:
+        assert qkv.values["split"] is False and qkv.values["partials"] is None
     assert qkv.values["rows"] == QKV_ROWS and qkv.values["k"] == HIDDEN
     assert qkv.waits_on == (("norm",) if tokens > 2 else ())
     tile = qkv.values["tile"]
@@ -93,7 +148,8 @@ def test_lowering(target, tokens):
     if qkv.values["inline"]:
         assert tile == tokens
     if tokens > 2:
-        norm = ir.stages[0]
+        norm = stage_named(ir, "norm")
+        assert ir.stages[0] is norm
         assert norm.kind == "rmsnorm_fp8" and norm.tasks == tokens
         assert norm.first == (0 if target == "sm90" else 160)
     for s in ir.stages:
@@ -101,9 +157,54 @@ def test_lowering(target, tokens):
         assert s.placement == "round_robin"
 
 
+@pytest.mark.parametrize("own", range(4))
+@pytest.mark.parametrize("tokens", (1, 4))
+@pytest.mark.parametrize("target", TARGET_NAMES)
+def test_context_parallel_build(target, tokens, own):
+    """index_heads 4: the projection holds four index-q heads; qkv computes the own one,
+    qkv_cp the other three (only in steps with a long request), and between them every
+    row group is computed exactly once; the scorers wait on both."""
+    ir = build_ir(target, tokens, index_heads=4, index_own=own)
+    rows = (LOCAL_Q_HEADS + 3 + 4) * HEAD_DIM  # 2944
+    assert [s.name for s in ir.stages] == (["norm"] if tokens > 2 else []) + ["qkv", "qkv_cp", "heads", "scores"]
+    qkv, cp = stage_named(ir, "qkv"), stage_named(ir, "qkv_cp")
+    heads, scores = stage_named(ir, "heads"), stage_named(ir, "scores")
+    assert ir.arg("w_qkv").shape == (rows, HIDDEN) and qkv.values["rows"] == cp.values["rows"] == rows
+    assert cp.kind == "gemv_fp8" and cp.tasks == 24 and cp.values["long_step"] == {
+        "seq_lens": "seq_lens", "q_len": "q_len", "from_blocks": 288, "block": 128}
+    assert qkv.values["long_step"] is None
+    assert cp.first == (40 if target == "sm90" else 196) and cp.first + cp.ctas == ir.blocks
+    assert cp.waits_on == (("norm", "qkv") if tokens > 2 else ("qkv",))
+    assert cp.values["inline"] is False and cp.values["writes_residual"] is False  # it never renormalizes
+    assert cp.values["split"] is False  # stream-K is qkv's alone
+    own_group = (LOCAL_Q_HEADS + 2 + own) * HEAD_DIM // 16
+    assert qkv.values["ranges"] == [(0, 144), (own_group, 8), (2816 // 16, 8)]
+    others = [(LOCAL_Q_HEADS + 2 + h) * HEAD_DIM // 16 for h in range(4) if h != own]
+    assert cp.values["ranges"] == [(g, 8) for g in others]
+    groups = [g for first, n in qkv.values["ranges"] + cp.values["ranges"] for g in range(first, first + n)]
+    assert sorted(groups) == list(range(rows // 16))  # every row group once
+    assert heads.values["offsets"] == {"k": 2048, "v": 2176, "iq": 2304 + own * HEAD_DIM, "ik": 2816}
+    assert scores.waits_on == ("qkv_cp", "heads")
+    assert (scores.values["heads"], scores.values["own"], scores.values["iq_base"]) == (4, own, 2304)
+    assert ir.region("qkv").count == MAX_TOKENS * rows
+
+
+@pytest.mark.parametrize("target", TARGET_NAMES)
+def test_debug_build_adds_the_hang_region(target):
+    """Debug builds append the hang record after the spec's regions; nothing else moves."""
+    base, debug = build_ir(target, 4), build_ir(target, 4, debug=True)
+    assert [r.name for r in debug.regions] == REGIONS + ["hang"]
+    assert debug.regions[:-1] == base.regions
+    hang = debug.region("hang")
+    assert (hang.kind, hang.count) == ("words", 8) and hang.offset % SCRATCH_ALIGN == 0
+    assert hang.offset >= base.regions[-1].offset + base.regions[-1].nbytes
+    assert debug.scratch_bytes >= hang.offset + hang.nbytes and debug.scratch_bytes > base.scratch_bytes
+    assert [(s.name, s.first, s.ctas, s.tasks) for s in debug.stages] == [(s.name, s.first, s.ctas, s.tasks) for s in base.stages]
+
+
 @pytest.mark.parametrize("target", TARGET_NAMES)
 def test_token_tile_at_16_tokens(target):
-    qkv = build_ir(target, 16).stages[-1]
+    qkv = stage_named(build_ir(target, 16), "qkv")
     if target == "gfx942":  # 64 KiB of LDS: two passes of 8 token rows
         assert (qkv.values["tile"], qkv.values["n_tiles"]) == (8, 2)
     else:
@@ -130,46 +231,123 @@ def test_constants():
     assert consts["BLOCKS"].value == 256 and consts["FP8_MAX"].value == 448.0
     assert consts["SCRATCH_BYTES"].value == ir.scratch_bytes
     assert {c.name: c.value for c in build_ir("gfx942", 3).constants}["FP8_MAX"] == 240.0
+    assert consts["STATIC_KV_SCALE"].c_value == "false" and consts["KV_PAGE_STRIDE"].value == 16
+    assert (consts["K_OFF"].value, consts["IK_OFF"].value, consts["N_HEAD_TASKS"].value) == (2048, 2432, 20)
+    built = {c.name: c for c in build_ir("gfx950", 3, static_kv_scale=True, kv_page_stride=8).constants}
+    assert built["STATIC_KV_SCALE"].c_value == "true" and built["KV_PAGE_STRIDE"].value == 8
+
+
+@pytest.mark.parametrize("target", TARGET_NAMES)
+def test_head_params_reach_the_heads_stage(target):
+    """static_kv_scale and kv_page_stride are build parameters the head tasks read;
+    nothing else in the lowering changes with them."""
+    base = build_ir(target, 4)
+    other = build_ir(target, 4, static_kv_scale=True, kv_page_stride=8)
+    hv = stage_named(other, "heads").values
+    assert (hv["static_kv_scale"], hv["page_stride"]) == (True, 8)
+    assert stage_named(base, "heads").values["page_stride"] == 16
+    assert [(s.name, s.first, s.ctas, s.tasks) for s in other.stages] == [(s.name, s.first, s.ctas, s.tasks) for s in base.stages]
+    assert (other.regions, other.lds, other.abi, other.scratch_bytes) == (base.regions, base.lds, base.abi, base.scratch_bytes)
+
+
+DEFAULTS = {"tokens": 1, "eps": 1e-6, "timeline": False, "debug": False, "static_kv_scale": False, "init_blocks": 0,
+            "local_blocks": 1, "index_heads": 1, "index_own": 0, "signal": False, "kv_page_stride": 16}
 
 
 def test_build_key_and_defaults():
     loaded = load_spec(SPEC)
     b = make_build(loaded, "sm90")
-    assert dict(b.params) == {"tokens": 1, "eps": 1e-6, "timeline": False}
-    assert b.tokens == 1 and b.label() == "tokens=1 eps=1e-06 timeline=False"
+    assert dict(b.params) == DEFAULTS
+    assert [name for name, _ in b.params] == list(DEFAULTS)  # spec order
+    assert b.tokens == 1 and b.label() == ("tokens=1 eps=1e-06 timeline=False debug=False static_kv_scale=False "
+                                           "init_blocks=0 local_blocks=1 index_heads=1 index_own=0 signal=False "
+                                           "kv_page_stride=16")
+    assert b.key() == make_build(loaded, "sm90", **DEFAULTS).key()
+    assert len({make_build(loaded, "sm90", **{**DEFAULTS, **v}).key() for v in
+                ({}, {"debug": True}, {"signal": True}, {"init_blocks": 2}, {"local_blocks": 2},
+                 {"index_heads": 4}, {"index_heads": 4, "index_own": 3})}) == 7
     assert b.key() == make_build(loaded, "sm90", tokens=1).key()
+    assert b.key() == make_build(loaded, "sm90", static_kv_scale=False, kv_page_stride=16).key()
     assert b.key() != make_build(loaded, "gfx942").key() != make_build(loaded, "sm90", tokens=2).key()
-    assert isinstance(make_build(loaded, "sm90", eps=1).params[1][1], float)
+    keys = {make_build(loaded, "sm90", **v).key() for v in
+            ({}, {"static_kv_scale": True}, {"kv_page_stride": 8}, {"static_kv_scale": True, "kv_page_stride": 8})}
+    assert len(keys) == 4
+    assert isinstance(dict(make_build(loaded, "sm90", eps=1).params)["eps"], float)
 
 
 # ---- refusals made by editing the spec ---------------------------------------------------
 
-# (id, edits [(old, new)], target, tokens, mark of the line the error names, message fragment)
+# (id, edits [(old, new)], target, tokens (or the build's values), mark of the line the error
+# names, message fragment)
 REFUSALS = [
-    ("lds-token-tile", [("gfx942: 8}", "gfx942: 16}")], "gfx942", 16, "- name: qkv", "exceeds gfx942's 65536 B"),
-    ("lds-hidden", [("HIDDEN: 6144 ", "HIDDEN: 8192 ")], "gfx942", 16, "- name: qkv", "exceeds gfx942's 65536 B"),
+    ("lds-token-tile", [(QKV_TILE, QKV_TILE.replace("gfx942: 8}", "gfx942: 16}"))], "gfx942", 16, "- name: qkv\n",
+     "exceeds gfx942's 65536 B"),
+    ("lds-hidden", [("HIDDEN: 6144 ", "HIDDEN: 8192 ")], "gfx942", 16, "- name: qkv\n", "exceeds gfx942's 65536 B"),
     ("hidden-too-wide", [("HIDDEN: 6144 ", "HIDDEN: 16384")], "gfx950", 4, "- name: norm", "32 logical warps"),
     ("threads-over-max", [("  threads: 512\n", "  threads: 2048\n")], "sm90", 1, "threads: 2048", "<= 1024"),
     ("threads-not-waves", [("  threads: 512\n", "  threads: 96\n")], "gfx950", 1, "threads: 96", "multiple of 64"),
     ("fixed-outside-grid",
-     [("placement: {round_robin: {first: 160}}", "placement: {fixed: {first: 250, count: 16}}")],
+     [("placement: {round_robin: {first: 160}}   # CTAs that", "placement: {fixed: {first: 250, count: 16}}   # CTAs that")],
      "gfx950", 3, "{fixed: {first: 250", "outside the grid of 256 CTAs"),
     ("round-robin-outside-grid-sm90",
-     [("sm90: {round_robin: {first: 0}}", "sm90: {round_robin: {first: 140}}")],
+     [("sm90: {round_robin: {first: 0}}        # fewer SMs", "sm90: {round_robin: {first: 140}}        # fewer SMs")],
      "sm90", 3, "sm90: {round_robin: {first: 140}}", "outside the grid of 132 CTAs"),
     ("fixed-ranges-overlap",
-     [("placement: {round_robin: {first: 160}}", "placement: {fixed: {first: 160, count: 16}}"),
-      ("    waits_on: [norm]\n", "    waits_on: [norm]\n    placement: {fixed: {first: 0, count: 170}}\n")],
+     [("placement: {round_robin: {first: 160}}   # CTAs that", "placement: {fixed: {first: 160, count: 16}}   # CTAs that"),
+      (QKV_WAITS, QKV_WAITS + "    placement: {fixed: {first: 0, count: 170}}\n")],
      "gfx950", 3, "{fixed: {first: 0, count: 170}}", "overlap stage 'norm'"),
     ("fixed-range-too-small",
-     [("    waits_on: [norm]\n", "    waits_on: [norm]\n    placement: {fixed: {first: 0, count: 100}}\n")],
+     [(QKV_WAITS, QKV_WAITS + "    placement: {fixed: {first: 0, count: 100}}\n")],
      "gfx950", 3, "{fixed: {first: 0, count: 100}}", "160 tasks do not fit the fixed range of 100 CTAs"),
-    ("gemv-tasks-vs-rows", [("tasks: QKV_ROWS // 16", "tasks: QKV_ROWS // 32")], "sm90", 1,
-     "tasks: QKV_ROWS // 32", "80 tasks x 16 rows != rows = 2560"),
+    ("gemv-tasks-vs-rows", [(QKV_TASKS, QKV_TASKS.replace("// 16", "// 32"))], "sm90", 1,
+     "HEAD_DIM // 32", "80 tasks x 16 rows != 2560 rows to compute"),
     ("inline-norm-needs-one-tile", [("INLINE_NORM_TOKENS: 2 ", "INLINE_NORM_TOKENS: 9 ")], "gfx942", 9,
-     "token_tile:", "inline norm needs every token in one tile"),
-    ("gemv-unknown-weight", [("weight: w_qkv", "weight: w_qk")], "sm90", 1, "weight: w_qk", "no ABI argument 'w_qk'"),
-    ("gemv-out-wrong-region-kind", [("    out: qkv\n", "    out: x8\n")], "sm90", 1, "out: x8", "is words, this needs pairs"),
+     QKV_TILE, "inline norm needs every token in one tile"),
+    ("gemv-unknown-weight", [(QKV_WAITS + "    weight: w_qkv\n", QKV_WAITS + "    weight: w_qk\n")], "sm90", 1,
+     "weight: w_qk\n", "no ABI argument 'w_qk'"),
+    ("gemv-out-wrong-region-kind", [("    out: qkv\n    " + QKV_TILE, "    out: x8\n    " + QKV_TILE)], "sm90", 1,
+     "out: x8", "is words, this needs pairs"),
+    ("gemv-row-range-not-whole-groups", [("      - [IQ_OFF, HEAD_DIM]\n", "      - [IQ_OFF + 8, HEAD_DIM]\n")], "gfx950", 1,
+     "[IQ_OFF + 8, HEAD_DIM]", "row range [2312, 2440) is not whole 16-row groups"),
+    # stream-K (sm90's qkv): one token tile, a pairs region for the partial tiles
+    ("stream-k-needs-one-tile", [("stream_k: {default: 0, sm90: 1}", "stream_k: {default: 1, sm90: 1}")], "gfx942", 16,
+     "stream_k: {default: 1", "stream_k needs every token in one tile (8 < 16)"),
+    ("stream-k-partials-wrong-kind", [("    partials: qkv_part\n", "    partials: x8\n")], "sm90", 1,
+     "partials: x8", "scratch region 'x8' is words, this needs pairs"),
+    ("stream-k-partials-too-small", [("{name: qkv_part, kind: pairs, count: QKV_ROWS * MAX_TOKENS,",
+                                      "{name: qkv_part, kind: pairs, count: QKV_ROWS,")], "sm90", 1,
+     "partials: qkv_part", "scratch region 'qkv_part' holds 2560 pairs, this stage uses 40960"),
+    ("stream-k-without-partials", [("    partials: qkv_part\n", "")], "sm90", 1,
+     "- name: qkv\n", "stream_k needs a pairs region for the partial tiles"),
+    # the context-parallel GEMV (index_heads 4): at S <= 2 it reads the rows the qkv stage publishes
+    ("cp-norm-off-needs-a-wait", [("    waits_on: [norm, qkv]  ", "    # waits_on: [norm, qkv]  ")], "gfx950",
+     {"tokens": 1, "index_heads": 4}, "norm_inline: false", "with the norm stage off, this stage reads rows another stage publishes"),
+    ("cp-tasks-vs-rows", [("tasks: 3 * HEAD_DIM // 16", "tasks: 2 * HEAD_DIM // 16")], "sm90", {"tokens": 4, "index_heads": 4},
+     "tasks: 2 * HEAD_DIM // 16", "16 tasks x 16 rows != 384 rows to compute"),
+    ("cp-outside-grid-sm90", [("sm90: {round_robin: {first: 40}}", "sm90: {round_robin: {first: 132}}")], "sm90",
+     {"tokens": 4, "index_heads": 4}, "{first: 132}}", "outside the grid of 132 CTAs"),
+    # the scorers: they read the head stage's flags and stamp two timeline points
+    ("scores-iq-from-not-heads", [("    iq_from: heads\n", "    iq_from: qkv\n")], "sm90", 1,
+     "iq_from: qkv", "no head_norm_rope stage 'qkv'"),
+    ("scores-must-wait-on-heads", [("waits_on: [qkv_cp, heads]", "waits_on: [qkv_cp]")], "gfx950", 3,
+     "waits_on: [qkv_cp]", "the scores read 'heads''s outputs"),
+    ("scores-need-head-flags", [("    done: hdone\n", "")], "sm90", 1, "iq_from: heads", "stage 'heads' publishes no done flags"),
+    ("scores-unknown-timeline-point", [("start_point: pre_attn_done", "start_point: pre_attn_dome")], "gfx942", 1,
+     "start_point: pre_attn_dome", "no timeline point 'pre_attn_dome'"),
+    # the head tasks: one per q head, then k, v, index q, index k
+    ("heads-tasks-vs-q-heads", [("tasks: N_HEAD_TASKS", "tasks: N_HEAD_TASKS - 1")], "gfx950", 3,
+     "tasks: N_HEAD_TASKS - 1", "19 tasks != q_heads + 4 = 20"),
+    ("heads-q-heads-vs-tasks", [("    q_heads: LOCAL_Q_HEADS\n", "    q_heads: LOCAL_Q_HEADS + 1\n")], "sm90", 1,
+     "tasks: N_HEAD_TASKS", "20 tasks != q_heads + 4 = 21"),
+    ("heads-outside-grid-sm90", [("sm90: {round_robin: {first: 112}}", "sm90: {round_robin: {first: 132}}")], "sm90", 1,
+     "sm90: {round_robin: {first: 132}}", "outside the grid of 132 CTAs"),
+    ("heads-fixed-overlaps-norm",
+     [("placement: {round_robin: {first: 160}}   # CTAs that", "placement: {fixed: {first: 160, count: 16}}   # CTAs that"),
+      ("placement: {round_robin: {first: 160}}   # the CTAs", "placement: {fixed: {first: 170, count: 20}}   # the CTAs")],
+     "gfx950", 3, "{fixed: {first: 170, count: 20}}", "overlap stage 'norm'"),
+    ("heads-unknown-region", [("    qkv: qkv\n", "    qkv: qkvv\n")], "sm90", 1, "qkv: qkvv", "no scratch region 'qkvv'"),
+    ("heads-done-unknown-region", [("    done: hdone\n", "    done: hdon\n")], "sm90", 1, "done: hdon", "no scratch region 'hdon'"),
+    ("heads-region-wrong-kind", [("    qkv: qkv\n", "    qkv: x8\n")], "sm90", 1, "qkv: x8", "is words, this needs pairs"),
 ]
 
 
@@ -180,7 +358,7 @@ def test_refused_build_is_located(case):
     for old, new in edits:
         text = edit(text, old, new)
     loaded = parse_spec(text, "bad.yaml")  # the spec itself is well-formed
-    build = make_build(loaded, target, tokens=tokens)
+    build = make_build(loaded, target, **(tokens if isinstance(tokens, dict) else {"tokens": tokens}))
     with pytest.raises(SpecError) as excinfo:
         lower(loaded, build)
     (issue,) = excinfo.value.issues
@@ -197,7 +375,7 @@ def test_refused_build_is_located(case):
 def test_lds_refusal_only_where_over_budget():
     """token_tile 16 on gfx942 fits at 8 tokens and is refused at 16; the other
     targets take 16 token rows."""
-    loaded = parse_spec(edit(TEXT, "gfx942: 8}", "gfx942: 16}"), "bad.yaml")
+    loaded = parse_spec(edit(TEXT, QKV_TILE, QKV_TILE.replace("gfx942: 8}", "gfx942: 16}")), "bad.yaml")
     assert lower(loaded, make_build(loaded, "gfx942", tokens=8)).lds_bytes <= TARGETS["gfx942"].lds_bytes
     for target in ("gfx950", "sm90"):
         lower(loaded, make_build(loaded, target, tokens=16))
@@ -207,7 +385,9 @@ def test_lds_refusal_only_where_over_budget():
 
 def test_lower_by_name_and_values():
     ir = lower(SPEC, target="gfx942", tokens=16)
-    assert ir.build.target == "gfx942" and ir.stages[-1].values["tile"] == 8
+    assert ir.build.target == "gfx942" and stage_named(ir, "qkv").values["tile"] == 8
+    ir = lower(SPEC, target="sm90", tokens=4, static_kv_scale=True, kv_page_stride=8)
+    assert dict(ir.build.params)["kv_page_stride"] == 8 and stage_named(ir, "heads").values["static_kv_scale"] is True
     assert lower(SPEC).build.target == "sm90"
 
 
@@ -226,6 +406,11 @@ def test_lower_by_name_and_values():
         ({"timeline": 1}, r"timeline=1 must be of type bool"),
         ({"tokens": 17}, r"tokens=17 is not allowed"),
         ({"tokens": 0}, r"tokens=0 is not allowed"),
+        ({"kv_page_stride": 4}, r"kv_page_stride=4 is not allowed; values: \[8, 16\]"),
+        ({"kv_page_stride": 16.0}, r"kv_page_stride=16.0 must be of type int"),
+        ({"kv_page_stride": True}, r"kv_page_stride=True must be of type int"),
+        ({"static_kv_scale": 1}, r"static_kv_scale=1 must be of type bool"),
+        ({"static_kv_scale": "true"}, r"static_kv_scale='true' must be of type bool"),
     ],
 )
 def test_make_build_refuses(values, pattern):

@@ -24,12 +24,17 @@ ENTRY = "minimax_m3_pre_attn"
 TARGET_NAMES = ("sm90", "gfx942", "gfx950")
 BUILDS = [(t, n, tl) for t in TARGET_NAMES for n in (1, 3, 16) for tl in (False, True)]
 IDS = [f"{t}-s{n}-{'tl' if tl else 'notl'}" for t, n, tl in BUILDS]
+# builds with every stage (index_heads 4 adds qkv_cp) and the debug build's extra region
+EXTRA = [(t, n, False, (("index_heads", 4), ("index_own", 1), ("debug", True), ("signal", True)))
+         for t in TARGET_NAMES for n in (1, 4)]
+EXTRA_IDS = [f"{t}-s{n}-cp-debug" for t, n, _, _ in EXTRA]
+HEAD_MATH = ("DIM", "ROPE", "HALF", "LANES", "ELEMS")  # templates/stages/head_math.j2, in both head-math stages
 
 
 @lru_cache(maxsize=None)
-def built(target: str, tokens: int, timeline: bool):
+def built(target: str, tokens: int, timeline: bool, **params):
     loaded = load_spec(SPEC)
-    ir = lower(loaded, make_build(loaded, target, tokens=tokens, timeline=timeline))
+    ir = lower(loaded, make_build(loaded, target, tokens=tokens, timeline=timeline, **params))
     return ir, render(ir)
 
 
@@ -40,10 +45,30 @@ def header(text: str) -> list[str]:
     return lines
 
 
-def constexpr_scopes(text: str) -> dict[str, list[str]]:
-    """Names declared ``constexpr T NAME =`` at namespace level (no indent), by
-    namespace ('' for the top level)."""
-    scopes: dict[str, list[str]] = {"": []}
+def declarators(rest: str) -> list[tuple[str, str]]:
+    """``(NAME, value)`` of each declarator of ``NAME = value, NAME2 = value2;`` (commas
+    inside parentheses belong to a value)."""
+    body, depth, parts, cur = rest.split(";", 1)[0], 0, [], ""
+    for ch in body:
+        depth += (ch in "([{") - (ch in ")]}")
+        if ch == "," and depth == 0:
+            parts.append(cur)
+            cur = ""
+        else:
+            cur += ch
+    parts.append(cur)
+    out = []
+    for part in parts:
+        name, eq, value = part.partition("=")
+        assert eq and re.fullmatch(r"\s*\w+\s*", name), f"not a declarator: {part!r}"
+        out.append((name.strip(), value.strip()))
+    return out
+
+
+def constexpr_decls(text: str) -> dict[str, list[tuple[str, str, str]]]:
+    """``(type, NAME, value)`` of every ``constexpr T NAME = value[, NAME2 = ...];``
+    at namespace level (no indent), by namespace ('' for the top level)."""
+    scopes: dict[str, list[tuple[str, str, str]]] = {"": []}
     ns = ""
     for line in text.splitlines():
         m = re.match(r"namespace (\w+) \{$", line)
@@ -56,11 +81,16 @@ def constexpr_scopes(text: str) -> dict[str, list[str]]:
             assert ns, "namespace closed twice"
             ns = ""
             continue
-        m = re.match(r"constexpr [\w ]+? (\w+) = ", line)
+        m = re.match(r"constexpr ([\w ]+?) (\w+ = .*)$", line)
         if m:
-            scopes[ns].append(m.group(1))
+            scopes[ns].extend((m.group(1), name, value) for name, value in declarators(m.group(2)))
     assert ns == "", f"namespace {ns} not closed"
     return scopes
+
+
+def constexpr_scopes(text: str) -> dict[str, list[str]]:
+    """The names of ``constexpr_decls``, by namespace."""
+    return {ns: [name for _, name, _ in decls] for ns, decls in constexpr_decls(text).items()}
 
 
 # ---- determinism ------------------------------------------------------------------------
@@ -130,13 +160,21 @@ def test_header_lists_abi_and_scratch(build):
     assert head[0].startswith(f"// {ir.kernel} for {ir.target.name} ")
     assert f"// build:  {ir.build.label()}" in head
 
-    abi_rows = [re.match(r"//\s+(\d+)\s+(\w+)\s+(\w+)\s+(\[[\d, ]*\]|scalar)\s+(\w+)", ln) for ln in head]
+    # a shape is [dims] (numbers, or the names of runtime dimensions) or 'scalar'
+    abi_rows = [re.match(r"//\s+(\d+)\s+(\w+)\s+(\w+)\s+(\[\w+(?:, \w+)*\]|scalar)\s+(\w+)\s", ln) for ln in head]
     abi_rows = [m.groups() for m in abi_rows if m]
     expected = [
-        (str(i), a.name, a.dtype, str(list(a.shape)) if a.shape else "scalar", a.intent)
+        (str(i), a.name, a.dtype, "scalar" if a.shape is None else "[" + ", ".join(str(d) for d in a.shape) + "]", a.intent)
         for i, a in enumerate(ir.abi, 1)
     ]
     assert abi_rows == expected
+    assert len(abi_rows) == 29
+    runtime = set(load_spec(SPEC).spec.runtime_dims)
+    shapes = {name: shape for _, name, _, shape, _ in abi_rows}
+    assert shapes["cos_sin"] == "[max_pos, 64]" and shapes["index_cache"] == "[num_blocks, 128, 128]"
+    assert shapes["block_table"] == f"[{ir.build.tokens}, bt_cols]" and shapes["layer"] == "scalar"
+    for shape in shapes.values():  # every name in a header shape is a runtime dimension
+        assert set(re.findall(r"[A-Za-z_]\w*", shape)) - {"scalar"} <= runtime, shape
 
     region_rows = [re.match(r"//\s+(\w+)\s+@\s+(\d+)\s+(\d+) B\s+(\d+) (\w+):", ln) for ln in head]
     region_rows = [m.groups() for m in region_rows if m]
@@ -165,22 +203,40 @@ def test_single_extern_c_entry(build):
     assert names == [a.name for a in ir.abi]
 
 
-@pytest.mark.parametrize("build", BUILDS, ids=IDS)
+@pytest.mark.parametrize("build", BUILDS + EXTRA, ids=IDS + EXTRA_IDS)
 def test_constants_once(build):
-    ir, text = built(*build)
+    target, tokens, timeline, *extra = build
+    ir, text = built(target, tokens, timeline, **dict(*extra))
+    decls = constexpr_decls(text)
     scopes = constexpr_scopes(text)
+    # within one scope (the top level, or one stage's namespace) a name is declared once
     for ns, declared in scopes.items():
         dupes = sorted({n for n in declared if declared.count(n) > 1})
         assert not dupes, f"declared twice in {ns or 'the top level'}: {dupes}"
     assert set(scopes) == {""} | {f"stage_{s.name}" for s in ir.stages}
-    top = scopes[""]
+    top = {name: (ctype, value) for ctype, name, value in decls[""]}
     for c in ir.constants:
-        assert c.name in top
-        assert len(re.findall(rf"^constexpr {c.c_type} {c.name} = {re.escape(c.c_value)};", text, re.M)) == 1, c
-    # stage namespaces do not shadow a build constant
-    for ns, declared in scopes.items():
-        if ns:
-            assert not set(declared) & {c.name for c in ir.constants}, ns
+        assert top.get(c.name) == (c.c_type, c.c_value), c
+        # the top-level declaration, one line of its own
+        top_lines = [ln for ln in text.split("\nnamespace ", 1)[0].splitlines()
+                     if re.match(rf"constexpr {c.c_type} {c.name} = {re.escape(c.c_value)};", ln)]
+        assert len(top_lines) == 1, c
+    # a stage namespace may restate a top-level constant (the head tasks restate K_OFF ..
+    # IK_OFF, PAGE16, PAGE_BYTES, SPARSE_BLOCK, STATIC_KV_SCALE; the scorers TOPK_BLOCKS,
+    # QKV_ROWS), but only with the same type and value: a name that silently means
+    # something else inside a stage is refused, whichever stage it is
+    restated = set()
+    for ns, declared in decls.items():
+        for ctype, name, value in declared if ns else ():
+            if name in top:
+                assert (ctype, value) == top[name], f"{ns}::{name} = {value} ({ctype}) differs from the top level's {top[name]}"
+                restated.add(name)
+    assert {"K_OFF", "IK_OFF", "STATIC_KV_SCALE", "TOPK_BLOCKS", "QKV_ROWS"} <= restated  # the check has work to do
+    # the shared head math: the same constants, with the same values, in both stages that use it
+    math = {ns: {name: (ctype, value) for ctype, name, value in decls[ns] if name in HEAD_MATH}
+            for ns in ("stage_heads", "stage_scores")}
+    assert set(math["stage_heads"]) == set(HEAD_MATH) and math["stage_heads"] == math["stage_scores"]
+    assert math["stage_heads"]["DIM"] == ("int", "128") and math["stage_heads"]["ROPE"] == ("int", "64")
 
 
 @pytest.mark.parametrize("build", BUILDS, ids=IDS)
@@ -224,9 +280,40 @@ def test_timeline_only_in_timeline_builds(build):
 def test_stage_code_follows_the_build(target):
     _, small = built(target, 1, False)
     _, large = built(target, 16, False)
-    assert "namespace stage_norm" not in small and "norm_quant_row(a, tk, x8 + tk * X8_STRIDE" in small
+    # at 1 token the GEMV CTAs normalize inline (into their LDS rows); at 16 the norm stage
+    # writes the x8 mailbox
+    assert "namespace stage_norm" not in small and "norm_quant_row(a, tk, in[tk], x8 + tk * X8_STRIDE" in small
+    assert "norm_quant_row(a, tk, in, mb.x8 + tk * NORM_ROW_WORDS" in large and "stage_norm::run(" not in small
     assert "namespace stage_norm" in large and "(mb.x8s + tid" in large  # waits on the norm's flags
     tile = 8 if target == "gfx942" else 16
     assert f"constexpr int TILE = {tile};" in large
     assert large.count("stage_norm::run(a, mb, lds);") == 1
     assert large.index("stage_norm::run(") < large.index("stage_qkv::run(")
+    for text in (small, large):  # the head tasks run after the GEMV, the scorers last, in every build
+        for stage in ("qkv", "heads", "scores"):
+            assert f"namespace stage_{stage} {{" in text and text.count(f"stage_{stage}::run(a, mb, lds);") == 1
+        assert (text.index("stage_qkv::run(a, mb, lds);") < text.index("stage_heads::run(a, mb, lds);")
+                < text.index("stage_scores::run(a, mb, lds);"))
+        assert "stage_qkv_cp" not in text  # index_heads 1
+    # four index heads: the context-parallel GEMV runs between qkv and the head tasks
+    _, cp = built(target, 4, False, index_heads=4, index_own=1)
+    runs = re.findall(r"^\s*stage_(\w+)::run\(a, mb, lds\);", cp, re.M)
+    assert runs == ["norm", "qkv", "qkv_cp", "heads", "scores"]
+
+
+@pytest.mark.parametrize("target", TARGET_NAMES)
+def test_head_params_change_the_head_code(target):
+    """static_kv_scale and kv_page_stride reach the build constants, the head
+    stage's own constants and the header's build line; each build renders apart."""
+    base_ir, base = built(target, 4, False)
+    ir, text = built(target, 4, False, static_kv_scale=True, kv_page_stride=8)
+    assert {"static_kv_scale=True", "kv_page_stride=8"} <= set(header(text)[2].split())
+    assert {"static_kv_scale=False", "kv_page_stride=16"} <= set(header(base)[2].split())
+    for t, flag, stride in ((base, "false", 16), (text, "true", 8)):
+        assert f"constexpr bool STATIC_KV_SCALE = {flag};" in t
+        assert f"constexpr int KV_PAGE_STRIDE = {stride};" in t
+        heads = t[t.index("namespace stage_heads {"):t.index("}  // namespace stage_heads")]
+        assert f"constexpr int PAGE_STRIDE = {stride};" in heads
+        assert f"constexpr bool STATIC_KV_SCALE = {flag};" in heads
+    assert text != base
+    assert text != built(target, 4, False, static_kv_scale=True)[1] != built(target, 4, False, kv_page_stride=8)[1] != base
