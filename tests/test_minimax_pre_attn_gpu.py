@@ -189,6 +189,21 @@ def test_head_tasks_cache_modes(tokens, static_kv_scale, kv_page_stride):
         assert (args["k_scale"].cpu()[args["k_scale"].cpu() != -7.0] == 1.0).all()
 
 
+def assert_iscore(iscore: torch.Tensor, tokens: int, scores, want, bound) -> torch.Tensor:
+    """The launch wrote exactly the iscore pairs the reference scores (the
+    current tag), -inf where it says -inf, every other value within the bound;
+    returns the written mask."""
+    pairs = iscore.cpu().view(torch.int32).view(16, 8192, 2)[:tokens]
+    written = pairs[..., 1] == expected_tag(0)
+    assert torch.equal(written, want), f"{(written != want).sum().item()} iscore slots differ in being written"
+    got = pairs[..., 0].view(torch.float32)
+    finite = torch.isfinite(scores[want])
+    assert torch.equal(torch.isfinite(got[want]), finite), "-inf blocks differ"
+    err = (got[want] - scores[want]).abs()[finite]
+    assert (err <= bound[want][finite]).all(), f"max error {err.max().item()}"
+    return written
+
+
 SCORE_CASES = [  # (tokens, q_len, contexts of the requests' last rows[, init_blocks, local_blocks])
     (1, 1, [65536]),
     (1, 1, [2048]),             # 16 blocks: kept whole, nothing scored
@@ -220,16 +235,9 @@ def test_index_scores(case_args):
     )
     kernel(**args)
     torch.cuda.synchronize()
-    pairs = args["iscore"].cpu().view(torch.int32).view(16, 8192, 2)[:tokens]
-    written = pairs[..., 1] == expected_tag(0)
     scores, want, bound = ref.index_scores(args["iq_out"].cpu().view(tokens, 128), args["index_cache"].cpu(),
                                            case["block_table"], case["seq_lens"], q_len, init_blocks, local_blocks)
-    assert torch.equal(written, want), f"{(written != want).sum().item()} iscore slots differ in being written"
-    got = pairs[..., 0].view(torch.float32)
-    err = (got[want] - scores[want]).abs()
-    finite = torch.isfinite(scores[want])
-    assert torch.equal(torch.isfinite(got[want]), finite), "-inf blocks differ"
-    assert (err[finite] <= bound[want][finite]).all(), f"max error {err[finite].max().item()}"
+    written = assert_iscore(args["iscore"], tokens, scores, want, bound)
     untouched = args["iscore"].cpu().view(16, 8192, 8)
     assert (untouched[:tokens][~written] == 0x5A).all() and (untouched[tokens:] == 0x5A).all()
     # nothing unscored with this many tokens' contexts? at least one case scores something
@@ -312,13 +320,7 @@ def test_index_context_parallel(own, tokens, q_len, contexts):
     iq_all = ref.index_q_heads(qkv_for_iq, inp["g_iq"], inp["cos_sin"], inp["positions"], 1e-6, 4)
     scores, want, bound = ref.index_scores(iq_all, args["index_cache"].cpu(), case["block_table"], case["seq_lens"],
                                            q_len, index_heads=4, index_own=own)
-    pairs = args["iscore"].cpu().view(torch.int32).view(16, 8192, 2)[:tokens]
-    written = pairs[..., 1] == expected_tag(0)
-    assert torch.equal(written, want), f"{(written != want).sum().item()} iscore slots differ in being written"
-    vals = pairs[..., 0].view(torch.float32)
-    finite = torch.isfinite(scores[want])
-    assert torch.equal(torch.isfinite(vals[want]), finite)
-    assert ((vals[want] - scores[want]).abs()[finite] <= bound[want][finite]).all()
+    assert_iscore(args["iscore"], tokens, scores, want, bound)
 
 
 def test_index_scores_read_this_launchs_keys():
@@ -347,9 +349,4 @@ def test_index_scores_read_this_launchs_keys():
     assert scored_new, "the case must put new keys into scored blocks"
     scores, want, bound = ref.index_scores(args["iq_out"].cpu().view(tokens, 128), args["index_cache"].cpu(),
                                            case["block_table"], case["seq_lens"], q_len)
-    pairs = args["iscore"].cpu().view(torch.int32).view(16, 8192, 2)[:tokens]
-    written = pairs[..., 1] == expected_tag(0)
-    assert torch.equal(written, want)
-    vals = pairs[..., 0].view(torch.float32)
-    finite = torch.isfinite(scores[want])
-    assert ((vals[want] - scores[want]).abs()[finite] <= bound[want][finite]).all()
+    assert_iscore(args["iscore"], tokens, scores, want, bound)
