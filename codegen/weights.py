@@ -31,7 +31,7 @@ import torch
 
 from codegen.targets import Target, get_target
 
-__all__ = ["preshuffle", "unshuffle", "preshuffled_offset"]
+__all__ = ["preshuffle", "unshuffle", "preshuffled_offset", "preshuffle_mx", "unshuffle_mx", "preshuffled_mx_offset"]
 
 # Byte-tensor views (logical [N, K] -> factored dims) and the permutation that
 # orders the factored dims as they appear in the shuffled address, outermost
@@ -103,3 +103,53 @@ def preshuffled_offset(n: int, k: int, K: int, target: Target | str) -> int:
     lane = (n % 8) * 4 + (k % 16) // 4
     reg = (n % 16) // 8 + 2 * ((k % 32) // 16)
     return (n // 16) * (16 * K) + (k // 32) * 512 + lane * 16 + reg * 4 + (k % 4)
+
+
+# ---- MXFP8 weights (DeepSeek-V4.1): every MMA covers exactly one 32-k scale block --------
+#
+# * sm90: the layout above. A 32-k chunk is one MX block already.
+# * AMD (ours): one 16-byte load of lane l = (kq = l // 16, row l % 16) holds 8 k of each of
+#   the two blocks of a 64-k chunk, one v_mfma_f32_16x16x32_fp8_fp8 operand each::
+#
+#       addr = (n//16)*16K + (k//64)*1024 + ((k%32)//8)*256 + (n%16)*16 + ((k%64)//32)*8 + (k%8)
+#
+#   view [G, n16, C64, kb2, kq4, k8] -> [G, C64, kq4, n16, kb2, k8].
+_AMD_MX_PERM = (0, 2, 4, 1, 3, 5)
+
+
+def _mx_factored(n: int, k: int) -> tuple[int, ...]:
+    return (n // 16, 16, k // 64, 2, 4, 8)
+
+
+def preshuffle_mx(w: torch.Tensor, target: Target | str) -> torch.Tensor:
+    """Logical ``[N, K]`` MXFP8 weight -> the byte order the target's
+    ``mx_gemv16_partial`` reads (sm90: :func:`preshuffle`'s; AMD: the layout
+    above), as ``[N, K]`` of ``w``'s dtype. Only permutes bytes."""
+    t = _target(target)
+    if t.vendor != "amd":
+        return preshuffle(w, t)
+    n, k = _check(w, "preshuffle_mx")
+    u = w.contiguous().view(torch.uint8)
+    out = u.reshape(_mx_factored(n, k)).permute(_AMD_MX_PERM).contiguous()
+    return out.reshape(n, k).view(w.dtype)
+
+
+def unshuffle_mx(ws: torch.Tensor, target: Target | str) -> torch.Tensor:
+    """Inverse of :func:`preshuffle_mx`."""
+    t = _target(target)
+    if t.vendor != "amd":
+        return unshuffle(ws, t)
+    n, k = _check(ws, "unshuffle_mx")
+    shape = _mx_factored(n, k)
+    permuted = tuple(shape[p] for p in _AMD_MX_PERM)
+    inv = tuple(_AMD_MX_PERM.index(i) for i in range(len(_AMD_MX_PERM)))
+    out = ws.contiguous().view(torch.uint8).reshape(permuted).permute(inv).contiguous()
+    return out.reshape(n, k).view(ws.dtype)
+
+
+def preshuffled_mx_offset(n: int, k: int, K: int, target: Target | str) -> int:
+    """Byte offset of logical ``W[n, k]`` in :func:`preshuffle_mx`'s buffer."""
+    t = _target(target)
+    if t.vendor != "amd":
+        return preshuffled_offset(n, k, K, t)
+    return (n // 16) * (16 * K) + (k // 64) * 1024 + ((k % 32) // 8) * 256 + (n % 16) * 16 + ((k % 64) // 32) * 8 + (k % 8)

@@ -1,0 +1,165 @@
+"""Stage kind ``gemv_mxfp8``: MXFP8 activations times an MXFP8 weight (E4M3
+bytes, one E8M0 code per 32 x 32 block), 16 rows a unit, per-block scales
+applied in f32 (contract B.5.2, B.5.5).
+
+Units: ``u = part * ROW_TILES + tile`` (rows ``16 tile ..``, K part ``part``
+of ``k_parts``), round robin over the stage's CTAs. A CTA issues its first
+unit's weight loads before it waits on anything, and each next unit's while
+it computes the current one.
+
+The inner loop (device library ``mx_gemv16_partial``) splits a unit's K into
+chunks of one 16-byte weight load per lane (sm90: 32 k = one MX block, for
+``mma.sync m16n8k32``; AMD: 64 k = two blocks, two ``mfma 16x16x32``); warp
+w takes chunks ``w, w + WAVES, ...`` in that order. Per block, per token
+column (f32, each step rounded; the MMA's own order inside a block):
+
+    d   = mma(w_block, x_block, 0)
+    acc = acc + (d * 2^(sx - 127)) * 2^(sw - 127)
+
+then ``P = sum over warps in warp order`` (starting from 0.0). Epilogues:
+
+* ``partials``: P as f32 into a pairs region at ``(part * S + t) * ROWS + row``.
+* ``rope_bf16``: ``v = bf16(P)``; rows at head dims >= NOPE get GPT-J RoPE per
+  row pair (``e0 = v0*c - v1*s, e1 = v0*s + v1*c``, f32, no fma), then bf16
+  into the ABI tensor at ``t * ROWS + row``.
+
+gfx950's scaled MFMA (``v_mfma_scale_f32_16x16x128_f8f6f4``, E8M0 scales in
+the instruction) compiles with clang 22 from ziglang (checked with a small
+kernel), but its operand and scale-lane layout cannot be validated without the
+hardware; both AMD targets use the 16x16x32 path, whose result the same
+reference bounds.
+
+The activations come from the stage named by ``x_from``: an ``mxfp8_quant``
+stage's words after its flags, or, when that stage is not in the build, x
+quantized by the GEMV CTA itself (every token of its K part, into LDS; the
+same bits); or an ``mla_norm_rope`` stage's QX8 after its flags."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import field_validator
+
+from ..spec.models import Expr, Name, PerTarget, StageBase, per_target
+from .gemv_fp8 import K_CHUNK
+from .mxfp8_quant import MX_BLOCK, check_point, mx_fp8_max
+
+KIND = "gemv_mxfp8"
+ROWS_PER_UNIT = 16  # one MMA tile of output rows
+MMA_COLUMNS = 16  # token columns of one pass of the inner loop
+ROW_PAD_WORDS = 4  # LDS row padding: token rows land on different banks
+SCALE_PAD = 4
+SOURCES = ("mxfp8_quant", "mla_norm_rope")
+# 16-byte weight loads per lane kept in flight: a CTA issues the weights of as many of its
+# units as fit (at least one) before it waits on anything. 12 x 4 registers: every unit of
+# a CTA at TP4 (wq_b: 4 units x 3 chunks on sm90), half of them at TP2 (within 128 registers).
+PREFETCH_LOADS = 12
+
+
+class Model(StageBase):
+    kind: Literal["gemv_mxfp8"]
+    weight: Name  # ABI fp8 [rows, k], MX-preshuffled for the target (codegen.weights.preshuffle_mx)
+    weight_scale: Name  # ABI u8 [rows / 32, k / 32]: E8M0 codes
+    rows: Expr
+    k: Expr
+    k_parts: Expr = 1  # K split: units per row tile
+    x_from: Name  # the stage publishing the activations (mxfp8_quant or mla_norm_rope)
+    epilogue: Literal["partials", "rope_bf16"]
+    out: Name  # partials: pairs region; rope_bf16: ABI bf16 tensor [tokens, .., rows]
+    head_dim: Expr = "HEAD_DIM"  # rope_bf16: rows per head
+    nope: Expr = "NOPE"  # rope_bf16: head dims before the RoPE dims
+    cos_sin: Name = "cos_sin"  # rope_bf16: ABI f32 [positions, 64]
+    pos: Name = "pos"  # rope_bf16: ABI i64 [tokens]
+    token_tile: PerTarget = PerTarget(default=48)  # token rows resident in LDS
+    done_point: Name | None = None
+
+    _tile = field_validator("token_tile", mode="before")(classmethod(lambda cls, v: per_target(v)))
+
+
+def lower(stage: Model, ctx) -> dict:
+    """Template values: unit layout, chunks per wave, LDS tiles, the source."""
+    t = ctx.target
+    rows = ctx.integer(stage.rows, ("rows",))
+    k = ctx.integer(stage.k, ("k",))
+    parts = ctx.integer(stage.k_parts, ("k_parts",))
+    chunk = K_CHUNK[t.vendor]
+    if rows % 32:
+        ctx.fail(("rows",), f"rows = {rows} is not a multiple of 32 (the weight's scale blocks)")
+    if k % (parts * chunk):
+        ctx.fail(("k_parts",), f"K = {k} does not split into {parts} parts of whole {chunk}-k chunks")
+    units = rows // ROWS_PER_UNIT * parts
+    if ctx.task_count != units:
+        ctx.fail(("tasks",), f"{ctx.task_count} tasks != (rows / 16) x k_parts = {units}",
+                 "set tasks to rows // 16 * k_parts")
+    kp = k // parts
+    nc = kp // chunk
+    waves = ctx.threads // t.wave_size
+    ctx.abi_arg(stage.weight, ("weight",))
+    ctx.abi_arg(stage.weight_scale, ("weight_scale",))
+
+    src = next((s for s in ctx.loaded.spec.stages if s.name == stage.x_from), None)
+    if src is None or src.kind not in SOURCES:
+        ctx.fail(("x_from",), f"no stage {stage.x_from!r} of kind {' or '.join(SOURCES)}",
+                 "name the stage that publishes the activations")
+    pub = src.published()
+    inline = not ctx.stage_active(src.name)
+    if inline and src.kind != "mxfp8_quant":
+        ctx.fail(("x_from",), f"stage {src.name!r} is not in this build and only an mxfp8_quant source can be inlined")
+    src_k = ctx.integer(src.k if src.kind == "mxfp8_quant" else src.q_rank, ("x_from",))
+    src_parts = ctx.integer(pub["parts"], ("x_from",))
+    if src_k != k or src_parts not in (1, parts):
+        ctx.fail(("x_from",), f"stage {src.name!r} publishes rows of {src_k} values in {src_parts} part(s); "
+                 f"this GEMV needs {k} values in {parts}")
+    copies = ctx.integer(pub["copies"], ("x_from",))
+    flag_stride = ctx.integer(pub["flag_stride"], ("x_from",))
+
+    tokens = ctx.tokens
+    tile = min(tokens, ctx.integer(stage.token_tile.for_target(t.name), ("token_tile",)))
+    if inline and tile < tokens:
+        ctx.fail(("token_tile",), f"quantizing x here needs every token in LDS ({tile} < {tokens})",
+                 "raise token_tile or let the quant stage run for this build")
+    xstride = kp // 4 + ROW_PAD_WORDS
+    sstride = kp // MX_BLOCK + SCALE_PAD
+    ctx.lds(stage.name, "x", "u32", tile * xstride)
+    ctx.lds(stage.name, "xs", "float", tile * sstride)
+    ctx.lds(stage.name, "part", "float", waves * ROWS_PER_UNIT * MMA_COLUMNS)
+
+    rope = {}
+    if stage.epilogue == "partials":
+        ctx.region(stage.out, ("out",), kind="pairs")
+    else:
+        ctx.abi_arg(stage.out, ("out",))
+        ctx.abi_arg(stage.cos_sin, ("cos_sin",))
+        ctx.abi_arg(stage.pos, ("pos",))
+        head_dim = ctx.integer(stage.head_dim, ("head_dim",))
+        nope = ctx.integer(stage.nope, ("nope",))
+        if rows % head_dim or head_dim % ROWS_PER_UNIT or not 0 <= nope < head_dim or (head_dim - nope) % 2:
+            ctx.fail(("head_dim",), f"rows {rows}, head_dim {head_dim}, nope {nope}: heads of whole 16-row units "
+                     "with an even number of RoPE dims expected")
+        if parts != 1:
+            ctx.fail(("k_parts",), "the rope_bf16 epilogue needs whole rows (k_parts: 1)")
+        rope = {"head_dim": head_dim, "nope": nope, "rope": head_dim - nope}
+    check_point(stage, ctx)
+    return {
+        "rows": rows,
+        "k": k,
+        "k_parts": parts,
+        "kp": kp,
+        "nc": nc,
+        "cpw": -(-nc // waves),
+        "prefetch": max(1, PREFETCH_LOADS // -(-nc // waves)),
+        "tile": tile,
+        "n_tiles": -(-tokens // tile),
+        "xstride": xstride,
+        "sstride": sstride,
+        "inline": inline,
+        "src": pub,
+        "src_kind": src.kind,
+        "src_fields": src,
+        "src_parts": src_parts,
+        "copies": copies,
+        "flag_stride": flag_stride,
+        "mx_fp8_max": mx_fp8_max(t),
+        "rope": rope,
+        "fields": stage,
+    }

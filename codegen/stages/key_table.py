@@ -1,0 +1,61 @@
+"""Stage kind ``key_table``: each token's attention keys for the attention
+kernel (contract B.5.6), one task per token, integer-exact.
+
+    live   = slot[t] >= 0
+    ntopk  = live and ratio > 0 ? min((pos[t] + 1) / ratio, TOPK) : 0
+    kv_len = ntopk + (live ? swa_lens[t] : 0)
+    KT[t][k] = (comp_bt[t2r[t] * bt_stride + local / comp_block] * comp_block
+                + local % comp_block) | 1 << 31     k < ntopk, local = topk[t][k] >= 0
+             = -1                                   k < ntopk, local < 0
+             = swa_idx[t][min(k - ntopk, WINDOW - 1)]   k < kv_len
+             = -1                                   otherwise
+    KLEN[t] = kv_len;  KLEN[S + t] = ntopk
+
+Bit 31 marks a compressed-cache slot. Tables are read only where an entry
+needs them (a pad row's request index is never used)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from ..spec.models import Expr, Name, StageBase
+from .mxfp8_quant import check_point
+
+KIND = "key_table"
+
+
+class Model(StageBase):
+    kind: Literal["key_table"]
+    keys: Expr = "KEYS"  # entries of a token's row (TOPK + WINDOW)
+    topk_keys: Expr = "TOPK"  # top-k entries of a token (the topk row's width)
+    window: Expr = "WINDOW"  # window entries of a token (swa_idx's row width)
+    ratio: Expr = "ratio"  # compress ratio (0: no top-k keys)
+    done_point: Name | None = None
+    # ABI arguments (the seed's names)
+    pos: Name = "pos"
+    slot: Name = "slot"
+    swa_idx: Name = "swa_idx"
+    swa_lens: Name = "swa_lens"
+    topk: Name = "topk"
+    t2r: Name = "t2r"
+    comp_bt: Name = "comp_bt"
+    comp_block: Name = "comp_block"
+    bt_stride: Name = "bt_stride"
+    kt: Name = "kt"
+    klen: Name = "klen"
+
+
+def lower(stage: Model, ctx) -> dict:
+    """Template values: row widths and the ratio."""
+    keys = ctx.integer(stage.keys, ("keys",))
+    topk = ctx.integer(stage.topk_keys, ("topk_keys",))
+    window = ctx.integer(stage.window, ("window",))
+    ratio = ctx.integer(stage.ratio, ("ratio",), minimum=0)
+    if keys != topk + window:
+        ctx.fail(("keys",), f"keys {keys} != topk_keys + window = {topk + window}")
+    if ctx.task_count != ctx.tokens:
+        ctx.fail(("tasks",), f"{ctx.task_count} tasks: one per token ({ctx.tokens}) expected", "set tasks to tokens")
+    for f in ("pos", "slot", "swa_idx", "swa_lens", "topk", "t2r", "comp_bt", "comp_block", "bt_stride", "kt", "klen"):
+        ctx.abi_arg(getattr(stage, f), (f,))
+    check_point(stage, ctx)
+    return {"n_keys": keys, "topk": topk, "window": window, "ratio": ratio, "fields": stage}

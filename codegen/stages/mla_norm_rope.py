@@ -1,0 +1,123 @@
+"""Stage kind ``mla_norm_rope``: DeepSeek-V4.1's per-token step between the
+two GEMVs (contract B.5.3, B.5.4), one task per token.
+
+256 threads: thread tt owns q columns ``8tt .. 8tt + 7`` (tt < Q_RANK / 8)
+and kv columns ``2tt, 2tt + 1``; threads 256.. take part in the barriers and
+shuffles only.
+
+    v      = bf16(P_0 + P_1)                      the K halves' fp32 partials (f32 add)
+    ss_tt  = v0*v0 + v1*v1 + ...                  plain f32 mul then add, columns in order
+    G_g    = butterfly 16, 8, 4, 2, 1 over the 32-lane group g (threads 32g ..)
+    tot    = ((G0+G1)+(G2+G3))+((G4+G5)+(G6+G7))  q: groups of threads past 160 are 0
+    r      = rsq(RN(tot / N) + EPS)               (sm90: correctly rounded; AMD v_rsq_f32)
+    ys     = bf16((x * r) * f32(qn_w))            q_norm (plain RMSNorm weight, not 1 + w)
+    kn     = bf16((x * r) * f32(kvn_w))           kv_norm
+
+q: ys -> MXFP8 (``mx_quant8f``: a 32-block = 4 threads) -> QX8 words ``t *
+Q_RANK/4 + 2tt``, codes ``t * Q_RANK/32 + tt/4``, then the QRDY flag of token t
+(every copy). Index builds also store ``qr_out[t] = ys`` (bf16).
+
+kv: GPT-J RoPE on dims NOPE.. (``e0 = bf16(kn0*c - kn1*s)``, ``e1 =
+bf16(kn0*s + kn1*c)``, f32 mul / sub / add), the NoPE dims as they are; the
+fp8_ds_mla record at ``slot`` (skipped when slot < 0): 64-dim NoPE block b =
+threads 32b .. 32b + 31, ``rcode = ceil_exp(RN(max(amax, 1e-4) / FP8_MAX))``,
+bytes ``fp8(clamp(e * 2^(127 - rcode), +-FP8_MAX))``; RoPE dims as bf16; the 7
+codes and a zero pad byte in the block's scale row. Non-tuned builds raise
+QRDY after the record's stores; tuned builds before them (only QX8 is waited
+on in this launch)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from ..spec.models import Expr, Name, StageBase
+from .mxfp8_quant import check_copies, check_point, mx_fp8_max
+
+KIND = "mla_norm_rope"
+NORM_THREADS = 256
+Q_PER_THREAD = 8
+KV_PER_THREAD = 2
+GROUP = 32  # lanes of a butterfly group, and of a record's 64-dim block
+RECORD_BLOCK = 64
+RECORD_SCALE_BYTES = 8  # 7 UE8M0 codes + a pad byte
+RECORD_FLOOR = 1e-4  # amax floor of a record block
+
+
+class Model(StageBase):
+    kind: Literal["mla_norm_rope"]
+    partials: Name  # pairs region: the wqkv GEMV's fp32 partials, (part * S + t) * (q_rank + kv_dim) + row
+    k_parts: Expr = 2  # partials per value
+    q_rank: Expr = "Q_RANK"
+    kv_dim: Expr = "KV_DIM"
+    nope: Expr = "NOPE"  # kv dims before the RoPE dims
+    eps: Expr = "EPS"
+    out: Name  # words region: QX8
+    codes: Name  # words region: QX8's E8M0 codes (int32)
+    ready: Name  # flags region: token t's QX8 ready (per copy)
+    copies: Expr = 1
+    flag_stride: Expr
+    index: Expr = "index"  # index builds: write qr_out
+    tuned: Expr = "tuned"  # QRDY before the record
+    done_point: Name | None = None
+    # ABI arguments (the seed's names)
+    qn_w: Name = "qn_w"
+    kvn_w: Name = "kvn_w"
+    cos_sin: Name = "cos_sin"
+    pos: Name = "pos"
+    slot: Name = "slot"
+    swa: Name = "swa"
+    swa_stride: Name = "swa_stride"
+    swa_block: Name = "swa_block"
+    qr_out: Name = "qr_out"
+
+    def published(self) -> dict:
+        """What a consumer reads: QX8 regions, one flag a token."""
+        return {"words": self.out, "codes": self.codes, "ready": self.ready, "parts": 1,
+                "copies": self.copies, "flag_stride": self.flag_stride}
+
+
+def lower(stage: Model, ctx) -> dict:
+    """Template values: the thread layout's sizes, record layout, build switches."""
+    q_rank = ctx.integer(stage.q_rank, ("q_rank",))
+    kv_dim = ctx.integer(stage.kv_dim, ("kv_dim",))
+    nope = ctx.integer(stage.nope, ("nope",))
+    parts = ctx.integer(stage.k_parts, ("k_parts",))
+    if q_rank % (4 * Q_PER_THREAD) or q_rank > Q_PER_THREAD * NORM_THREADS:
+        ctx.fail(("q_rank",), f"q_rank {q_rank}: whole 32-blocks over at most {NORM_THREADS} threads of {Q_PER_THREAD}")
+    if kv_dim != KV_PER_THREAD * NORM_THREADS:
+        ctx.fail(("kv_dim",), f"kv_dim {kv_dim} != {KV_PER_THREAD} x {NORM_THREADS} threads")
+    if nope % RECORD_BLOCK or not 0 < nope < kv_dim:
+        ctx.fail(("nope",), f"nope {nope}: whole {RECORD_BLOCK}-dim record blocks below kv_dim expected")
+    if (nope // RECORD_BLOCK) >= RECORD_SCALE_BYTES:
+        ctx.fail(("nope",), f"{nope // RECORD_BLOCK} record blocks do not fit {RECORD_SCALE_BYTES - 1} code bytes")
+    if parts != 2:
+        ctx.fail(("k_parts",), "the partials come in 2 K halves (contract B.5.2)")
+    if ctx.threads < NORM_THREADS:
+        ctx.fail(("tasks",), f"{NORM_THREADS} threads needed, the grid has {ctx.threads}")
+    if ctx.task_count != ctx.tokens:
+        ctx.fail(("tasks",), "one task per token expected", "set tasks to tokens")
+    ctx.region(stage.partials, ("partials",), kind="pairs")
+    ctx.region(stage.out, ("out",), kind="words")
+    ctx.region(stage.codes, ("codes",), kind="words")
+    ctx.region(stage.ready, ("ready",), kind="pairs")
+    copies, stride = check_copies(stage, ctx, ctx.tokens)
+    for f in ("qn_w", "kvn_w", "cos_sin", "pos", "slot", "swa", "swa_stride", "swa_block", "qr_out"):
+        ctx.abi_arg(getattr(stage, f), (f,))
+    check_point(stage, ctx)
+    ctx.lds(stage.name, "red", "float", 32)  # group sums (q 0..7, kv 8..15), record codes 16..
+    rope = kv_dim - nope
+    return {
+        "q_rank": q_rank,
+        "kv_dim": kv_dim,
+        "nope": nope,
+        "rope": rope,
+        "record_data": nope + 2 * rope,
+        "record_blocks": nope // RECORD_BLOCK,
+        "eps": float(ctx.evaluate(stage.eps, ("eps",))),
+        "index": bool(ctx.evaluate(stage.index, ("index",))),
+        "tuned": bool(ctx.evaluate(stage.tuned, ("tuned",))),
+        "copies": copies,
+        "flag_stride": stride,
+        "mx_fp8_max": mx_fp8_max(ctx.target),
+        "fields": stage,
+    }

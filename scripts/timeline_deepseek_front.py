@@ -1,0 +1,42 @@
+"""Where a DeepSeek-V4.1 attn_front launch spends its time (sm90): a timeline
+build's per-CTA stamps (%globaltimer, ns), as microseconds after the first
+CTA's start: min / median / max over the CTAs that reached each point.
+
+    PYTHONPATH=. python3 scripts/timeline_deepseek_front.py [out.txt]"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+
+import codegen
+from tests import deepseek_case as dc
+
+SPEC = "deepseek_v41/attn_front"
+BUILDS = [dict(tokens=1, tp=4), dict(tokens=16, tp=4), dict(tokens=48, tp=4), dict(tokens=48, tp=2)]
+
+
+def main() -> None:
+    out = open(sys.argv[1], "w") if len(sys.argv) > 1 else sys.stdout
+    dc.precompile([dict(b, timeline=True) for b in BUILDS])
+    for b in BUILDS:
+        k = codegen.load(SPEC, timeline=True, **b)
+        case = dc.make_case(b["tokens"], b["tp"], 1, "sm90", seed=2)
+        args = dc.launch_args(case, k.workspace("cuda"))
+        for _ in range(5):  # warm: the last of five launches
+            k(**args)
+        torch.cuda.synchronize()
+        tl = args["tl"].cpu().double()
+        t0 = tl[:, 0].min()
+        print(f"S={b['tokens']} tp={b['tp']}: us after the first CTA's start (min / median / max over CTAs)", file=out)
+        for p, name in enumerate(k.ir.timeline_points):
+            v = tl[:, p]
+            v = (v[v > 0] - t0) / 1e3
+            if v.numel():
+                print(f"  {name:12s} {v.min():7.2f} {v.median():7.2f} {v.max():7.2f}  ({v.numel()} CTAs)", file=out)
+    out.flush()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,69 @@
+"""The GPU test's checks (tests/deepseek_case.py) on a CPU: the reference
+plays the kernel (``simulate``), so every check must pass; then single
+corruptions of what the kernel writes must each be caught."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from codegen.lower import lower
+
+from . import deepseek_case as dc
+
+SPEC = "deepseek_v41/attn_front"
+
+
+def run_case(tokens, tp=4, ratio=1, target="sm90", **flags):
+    ir = lower(SPEC, target=target, tokens=tokens, tp=tp, ratio=ratio, **flags)
+    case = dc.make_case(tokens, tp, ratio, target, seed=tokens * 7 + tp + ratio,
+                        swa_block=64 if tokens % 2 else 128, pad_rows=(1, 4), swa_pad=64 if tokens > 4 else 0)
+    ws = {"scratch": torch.zeros(ir.scratch_bytes, dtype=torch.uint8), "epoch": torch.zeros(2, dtype=torch.int32),
+          "tl": None}
+    args = dc.launch_args(case, ws, device="cpu")
+    dc.simulate(case, ir, args)
+    return ir, case, args
+
+
+@pytest.mark.parametrize("tokens,tp,ratio,flags", [
+    (1, 4, 1, {}), (6, 2, 2, {}), (17, 4, 0, {}), (6, 4, 1, {"index": True}), (17, 4, 2, {"tuned": True}),
+])
+def test_simulated_kernel_passes(tokens, tp, ratio, flags):
+    ir, case, args = run_case(tokens, tp, ratio, **flags)
+    stats = dc.check(case, ir, args)
+    assert stats["q_exact_frac"] > 0.99  # the kernel-order emulation of exact per-block MMAs
+
+
+@pytest.fixture(scope="module")
+def simulated():
+    return run_case(6, 4, 1)
+
+
+@pytest.mark.parametrize("corrupt", ["kt", "klen", "qx8", "qx8s", "swa_canary", "swa_record", "q", "partial", "tag"])
+def test_corruptions_are_caught(simulated, corrupt):
+    ir, case, args = simulated
+    args = {k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in args.items()}
+    r = ir.region
+    sc = args["scratch"]
+    if corrupt == "kt":
+        args["kt"][2, 5] ^= 1
+    elif corrupt == "klen":
+        args["klen"][7] += 1
+    elif corrupt == "qx8":
+        sc[r("qx8").offset + 100] ^= 1
+    elif corrupt == "qx8s":
+        sc[r("qx8s").offset + 4] ^= 1
+    elif corrupt == "swa_canary":
+        args["swa"][-1] ^= 0xFF
+    elif corrupt == "swa_record":
+        sl = int(case.inputs["slot"][0])
+        base = (sl // case.swa_block) * case.swa_stride + (sl % case.swa_block) * 576
+        args["swa"][base + 10] ^= 0x01
+    elif corrupt == "q":
+        args["q"][1, 3, 450] = args["q"][1, 3, 450] * 1.5 + 1
+    elif corrupt == "partial":
+        sc[r("qkvp").offset + 8 * 77: r("qkvp").offset + 8 * 77 + 4].view(torch.float32).mul_(1.01)
+    elif corrupt == "tag":
+        sc[r("qkvp").offset + 8 * 5 + 4] ^= 2
+    with pytest.raises(AssertionError):
+        dc.check(case, ir, args)

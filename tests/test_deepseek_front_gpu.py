@@ -1,0 +1,142 @@
+"""DeepSeek-V4.1 attn_front on the GPU against the PyTorch reference
+(contract B, C.2; the checks and tolerances: tests/deepseek_case.py).
+
+Builds: S in {1, 6, 16, 17, 48} (17 and 48 through the xq stage), TP 2 and 4,
+ratio 0 / 1 / 2, index and tuned on and off, timeline; pad rows (slot -1),
+SWA blocks of 64 and 128 tokens, padded block strides. Each build launches
+twice (the second launch: the next epoch's tags, the same bits); one build
+is replayed from a CUDA graph."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+
+import codegen
+
+from . import deepseek_case as dc
+
+pytestmark = pytest.mark.gpu
+
+SPEC = "deepseek_v41/attn_front"
+# (tokens, tp, ratio, flags, swa_block, pad rows, swa block padding)
+CASES = [
+    (1, 4, 1, {}, 128, (), 0),
+    (6, 4, 2, {}, 64, (1, 4), 64),
+    (16, 4, 0, {}, 128, (3,), 0),
+    (17, 4, 1, {}, 64, (0, 16), 8),
+    (48, 4, 2, {}, 128, (5, 47), 0),
+    (1, 2, 0, {}, 64, (), 0),
+    (16, 2, 1, {}, 128, (2,), 64),
+    (48, 2, 1, {}, 64, (7,), 0),
+    (6, 4, 1, {"index": True}, 128, (2,), 0),
+    (48, 2, 2, {"index": True}, 64, (1,), 8),
+    (1, 4, 1, {"tuned": True}, 128, (), 0),
+    (17, 2, 2, {"tuned": True}, 64, (3,), 0),
+    (48, 4, 0, {"tuned": True, "index": True}, 128, (9,), 64),
+    (6, 4, 1, {"timeline": True}, 64, (), 0),
+]
+STATS: dict = {}
+
+
+def case_id(c):
+    s, tp, ratio, flags, blk, pads, pad = c
+    return f"s{s}-tp{tp}-r{ratio}" + "".join(f"-{k}" for k in flags) + f"-b{blk}"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _builds_compiled():
+    """Compile every build ahead in parallel (into $MONO_CACHE_DIR, when set);
+    write the measured error statistics at the end."""
+    if os.environ.get("MONO_CACHE_DIR") and torch.cuda.is_available():
+        dc.precompile([dict(tokens=c[0], tp=c[1], ratio=c[2], **c[3]) for c in CASES])
+    yield
+    out = os.environ.get("OUT")
+    if out and STATS:
+        with open(os.path.join(out, "deepseek_front_stats.json"), "w") as f:
+            json.dump(STATS, f, indent=1)
+
+
+HANG_S = 30.0  # a launch still running after this long waits on a flag that never comes
+
+
+def launch(kernel, args) -> None:
+    """Launch and wait, failing fast on a hang: a kernel stuck in a mailbox wait
+    would block every later test, so the process ends with a message."""
+    import sys
+    import time
+
+    kernel(**args)
+    done = torch.cuda.Event()
+    done.record()
+    t0 = time.time()
+    while not done.query():
+        if time.time() - t0 > HANG_S:
+            print(f"HANG: {kernel.ir.kernel} [{kernel.ir.build.label()}] still running after {HANG_S} s", file=sys.stderr, flush=True)
+            os._exit(3)
+        time.sleep(0.001)
+
+
+def setup(c, seed=0):
+    s, tp, ratio, flags, blk, pads, pad = c
+    kernel = codegen.load(SPEC, tokens=s, tp=tp, ratio=ratio, **flags)
+    case = dc.make_case(s, tp, ratio, kernel.target.name, seed=seed + 11 * s + tp + ratio, swa_block=blk,
+                        pad_rows=pads, swa_pad=pad)
+    ws = kernel.workspace("cuda")
+    return kernel, case, dc.launch_args(case, ws)
+
+
+@pytest.mark.parametrize("c", CASES, ids=case_id)
+def test_front(c):
+    kernel, case, args = setup(c)
+    launch(kernel, args)
+    stats = dc.check(case, kernel.ir, args, epoch=0)
+    assert args["epoch"].cpu().tolist() == [1, 0], "the last CTA advances the epoch and resets the count"
+    first = dc.read_scratch(kernel.ir, args["scratch"], case.tokens)
+    q_first = args["q"].clone()
+
+    # again: the next epoch's tags, the same bits (q poisoned in between)
+    args["q"].view(torch.int16).fill_(dc.POISON_BF16)
+    launch(kernel, args)
+    stats2 = dc.check(case, kernel.ir, args, epoch=1)
+    again = dc.read_scratch(kernel.ir, args["scratch"], case.tokens)
+    assert torch.equal(again["partials"], first["partials"]) and torch.equal(again["qx8"].view(torch.uint8), first["qx8"].view(torch.uint8))
+    assert torch.equal(args["q"].view(torch.int16), q_first.view(torch.int16))
+    STATS[case_id(c)] = stats | {"second": stats2}
+    if c[3].get("index"):  # qr_out is optional: None is not written (and nothing else changes)
+        launch(kernel, dict(args, qr_out=None))
+        assert torch.equal(args["q"].view(torch.int16), q_first.view(torch.int16))
+    if c[3].get("timeline"):
+        tl = args["tl"].cpu()
+        pts = kernel.ir.timeline_points
+        start, done = tl[:, pts.index("start")], tl[:, pts.index("stages_done")]
+        assert (start > 0).all() and (done >= start).all()
+        for p in ("kt_done", "wqkv_done", "qkv_done", "wqb_done"):
+            v = tl[:, pts.index(p)]
+            assert ((v == 0) | ((v >= start) & (v <= done))).all(), p
+        assert (tl[:, pts.index("wqb_done")] > 0).all(), "every CTA has wq_b tasks"
+
+
+def test_graph_replays():
+    """20 replays of a captured launch, nothing cleared in between: the same
+    outputs, the epoch advanced once per replay on the device."""
+    c = (6, 4, 1, {}, 64, (1,), 0)
+    kernel, case, args = setup(c, seed=5)
+    launch(kernel, args)
+    q1 = args["q"].clone()
+    stream = torch.cuda.Stream()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(stream):
+        with torch.cuda.graph(graph, stream=stream):
+            kernel(**args)
+    torch.cuda.synchronize()
+    before = args["epoch"][0].item()
+    for _ in range(20):
+        graph.replay()
+    torch.cuda.synchronize()
+    assert args["epoch"][0].item() == before + 20
+    assert torch.equal(args["q"].view(torch.int16), q1.view(torch.int16))
+    dc.check(case, kernel.ir, args, epoch=before + 19)

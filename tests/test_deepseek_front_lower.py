@@ -1,0 +1,104 @@
+"""Lowering of specs/deepseek_v41/attn_front.yaml: the scratch layout of
+contract B.8, the flag copies of tuned builds, stage presence and placement
+per build, LDS budgets per target, the MX maximum per FP8 flavour, and
+located refusals of broken edits."""
+
+from __future__ import annotations
+
+import pytest
+
+from codegen.lower import lower, make_build
+from codegen.render import render
+from codegen.spec import SpecError, load_spec, parse_spec
+from codegen.spec.load import spec_path
+from codegen.targets import TARGETS
+
+SPEC = "deepseek_v41/attn_front"
+TEXT = spec_path(SPEC).read_text()
+
+
+def ir_of(target="sm90", **params):
+    loaded = load_spec(SPEC)
+    return lower(loaded, make_build(loaded, target, **params))
+
+
+@pytest.mark.parametrize("tokens,offsets", [
+    (1, [0, 5120, 5888, 6144, 34816, 36096, 36352]),
+    (16, [0, 81920, 92160, 92416, 551168, 571648, 574208]),
+    (48, [0, 245760, 276480, 277248, 1653504, 1714944, 1722624]),
+])
+def test_scratch_layout_is_b8(tokens, offsets):
+    ir = ir_of(tokens=tokens)
+    assert [r.name for r in ir.regions] == ["x8", "x8s", "xrdy", "qkvp", "qx8", "qx8s", "qrdy"]
+    assert [r.offset for r in ir.regions] == offsets
+
+
+@pytest.mark.parametrize("tokens", [1, 6, 48])
+def test_tuned_flag_copies(tokens):
+    ir = ir_of(tokens=tokens, tuned=True)
+    for name, per_copy in (("xrdy", 2 * tokens), ("qrdy", tokens)):
+        r = ir.region(name)
+        stride = -(-per_copy // 32) * 32  # each copy its own 256-byte stretch
+        assert r.count == 8 * stride and r.offset % 256 == 0 and (stride * 8) % 256 == 0
+    text = render(ir)
+    assert "constexpr int COPIES = 8;" in text and "block_id() % COPIES" in text
+
+
+@pytest.mark.parametrize("target", list(TARGETS))
+@pytest.mark.parametrize("tokens", [1, 16, 17, 48])
+def test_stages_and_placement(target, tokens):
+    ir = ir_of(target, tokens=tokens)
+    st = {s.name: s for s in ir.stages}
+    assert ("xq" in st) == (tokens > 16)
+    n_wqkv = 224
+    free = n_wqkv if ir.blocks >= n_wqkv else n_wqkv - ir.blocks  # first CTA with one wqkv unit or none
+    assert st["kt"].first == free and st["wqkv_a"].ctas == ir.blocks
+    if "xq" in st:
+        assert st["xq"].first == free and st["xq"].tasks == 2 * tokens
+    assert st["wq_b"].tasks == 16 * 512 // 16 and st["qkv"].first == 0
+    assert ir.lds_bytes <= ir.target.lds_bytes
+    assert ir.tag_stride == 2 and ir.layer_arg is None and ir.counter_arg == "epoch"
+
+
+@pytest.mark.parametrize("target", list(TARGETS))
+def test_index_tuned_tp2(target):
+    ir = ir_of(target, tokens=48, index=True, tuned=True, tp=2)
+    st = {s.name: s for s in ir.stages}
+    assert "kt" not in st
+    assert st["qkv"].first == (224 if ir.blocks >= 224 else 224 - ir.blocks)
+    assert st["wq_b"].tasks == 32 * 512 // 16
+    assert ir.arg("q").shape == (48, 32, 512)
+    assert ir.lds_bytes <= ir.target.lds_bytes
+
+
+def test_mx_fp8_max_per_flavour():
+    assert "MX_FP8_MAX = 224.0f" in render(ir_of("gfx942", tokens=4))
+    assert "MX_FP8_MAX = 448.0f" in render(ir_of("gfx950", tokens=4))
+    assert "MX_FP8_MAX = 448.0f" in render(ir_of("sm90", tokens=4))
+
+
+def test_runtime_dims():
+    ir = ir_of(tokens=3)
+    assert ir.arg("swa").shape == ("swa_bytes",)
+    assert ir.arg("cos_sin").shape == ("max_pos", 64)
+    assert ir.arg("comp_bt").shape == ("comp_reqs", "comp_cols")
+
+
+def edit(old, new):
+    assert TEXT.count(old) == 1, old
+    return TEXT.replace(old, new)
+
+
+@pytest.mark.parametrize("old,new,message", [
+    ("    x_from: qkv\n", "    x_from: kt\n", "no stage 'kt' of kind mxfp8_quant or mla_norm_rope"),
+    ("    flag_stride: QRDY_STRIDE\n", "    flag_stride: 1\n", "flag_stride 1 < 4 flags"),
+    ("    done_point: wqkv_done\n", "    done_point: wqkv_finished\n", "no timeline point 'wqkv_finished'"),
+    ("    tasks: Q_ROWS // 16\n", "    tasks: Q_ROWS // 32\n", "tasks != (rows / 16) x k_parts"),
+])
+def test_refusals_are_located(old, new, message):
+    text = edit(old, new)
+    loaded = parse_spec(text, "attn_front.yaml")
+    with pytest.raises(SpecError) as e:
+        lower(loaded, make_build(loaded, "sm90", tokens=4))
+    assert message in str(e.value)
+    assert "attn_front.yaml:" in str(e.value)
