@@ -112,10 +112,16 @@ def load_spec_file(path: str | Path) -> LoadedSpec:
 
 
 def _display(path: Path) -> str:
-    try:
-        return str(path.resolve().relative_to(Path.cwd()))
-    except ValueError:
-        return str(path)
+    """The spec's path as errors and generated headers show it: relative to the
+    repository for the project's own specs (the same from any folder), else
+    relative to the current folder where possible."""
+    resolved = path.resolve()
+    for base in (SPECS_DIR.parent, Path.cwd()):
+        try:
+            return str(resolved.relative_to(base))
+        except ValueError:
+            continue
+    return str(path)
 
 
 def spec_path(name: str) -> Path:

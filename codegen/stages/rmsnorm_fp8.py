@@ -5,7 +5,8 @@ One task per token row (contract A.5.1, A.5.2): ``acc = f32(ar) + f32(res)``,
 ``n = (acc * rsq(tot / HIDDEN + eps)) * (g + 1)``, then ``x8 = fp8(n / s)``
 with ``s = amax / FP8_MAX``. The row goes to a ``words`` mailbox region and
 its scale, the row's ready flag, to a ``pairs`` region. A GEMV stage can run
-the same math inline instead (``gemv_fp8.inline_norm``)."""
+the same math inline instead, in builds that leave this stage out
+(``gemv_fp8`` with ``norm_inline``)."""
 
 from __future__ import annotations
 
