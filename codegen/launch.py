@@ -25,14 +25,13 @@ import functools
 from dataclasses import dataclass
 from typing import Any
 
-from .lower import HANG_REGION, REGION_BYTES, Arg, KernelIR, lower, make_build
+from .lower import HANG_REGION, REGION_BYTES, SCALAR_RANGES, Arg, KernelIR, lower, make_build
 from .render import render
 from .spec import load_spec
 from .targets import Target, get_target
 
 ALIGN = 16  # every tensor argument: 16-byte loads and stores
 SCALAR_CTYPES = {"i32": "i32", "i64": "i64", "f32": "f32"}
-SCALAR_RANGES = {"i32": (-(2**31), 2**31 - 1), "i64": (-(2**63), 2**63 - 1)}  # where the ABI gives no range
 
 
 class ArgumentError(ValueError):

@@ -33,6 +33,7 @@ REGION_BYTES = {"pairs": 8, "flags": 8, "words": 4}
 CTYPES = {"bf16": "bf16_t", "f32": "float", "i32": "int", "i64": "long long", "u8": "u8", "fp8": "u8"}
 ELEM_BYTES = {"bf16": 2, "f32": 4, "i32": 4, "i64": 8, "u8": 1, "fp8": 1}
 LDS_CTYPES = {"float": 4, "u32": 4, "u64": 8}
+SCALAR_RANGES = {"i32": (-(2**31), 2**31 - 1), "i64": (-(2**63), 2**63 - 1)}  # what a scalar without a range admits
 
 
 @dataclass(frozen=True)
@@ -255,23 +256,51 @@ class _Ctx:
         return self.scope[name]
 
     def abi_arg(self, name: str, loc: tuple, dtype: str | None = None, shape: tuple | None = None,
-                written: bool = False) -> None:
+                written: bool = False, scalar: bool = False, within: tuple[int | None, int | None] | None = None) -> None:
         """Check that ABI argument ``name`` exists and, where given, that it has
         the dtype and the exact shape the stage indexes it with (the launcher
         checks tensors against the ABI, this checks the ABI against the kernel's
-        indices: together no index runs past a tensor) and is writable."""
+        indices: together no index runs past a tensor) and is writable. A
+        ``None`` in ``shape`` takes any size (a runtime dimension: indices read
+        from data). ``scalar``: a scalar argument; ``within``: its declared range
+        lies in [lo, hi] (None: unbounded on that side), e.g. a divisor >= 1.
+
+        A field the spec leaves at its default names no line of its own: a
+        mismatch is then located at the ABI entry, where the defect is."""
         if not any(a.name == name for a in self.loaded.spec.abi):
             self.fail(loc, f"no ABI argument {name!r}", "add it under 'abi' or fix the name")
         arg = self.args.get(name)
         if arg is None:
             return
+
+        def refuse(part: str, message: str, hint: str) -> None:
+            if self.loc + tuple(loc) in self.loaded.positions.lines:
+                self.fail(loc, message, hint)
+            i = next(i for i, a in enumerate(self.loaded.spec.abi) if a.name == name)
+            field = ".".join(str(p) for p in loc)
+            stage = self.loaded.spec.stages[self.loc[1]].name if self.loc[:1] == ("stages",) else "?"
+            raise _Fail(self.loaded.issue(("abi", i, part), f"[{self.build.target} {self.build.label()}] "
+                                          f"stage {stage!r} ({field}): {message}", hint))
+
         if dtype is not None and arg.dtype != dtype:
-            self.fail(loc, f"ABI argument {name!r} is {arg.dtype}, this stage needs {dtype}", f"declare it with dtype: {dtype}")
-        if shape is not None and arg.shape != tuple(shape):
-            self.fail(loc, f"ABI argument {name!r} has shape {arg.shape_text}, this stage indexes it as {list(shape)}",
-                      "declare the shape the stage indexes: a smaller tensor would be read or written past its end")
+            refuse("dtype", f"ABI argument {name!r} is {arg.dtype}, this stage needs {dtype}", f"declare it with dtype: {dtype}")
+        if scalar and arg.is_tensor:
+            refuse("shape", f"ABI argument {name!r} is a tensor {arg.shape_text}, this stage reads a scalar",
+                   "declare it without a shape (a scalar, with a range)")
+        if shape is not None and (not arg.is_tensor or len(arg.shape) != len(shape) or any(
+                w is not None and w != g for w, g in zip(shape, arg.shape))):
+            want = "[" + ", ".join("*" if w is None else str(w) for w in shape) + "]"
+            refuse("shape", f"ABI argument {name!r} has shape {arg.shape_text}, this stage indexes it as {want}",
+                   "declare the shape the stage indexes: a smaller tensor would be read or written past its end")
         if written and arg.intent == "in":
-            self.fail(loc, f"this stage writes ABI argument {name!r}, declared intent: in", "declare it with intent: out")
+            refuse("intent", f"this stage writes ABI argument {name!r}, declared intent: in", "declare it with intent: out")
+        if within is not None and not arg.is_tensor:
+            lo, hi = within
+            have = arg.range if arg.range is not None else SCALAR_RANGES.get(arg.dtype, (None, None))
+            if (lo is not None and (have[0] is None or have[0] < lo)) or (hi is not None and (have[1] is None or have[1] > hi)):
+                want = f"[{lo if lo is not None else '-inf'}, {hi if hi is not None else 'inf'}]"
+                refuse("range", f"ABI argument {name!r} admits [{have[0]}, {have[1]}], this stage needs values in {want}",
+                       f"declare range: [lo, hi] within {want}")
 
     def region(self, name: str, loc: tuple, kind: str, min_count: int | None = None) -> None:
         """Check that scratch region ``name`` exists, is of ``kind`` and holds at

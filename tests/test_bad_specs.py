@@ -1,7 +1,9 @@
 """Malformed specs are refused with a located ``SpecError``, never anything else.
 
 Every file in ``tests/bad_specs/`` is ``tests/specs/norm_gemv.yaml`` (a valid
-two-stage spec) with one defect, or a tiny spec of its own, and starts with
+two-stage spec) with one defect, ``tests/specs/attn_front.yaml`` (the
+DeepSeek-V4.1 front: mxfp8_quant, key_table, gemv_mxfp8, mla_norm_rope) with
+one defect (the ``ds_*`` files), or a tiny spec of its own, and starts with
 
     # expect: <line>: <message fragment>
 
@@ -25,6 +27,10 @@ from codegen.targets import TARGETS
 HERE = Path(__file__).resolve().parent
 BAD = sorted((HERE / "bad_specs").glob("*.yaml"))
 BASE = HERE / "specs" / "norm_gemv.yaml"
+DS_BASE = HERE / "specs" / "attn_front.yaml"  # the base of the ds_* files
+BASES = [BASE, DS_BASE]
+# the ds_* files' prefix per DeepSeek stage kind
+DEEPSEEK_KINDS = {"mxfp8_quant": "ds_mxq_", "key_table": "ds_kt_", "gemv_mxfp8": "ds_gemv_", "mla_norm_rope": "ds_mla_"}
 HEADER = re.compile(r"^# expect: (\d+): (.+)$")
 
 
@@ -51,10 +57,18 @@ def expectation(path: Path) -> tuple[int, str]:
     return int(m[1]), m[2]
 
 
-def test_base_spec_is_valid():
-    """The base of the bad specs parses and lowers everywhere: each bad spec's
+@pytest.mark.parametrize("base", BASES, ids=lambda p: p.stem)
+def test_base_spec_is_valid(base):
+    """The bases of the bad specs parse and lower everywhere: each bad spec's
     defect is its only one."""
-    assert first_issue(BASE) is None
+    assert first_issue(base) is None
+
+
+def test_deepseek_stage_kinds_have_bad_specs():
+    """At least two defects for each DeepSeek stage kind: a defect in what a
+    stage of that kind binds (ABI arguments, regions, fields, sources)."""
+    for kind, prefix in DEEPSEEK_KINDS.items():
+        assert len([p for p in BAD if p.name.startswith(prefix)]) >= 2, kind
 
 
 def test_bad_specs_are_many_and_distinct():

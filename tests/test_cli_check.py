@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from codegen.__main__ import main
-from tests.test_bad_specs import BAD, BASE, expectation
+from tests.test_bad_specs import BAD, BASE, BASES, expectation
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -22,7 +22,8 @@ def run_check(tmp_path: Path, source: Path, name: str) -> subprocess.CompletedPr
                           text=True, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}, timeout=120)
 
 
-@pytest.mark.parametrize("stem", ["yaml_tab", "type_threads_word", "wait_on_later_stage", "lds_over_budget"])
+@pytest.mark.parametrize("stem", ["yaml_tab", "type_threads_word", "wait_on_later_stage", "lds_over_budget",
+                                  "ds_kt_pos_wrong_dtype", "ds_mxq_out_region_too_small"])
 def test_check_bad_spec_subprocess(tmp_path, stem):
     source = next(p for p in BAD if p.stem == stem)
     line, fragment = expectation(source)
@@ -33,8 +34,9 @@ def test_check_bad_spec_subprocess(tmp_path, stem):
     assert "Traceback" not in out.stderr and out.stdout == ""
 
 
-def test_check_good_spec_subprocess(tmp_path):
-    out = run_check(tmp_path, BASE, "good.yaml")
+@pytest.mark.parametrize("base", BASES, ids=lambda p: p.stem)
+def test_check_good_spec_subprocess(tmp_path, base):
+    out = run_check(tmp_path, base, "good.yaml")
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith("good.yaml: ok"), out.stdout
     assert out.stderr == ""

@@ -4,7 +4,10 @@
 shape and layout first, then, for all of them, device and alignment: each
 refusal is an ``ArgumentError`` naming the argument, what was expected and
 what was given. Arguments are made from the ABI itself, so these tests follow
-the spec as it grows."""
+the specs as they grow: every test runs for each spec's ABI (MiniMax-M3
+pre_attn; DeepSeek-V4.1 attn_front with its i64 scalars, runtime-sized caches
+and tables, and an optional output). Device and alignment refusals need a GPU:
+tests/test_reliability_gpu.py."""
 
 from __future__ import annotations
 
@@ -15,11 +18,29 @@ import codegen
 from codegen.launch import ArgumentError, torch_dtype
 
 RUNTIME = 4  # the size given to every runtime dimension (cache pages, table columns, ...)
+# spec -> (short id, the build under test, another build whose arguments differ in shape)
+SPECS = {
+    "minimax_m3/pre_attn": ("minimax", dict(tokens=2), dict(tokens=3)),
+    "deepseek_v41/attn_front": ("deepseek", dict(tokens=3), dict(tokens=3, tp=2)),
+}
 
 
-@pytest.fixture(scope="module")
-def kernel():
-    return codegen.launch.load("minimax_m3/pre_attn", tokens=2, target="sm90")
+def load(spec: str, **flags):
+    return codegen.launch.load(spec, target="sm90", **(flags or SPECS[spec][1]))
+
+
+KERNELS = {spec: load(spec) for spec in SPECS}  # lowered and rendered; compiled only at a launch
+
+
+def abi_cases(keep) -> list:
+    """(spec, ABI argument) for every argument of every spec that ``keep`` selects."""
+    return [pytest.param(spec, a, id=f"{short}-{a.name}")
+            for spec, (short, _, _) in SPECS.items() for a in KERNELS[spec].ir.abi if keep(a)]
+
+
+TENSORS = abi_cases(lambda a: a.is_tensor)
+SCALARS = abi_cases(lambda a: not a.is_tensor)
+SPEC_IDS = [pytest.param(spec, id=short) for spec, (short, _, _) in SPECS.items()]
 
 
 def shape_of(a) -> tuple[int, ...]:
@@ -39,10 +60,6 @@ def good_args(kernel) -> dict:
     return out
 
 
-TENSORS = [a.name for a in codegen.launch.load("minimax_m3/pre_attn", tokens=2, target="sm90").ir.abi if a.is_tensor]
-SCALARS = [a for a in codegen.launch.load("minimax_m3/pre_attn", tokens=2, target="sm90").ir.abi if not a.is_tensor]
-
-
 def refuse(kernel, args, *fragments):
     with pytest.raises(ArgumentError) as e:
         kernel.pack(args)
@@ -52,42 +69,64 @@ def refuse(kernel, args, *fragments):
     return msg
 
 
-def test_good_arguments_reach_the_device_check(kernel):
+def test_every_abi_is_covered():
+    """Both specs' tensors and scalars are under test, DeepSeek's i64 scalar and
+    runtime-sized arguments among them."""
+    names = {(p.values[0], p.values[1].name) for p in TENSORS + SCALARS}
+    for spec, kernel in KERNELS.items():
+        assert {(spec, a.name) for a in kernel.ir.abi} <= names
+    ds = KERNELS["deepseek_v41/attn_front"].ir
+    assert ds.arg("swa_stride").dtype == "i64" and ds.arg("swa").shape == ("swa_bytes",)
+    assert ds.arg("qr_out").optional and ds.arg("comp_bt").shape == ("comp_reqs", "comp_cols")
+
+
+@pytest.mark.parametrize("spec", SPEC_IDS)
+def test_good_arguments_reach_the_device_check(spec):
     """Types, dtypes and shapes all pass: the first refusal is the first
     tensor's device (CPU, not the GPU)."""
-    first = TENSORS[0]
+    kernel = KERNELS[spec]
+    first = next(a.name for a in kernel.ir.abi if a.is_tensor)
     refuse(kernel, good_args(kernel), f"argument {first!r}", "expected a tensor on the GPU, got device cpu")
 
 
-@pytest.mark.parametrize("name", TENSORS)
-def test_wrong_dtype(kernel, name):
+@pytest.mark.parametrize("spec,a", TENSORS)
+def test_wrong_dtype(spec, a):
+    kernel = KERNELS[spec]
     args = good_args(kernel)
-    have = args[name].dtype
+    have = args[a.name].dtype
     wrong = torch.float16 if have != torch.float16 else torch.float32
-    args[name] = torch.zeros(args[name].shape, dtype=wrong)
-    refuse(kernel, args, f"argument {name!r}", f"expected dtype {have}", f"got {wrong}")
+    args[a.name] = torch.zeros(args[a.name].shape, dtype=wrong)
+    refuse(kernel, args, f"argument {a.name!r}", f"expected dtype {have}", f"got {wrong}")
 
 
-@pytest.mark.parametrize("name", TENSORS)
-def test_wrong_shape(kernel, name):
+@pytest.mark.parametrize("spec,a", abi_cases(lambda a: a.is_tensor and any(isinstance(d, int) for d in a.shape)))
+def test_wrong_shape(spec, a):
     """One fixed dimension one larger (a runtime dimension may take any size)."""
+    kernel = KERNELS[spec]
     args = good_args(kernel)
-    a = kernel.ir.arg(name)
     j = next(j for j, d in enumerate(a.shape) if isinstance(d, int))
-    bad = list(args[name].shape)
+    bad = list(args[a.name].shape)
     bad[j] += 1
-    args[name] = torch.zeros(bad, dtype=args[name].dtype)
-    refuse(kernel, args, f"argument {name!r}", f"expected shape {a.shape_text}", f"got {bad}")
+    args[a.name] = torch.zeros(bad, dtype=args[a.name].dtype)
+    refuse(kernel, args, f"argument {a.name!r}", f"expected shape {a.shape_text}", f"got {bad}")
 
 
-def test_runtime_dimension_disagrees(kernel):
-    """A runtime dimension is one size in every argument that uses it."""
+def shared_runtime_dims(kernel) -> dict[str, list[str]]:
+    """Runtime dimensions used by more than one argument -> those arguments."""
     users: dict[str, list[str]] = {}
     for a in kernel.ir.abi:
         for d in a.shape or ():
             if isinstance(d, str):
                 users.setdefault(d, []).append(a.name)
-    dim, names = next((d, n) for d, n in users.items() if len(n) > 1)
+    return {d: n for d, n in users.items() if len(n) > 1}
+
+
+@pytest.mark.parametrize("spec", [p for p in SPEC_IDS if shared_runtime_dims(KERNELS[p.values[0]])])
+def test_runtime_dimension_disagrees(spec):
+    """A runtime dimension is one size in every argument that uses it (the
+    DeepSeek ABI shares none: each of its runtime dimensions has one user)."""
+    kernel = KERNELS[spec]
+    dim, names = next(iter(shared_runtime_dims(kernel).items()))
     args = good_args(kernel)
     later = kernel.ir.arg(names[1])
     bad = [RUNTIME + 1 if d == dim else s for d, s in zip(later.shape, args[later.name].shape)]
@@ -95,57 +134,92 @@ def test_runtime_dimension_disagrees(kernel):
     refuse(kernel, args, f"argument {later.name!r}", f"dimension {dim} = {RUNTIME + 1} disagrees with {names[0]!r}")
 
 
-@pytest.mark.parametrize("name", TENSORS)
-def test_wrong_rank(kernel, name):
+@pytest.mark.parametrize("spec,a", abi_cases(lambda a: a.is_tensor and any(isinstance(d, str) for d in a.shape)))
+def test_runtime_dimension_empty(spec, a):
+    """A runtime dimension of size 0 (an empty cache or table) is refused by
+    name: the kernel indexes it from data."""
+    kernel = KERNELS[spec]
     args = good_args(kernel)
-    args[name] = args[name].reshape(-1, 1)
-    refuse(kernel, args, f"argument {name!r}", "expected shape", f"got {list(args[name].shape)}")
+    j = next(j for j, d in enumerate(a.shape) if isinstance(d, str))
+    bad = list(args[a.name].shape)
+    bad[j] = 0
+    args[a.name] = torch.zeros(bad, dtype=args[a.name].dtype)
+    refuse(kernel, args, f"argument {a.name!r}", f"runtime dimension {a.shape[j]} must be positive", "got 0")
 
 
-@pytest.mark.parametrize("name", TENSORS)
-def test_non_contiguous(kernel, name):
+@pytest.mark.parametrize("spec,a", TENSORS)
+def test_wrong_rank(spec, a):
+    """One dimension more (the elements all there: [16, 1] would pass as a
+    [comp_reqs, comp_cols] table, so the rank itself is what is wrong)."""
+    kernel = KERNELS[spec]
     args = good_args(kernel)
-    t = args[name]
+    args[a.name] = args[a.name].unsqueeze(0)
+    refuse(kernel, args, f"argument {a.name!r}", "expected shape", f"got {list(args[a.name].shape)}")
+
+
+@pytest.mark.parametrize("spec,a", TENSORS)
+def test_non_contiguous(spec, a):
+    kernel = KERNELS[spec]
+    args = good_args(kernel)
+    t = args[a.name]
     wide = torch.zeros(t.shape[:-1] + (2 * t.shape[-1],), dtype=t.dtype)
-    args[name] = wide[..., ::2]  # the right shape and dtype, every other element
-    assert args[name].shape == t.shape and not args[name].is_contiguous()
-    refuse(kernel, args, f"argument {name!r}", "expected a contiguous tensor", "got strides")
+    args[a.name] = wide[..., ::2]  # the right shape and dtype, every other element
+    assert args[a.name].shape == t.shape and not args[a.name].is_contiguous()
+    refuse(kernel, args, f"argument {a.name!r}", "expected a contiguous tensor", "got strides")
 
 
-@pytest.mark.parametrize("a", SCALARS, ids=lambda a: a.name)
-def test_scalar_out_of_range(kernel, a):
+@pytest.mark.parametrize("spec,a", SCALARS)
+def test_scalar_out_of_range(spec, a):
+    kernel = KERNELS[spec]
     lo, hi = a.range if a.range else ((-(2**31), 2**31 - 1) if a.dtype == "i32" else (-(2**63), 2**63 - 1))
     for value in (lo - 1, hi + 1):
         args = dict(good_args(kernel), **{a.name: value})
         refuse(kernel, args, f"argument {a.name!r}", f"expected a value in [{lo}, {hi}]", f"got {value}")
 
 
-@pytest.mark.parametrize("a", [a for a in SCALARS if a.dtype != "f32"], ids=lambda a: a.name)
+@pytest.mark.parametrize("spec,a", abi_cases(lambda a: not a.is_tensor and a.dtype != "f32"))
 @pytest.mark.parametrize("value", [1.5, "3", True, None, torch.tensor(3)], ids=["float", "str", "bool", "none", "tensor"])
-def test_scalar_wrong_type(kernel, a, value):
+def test_scalar_wrong_type(spec, a, value):
+    kernel = KERNELS[spec]
     args = dict(good_args(kernel), **{a.name: value})
     refuse(kernel, args, f"argument {a.name!r}", f"expected an int ({a.dtype})", f"got {type(value).__name__}")
 
 
-@pytest.mark.parametrize("name", TENSORS)
-def test_tensor_argument_given_a_number(kernel, name):
-    args = dict(good_args(kernel), **{name: 3})
-    refuse(kernel, args, f"argument {name!r}", "expected a torch.Tensor, got int")
+@pytest.mark.parametrize("spec,a", TENSORS)
+def test_tensor_argument_given_a_number(spec, a):
+    kernel = KERNELS[spec]
+    args = dict(good_args(kernel), **{a.name: 3})
+    refuse(kernel, args, f"argument {a.name!r}", "expected a torch.Tensor, got int")
 
 
-def test_unknown_argument(kernel):
+@pytest.mark.parametrize("spec,a", abi_cases(lambda a: a.is_tensor and not a.optional))
+def test_required_tensor_given_none(spec, a):
+    kernel = KERNELS[spec]
+    args = dict(good_args(kernel), **{a.name: None})
+    refuse(kernel, args, f"argument {a.name!r}", "expected a tensor, got None")
+
+
+@pytest.mark.parametrize("spec", SPEC_IDS)
+def test_unknown_argument(spec):
+    kernel = KERNELS[spec]
     refuse(kernel, dict(good_args(kernel), bogus=1, h_in=2), "unknown argument(s) bogus, h_in", "the ABI is")
 
 
-def test_missing_arguments(kernel):
+@pytest.mark.parametrize("spec", SPEC_IDS)
+def test_missing_arguments(spec):
+    kernel = KERNELS[spec]
     args = good_args(kernel)
-    del args[TENSORS[0]], args[SCALARS[0].name]
-    refuse(kernel, args, "missing argument(s)", TENSORS[0], SCALARS[0].name)
+    tensor = next(a.name for a in kernel.ir.abi if a.is_tensor)
+    scalar = next(a.name for a in kernel.ir.abi if not a.is_tensor)
+    del args[tensor], args[scalar]
+    refuse(kernel, args, "missing argument(s)", tensor, scalar)
 
 
-def test_optional_argument_may_be_none_or_absent(kernel):
+@pytest.mark.parametrize("spec", SPEC_IDS)
+def test_optional_argument_may_be_none_or_absent(spec):
+    kernel = KERNELS[spec]
     optional = [a.name for a in kernel.ir.abi if a.optional]
-    assert optional, "the spec has an optional argument (tl)"
+    assert optional, "the spec has an optional argument (tl; DeepSeek: qr_out too)"
     for how in ("none", "absent"):
         args = good_args(kernel)
         for n in optional:
@@ -156,16 +230,28 @@ def test_optional_argument_may_be_none_or_absent(kernel):
         refuse(kernel, args, "expected a tensor on the GPU")  # got past every optional argument
 
 
-def test_tokens_over_the_build_maximum():
-    with pytest.raises(ValueError, match=r"tokens=17 is not allowed; values: 1\.\.16"):
-        codegen.launch.load("minimax_m3/pre_attn", tokens=17, target="sm90")
-    with pytest.raises(ValueError, match=r"tokens=0 is not allowed"):
-        codegen.launch.load("minimax_m3/pre_attn", tokens=0, target="sm90")
+@pytest.mark.parametrize("spec,values,message", [
+    ("minimax_m3/pre_attn", dict(tokens=17), r"tokens=17 is not allowed; values: 1\.\.16"),
+    ("minimax_m3/pre_attn", dict(tokens=0), r"tokens=0 is not allowed"),
+    ("deepseek_v41/attn_front", dict(tokens=49), r"tokens=49 is not allowed; values: 1\.\.48"),
+    ("deepseek_v41/attn_front", dict(tokens=0), r"tokens=0 is not allowed"),
+    ("deepseek_v41/attn_front", dict(tokens=4, tp=8), r"tp=8 is not allowed; values: \[2, 4\]"),
+    ("deepseek_v41/attn_front", dict(tokens=4, ratio=4), r"ratio=4 is not allowed; values: \[0, 1, 2\]"),
+    ("deepseek_v41/attn_front", dict(tokens=4, index=1), r"build parameter index=1 must be of type bool"),
+    ("deepseek_v41/attn_front", dict(tokens=4, eps=1e-6), r"unknown build parameter\(s\) eps"),
+], ids=["minimax-tokens17", "minimax-tokens0", "deepseek-tokens49", "deepseek-tokens0", "deepseek-tp8",
+        "deepseek-ratio4", "deepseek-index-int", "deepseek-unknown"])
+def test_build_parameter_refused(spec, values, message):
+    with pytest.raises(ValueError, match=message):
+        codegen.launch.load(spec, target="sm90", **values)
 
 
-def test_tensor_of_another_build(kernel):
-    """Arguments shaped for tokens=3 into the tokens=2 kernel: the first
-    token-shaped argument is refused by shape."""
-    other = codegen.launch.load("minimax_m3/pre_attn", tokens=3, target="sm90")
+@pytest.mark.parametrize("spec", SPEC_IDS)
+def test_tensor_of_another_build(spec):
+    """Arguments shaped for another build (MiniMax tokens=3 into tokens=2;
+    DeepSeek tp=2 into tp=4: wq_b and q have twice the heads): the first
+    argument whose shape differs is refused by shape."""
+    kernel = KERNELS[spec]
+    other = load(spec, **SPECS[spec][2])
     first = next(a for a in kernel.ir.abi if a.is_tensor and a.shape != other.ir.arg(a.name).shape)
     refuse(kernel, good_args(other), f"argument {first.name!r}", "expected shape")

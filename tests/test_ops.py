@@ -126,3 +126,89 @@ def test_real_schema_compiles_with_aliased_caches(kernel, monkeypatch):
     assert block.view(16, page)[8, :5].tolist() == [2, 2, 2, 2, 0]
     decode_step([args[n] for n in names])
     assert args["step"].tolist() == [2, 0]
+
+
+# ---- DeepSeek-V4.1 attn_front ---------------------------------------------------------------
+
+DS_SPEC = "deepseek_v41/attn_front"
+
+
+@pytest.fixture(scope="module")
+def ds_kernel():
+    return codegen.load(DS_SPEC, tokens=4, target="sm90", index=True)  # index: qr_out is written
+
+
+def test_deepseek_schema_follows_the_abi(ds_kernel):
+    op = ops.register(ds_kernel)
+    assert ops.op_name(ds_kernel) == "mono::deepseek_v41_attn_front_s4_index_sm90"
+    schema = torch.ops.mono.deepseek_v41_attn_front_s4_index_sm90.default._schema
+    args = {a.name: a for a in schema.arguments}
+    assert list(args) == [a.name for a in ds_kernel.ir.abi], "ABI order"
+    written = {n for n, a in args.items() if a.alias_info is not None and a.alias_info.is_write}
+    assert written == {"swa", "q", "kt", "klen", "scratch", "epoch"} == set(ops.mutated(ds_kernel))
+    # optional outputs are untracked (see ops.mutated): qr_out is written into the caller's tensor
+    assert "qr_out" not in written and "tl" not in written
+    for name in ("qr_out", "tl"):
+        assert str(args[name].type) == "Optional[Tensor]", name
+    for name in ("x", "wqkv", "wqkv_s", "wqb", "wqb_s", "cos_sin", "pos", "slot", "topk", "comp_bt"):
+        assert str(args[name].type) == "Tensor" and name not in written, name
+    for name in ("x_stride", "swa_stride", "swa_block", "comp_block", "bt_stride", "layer"):
+        assert str(args[name].type) in ("int", "SymInt"), name  # i64 swa_stride included
+    assert len(schema.returns) == 0
+    assert ops.register(ds_kernel) is op, "one op per build"
+
+
+def test_deepseek_one_op_per_build():
+    names = {ops.op_name(codegen.load(DS_SPEC, target="sm90", **flags)) for flags in (
+        dict(tokens=4), dict(tokens=4, tp=2), dict(tokens=4, ratio=0), dict(tokens=4, tuned=True),
+        dict(tokens=4, debug=True), dict(tokens=17))}
+    assert len(names) == 6
+    assert "mono::deepseek_v41_attn_front_s4_tp2_sm90" in names and "mono::deepseek_v41_attn_front_s4_debug_sm90" in names
+
+
+def test_deepseek_cpu_tensors_raise_the_launchers_error(ds_kernel):
+    op = ops.register(ds_kernel)
+    args = random_args(ds_kernel, seed=1, device="cpu")
+    assert args["qr_out"] is None and args["tl"] is None  # optional: None
+    with pytest.raises(ArgumentError, match="'x'.*on the GPU.*cpu"):
+        op(**args)
+    with pytest.raises(ArgumentError, match="'x'.*on the GPU"):
+        op(*[args[a.name] for a in ds_kernel.ir.abi])  # positionally, in ABI order
+    with pytest.raises(ArgumentError, match="'wqkv'.*expected dtype"):
+        op(**dict(args, wqkv=args["wqkv"].view(torch.uint8)))  # shape before device
+
+
+def test_deepseek_real_schema_compiles(ds_kernel, monkeypatch):
+    """The attn_front op under torch.compile(fullgraph=True), its launch
+    replaced by a CPU stand-in: what the launch writes reaches the caller's
+    tensors (q, the key table, SWA bytes through a view of a larger cache
+    buffer, the epoch; qr_out when given, untouched as None)."""
+    from codegen.launch import Kernel
+
+    def launch(self, **t):
+        t["q"].fill_(2.5)
+        t["kt"].fill_(7)
+        t["klen"].fill_(3)
+        t["swa"][:4] = 9
+        t["epoch"][0] += 1
+        if t["qr_out"] is not None:
+            t["qr_out"].fill_(-1.0)
+
+    monkeypatch.setattr(Kernel, "__call__", launch)
+    op = ops.register(ds_kernel)
+    args = random_args(ds_kernel, seed=2, device="cpu", dims={"swa_bytes": 64})
+    cache = torch.zeros(128, dtype=torch.uint8)
+    args["swa"] = cache[64:]  # the SWA blocks live in a larger allocation
+    names = [a.name for a in ds_kernel.ir.abi]
+
+    @torch.compile(fullgraph=True, backend="aot_eager")
+    def decode_step(xs):
+        op(*xs)
+
+    decode_step([args[n] for n in names])
+    assert (args["q"].float() == 2.5).all() and (args["kt"] == 7).all() and (args["klen"] == 3).all()
+    assert cache[60:70].tolist() == [0, 0, 0, 0, 9, 9, 9, 9, 0, 0] and args["epoch"].tolist() == [1, 0]
+    qr = torch.zeros(4, ds_kernel.ir.arg("qr_out").shape[1], dtype=torch.bfloat16)
+    args["qr_out"] = qr
+    decode_step([args[n] for n in names])
+    assert args["epoch"].tolist() == [2, 0] and (qr.float() == -1.0).all()

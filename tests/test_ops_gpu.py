@@ -1,8 +1,9 @@
-"""The MiniMax-M3 pre_attn kernel as a torch custom op on the GPU: under
-``torch.compile(fullgraph=True)`` it writes what a direct launch writes
-(h_out, the qkv mailbox, every output and cache byte), inside CUDA graph
-capture it replays like the kernel itself, and a compiled caller can be
-captured too (how serving engines run decode steps)."""
+"""The MiniMax-M3 pre_attn kernel (and, below, the DeepSeek-V4.1 attn_front)
+as a torch custom op on the GPU: under ``torch.compile(fullgraph=True)`` it
+writes what a direct launch writes (h_out, the qkv mailbox, every output and
+cache byte; DeepSeek: q, the key table, the SWA cache, qr_out, the mailboxes),
+inside CUDA graph capture it replays like the kernel itself, and a compiled
+caller can be captured too (how serving engines run decode steps)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import torch
 
 import codegen
 from codegen import ops
+from tests import deepseek_case as dc
 from tests.minimax_case import expected_tag, launch_args, make_inputs, read_mailbox
 
 pytestmark = pytest.mark.gpu
@@ -127,3 +129,122 @@ def test_compiled_caller_in_cuda_graph():
     got = read_mailbox(kernel, args["scratch"], tokens)
     assert torch.equal(got["qkv"], single["qkv"])
     assert (got["qkv_tag"] == expected_tag(before + 4)).all()
+
+
+# ---- DeepSeek-V4.1 attn_front ------------------------------------------------------------------
+
+DS_SPEC = "deepseek_v41/attn_front"
+
+
+def ds_written(kernel, args: dict) -> dict:
+    """Bytes of every out/inout ABI tensor given (q, kt, klen, the SWA cache,
+    qr_out) and of the partials and QX8 mailboxes."""
+    out = {a.name: args[a.name].cpu().contiguous().view(torch.uint8).clone()
+           for a in kernel.ir.abi if a.is_tensor and a.intent != "in" and a.workspace is None
+           and args.get(a.name) is not None}
+    for name in ("qkvp", "qx8", "qx8s"):
+        r = kernel.ir.region(name)
+        out[f"scratch.{name}"] = args["scratch"][r.offset: r.offset + r.nbytes].cpu().clone()
+    return out
+
+
+def ds_case(tokens: int, seed: int, **flags):
+    kernel = codegen.load(DS_SPEC, tokens=tokens, **flags)
+    tp = dict(kernel.ir.build.params)["tp"]
+    case = dc.make_case(tokens, tp, 1, kernel.target.name, seed=seed, swa_block=64, pad_rows=(1,))
+    return kernel, case
+
+
+@pytest.mark.parametrize("tokens,flags", [(6, {}), (17, {"index": True}), (48, {"tuned": True, "tp": 2})],
+                         ids=["s6", "s17-index", "s48-tuned-tp2"])
+def test_deepseek_op_under_torch_compile(tokens, flags):
+    """The op in a compiled decode step writes what a direct launch writes
+    (index builds: qr_out too, an optional output the caller passes)."""
+    kernel, case = ds_case(tokens, seed=11 + tokens, **flags)
+    op = ops.register(kernel)
+    names = [a.name for a in kernel.ir.abi]
+
+    direct = dc.launch_args(case, kernel.workspace("cuda"))
+    kernel(**direct)
+    torch.cuda.synchronize()
+    dc.check(case, kernel.ir, direct, epoch=0)
+    want = ds_written(kernel, direct)
+
+    @torch.compile(fullgraph=True)
+    def decode_step(xs):
+        op(*xs)
+
+    args = dc.launch_args(case, kernel.workspace("cuda"))
+    decode_step([args[n] for n in names])
+    torch.cuda.synchronize()
+    got = ds_written(kernel, args)
+    assert got.keys() == want.keys()
+    for name in want:
+        assert torch.equal(got[name], want[name]), f"{name} differs from the direct launch"
+    assert args["epoch"].cpu().tolist() == [1, 0], "the op advanced the epoch once"
+
+    decode_step([args[n] for n in names])  # the compiled code again: the next epoch, same values
+    torch.cuda.synchronize()
+    assert args["epoch"].cpu().tolist() == [2, 0]
+    dc.check(case, kernel.ir, args, epoch=1)
+    assert torch.equal(ds_written(kernel, args)["q"], want["q"])
+
+
+@pytest.mark.parametrize("tokens", (1, 17))
+def test_deepseek_op_in_cuda_graph(tokens):
+    kernel, case = ds_case(tokens, seed=21)
+    op = ops.register(kernel)
+    args = dc.launch_args(case, kernel.workspace("cuda"))
+    op(**args)  # compile and warm up outside the capture
+    torch.cuda.synchronize()
+    single = ds_written(kernel, args)
+
+    stream = torch.cuda.Stream()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(stream):
+        with torch.cuda.graph(graph, stream=stream):
+            op(**args)
+    torch.cuda.synchronize()
+    before = args["epoch"][0].item()
+    for _ in range(10):
+        graph.replay()
+    torch.cuda.synchronize()
+    assert args["epoch"][0].item() == before + 10
+    dc.check(case, kernel.ir, args, epoch=before + 9)
+    got = ds_written(kernel, args)
+    for name in ("q", "kt", "klen", "swa", "scratch.qx8", "scratch.qx8s"):
+        assert torch.equal(got[name], single[name]), name
+
+
+def test_deepseek_compiled_caller_in_cuda_graph():
+    """torch.compile first, then capture the compiled function (how engines
+    replay decode steps), for the DeepSeek front."""
+    kernel, case = ds_case(6, seed=31)
+    op = ops.register(kernel)
+    names = [a.name for a in kernel.ir.abi]
+    args = dc.launch_args(case, kernel.workspace("cuda"))
+    xs = [args[n] for n in names]
+
+    @torch.compile(fullgraph=True)
+    def decode_step(xs):
+        op(*xs)
+
+    decode_step(xs)  # compile outside the capture
+    torch.cuda.synchronize()
+    q_single = args["q"].clone()
+
+    stream = torch.cuda.Stream()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(stream):
+        decode_step(xs)  # warm the compiled code on the capture stream
+        torch.cuda.synchronize()
+        with torch.cuda.graph(graph, stream=stream):
+            decode_step(xs)
+    torch.cuda.synchronize()
+    before = args["epoch"][0].item()
+    for _ in range(5):
+        graph.replay()
+    torch.cuda.synchronize()
+    assert args["epoch"][0].item() == before + 5
+    assert torch.equal(args["q"].view(torch.int16), q_single.view(torch.int16))
+    dc.check(case, kernel.ir, args, epoch=before + 4)

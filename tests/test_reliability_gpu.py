@@ -1,5 +1,7 @@
 """Reliability on the GPU (the lent H200): hangs become errors in debug builds,
-10,000 graph replays without clearing anything, NaN / Inf inputs.
+10,000 graph replays without clearing anything, NaN / Inf inputs; for
+MiniMax-M3 pre_attn and (the second half of this file) DeepSeek-V4.1
+attn_front.
 
 * A debug build computes what the release build computes, and a wait that can
   never be satisfied (the norm stage cut out of the source, so nothing ever
@@ -23,6 +25,7 @@ import torch
 import codegen
 from codegen.launch import Kernel, KernelHang
 from codegen.lower import HANG_REGION
+from tests import deepseek_case as dc
 from tests.minimax_case import expected_tag, launch_args, make_inputs, read_mailbox
 
 pytestmark = pytest.mark.gpu
@@ -301,3 +304,262 @@ def test_misaligned_and_wrong_device_arguments():
         other = args["ar"].to("cuda:1")
         with pytest.raises(ArgumentError, match=r"argument 'ar': expected device cuda:0"):
             kernel.pack(dict(args, ar=other))
+
+
+# ---- DeepSeek-V4.1 attn_front ------------------------------------------------------------------
+# The same properties for the DeepSeek front (tests/deepseek_case.py: inputs, launch arguments,
+# mailboxes and the reference checks): its tag is 2 epoch + 1 (no layer), its S > 16 builds
+# publish x through the xq stage's flags, tuned builds keep 8 copies of every flag.
+
+DS_SPEC = "deepseek_v41/attn_front"
+
+
+def ds_setup(tokens: int, seed: int, tp: int = 4, ratio: int = 1, swa_block: int = 64, pad_rows=(1,), **flags):
+    """A DeepSeek build, its test case and launch arguments (workspace included)."""
+    kernel = codegen.load(DS_SPEC, tokens=tokens, tp=tp, ratio=ratio, **flags)
+    case = dc.make_case(tokens, tp, ratio, kernel.target.name, seed=seed, swa_block=swa_block, pad_rows=pad_rows)
+    return kernel, case, dc.launch_args(case, kernel.workspace("cuda"))
+
+
+def ds_tag(epoch: int) -> int:
+    return 2 * epoch + 1
+
+
+@pytest.mark.parametrize("tokens", (1, 17, 48))
+def test_deepseek_debug_build_computes_what_the_release_build_does(tokens):
+    got = {}
+    for debug in (False, True):
+        kernel, case, args = ds_setup(tokens, seed=50 + tokens, debug=debug)
+        kernel(**args)  # a debug build checks its hang record after the launch
+        finish()
+        kernel.check_errors()
+        dc.check(case, kernel.ir, args, epoch=0)
+        got[debug] = (outputs(kernel, args), scratch_regions(kernel, args["scratch"]), args["epoch"].cpu().tolist())
+    assert got[True][2] == got[False][2] == [1, 0]
+    for name, value in got[False][0].items():
+        assert torch.equal(got[True][0][name], value), f"{name} differs in the debug build"
+    for name, value in got[False][1].items():
+        assert torch.equal(got[True][1][name], value), f"scratch region {name} differs in the debug build"
+
+
+def ds_broken(kernel, stage: str) -> Kernel:
+    """``kernel`` with the call of ``stage`` cut out of its source: what that stage
+    publishes never comes."""
+    call = f"    stage_{stage}::run(a, mb, lds);\n"
+    assert kernel.source.count(call) == 1
+    broken = Kernel(kernel.ir, kernel.source.replace(call, ""), kernel.backend, kernel.cooperative)
+    broken.compile()
+    return broken
+
+
+# (tokens, the stage cut out, the (stage, region) pairs whose wait may give up first)
+DS_HANGS = [
+    (4, "qkv", {("wq_b", "qrdy")}),      # S <= 16: wqkv_a quantizes x itself; only wq_b waits (on QX8's flags)
+    (17, "xq", {("wqkv_a", "xrdy")}),    # S > 16: every wqkv unit waits on xq's flags first
+]
+
+
+@pytest.mark.parametrize("tokens,cut,where", DS_HANGS, ids=["s4-no-qkv", "s17-no-xq"])
+def test_deepseek_unsatisfiable_wait_raises_kernel_hang_within_2s(tokens, cut, where):
+    kernel, case, args = ds_setup(tokens, seed=11, debug=True)
+    if cut == "xq" and kernel.ir.blocks > next(s for s in kernel.ir.stages if s.name == "wqkv_a").tasks:
+        where = where | {("wq_b", "qrdy")}  # AMD: CTAs without a wqkv unit go straight to wq_b's wait
+    broken = ds_broken(kernel, cut)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    with pytest.raises(KernelHang) as e:
+        broken(**args)  # launch, then check_errors (synchronizes)
+    took = time.perf_counter() - t0
+    rec = e.value.record
+    print(f"KernelHang after {took:.2f} s: {e.value}")
+    assert took < 2.0, f"{took:.2f} s"
+    assert (rec["stage"], rec["region"]) in where, rec
+    assert rec["tag"] == ds_tag(0) and rec["seen"] != rec["tag"] and rec["waits"] >= 1
+    assert f"'{rec['stage']}'" in str(e.value) and f"region '{rec['region']}'" in str(e.value)
+    assert "layer" not in str(e.value), "the DeepSeek tag has no layer"
+    assert args["epoch"].cpu().tolist() == [1, 0], "the launch ran to its end"
+
+    # the record was cleared: the real debug kernel runs clean on the same workspace (epoch 1)
+    args = dc.launch_args(case, {"scratch": args["scratch"], "epoch": args["epoch"], "tl": None})
+    kernel(**args)
+    finish()
+    kernel.check_errors()
+    dc.check(case, kernel.ir, args, epoch=1)
+
+
+def test_deepseek_hang_in_graph_replays_is_reported_by_check_errors():
+    kernel, case, args = ds_setup(4, seed=12, debug=True)
+    broken = ds_broken(kernel, "qkv")
+    stream = torch.cuda.Stream()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
+        broken(**args)
+    graph.replay()
+    graph.replay()
+    finish(10.0)
+    with pytest.raises(KernelHang, match=r"'wq_b'.*region 'qrdy'"):
+        broken.check_errors(args["scratch"])
+    broken.check_errors(args["scratch"])  # cleared
+    assert args["epoch"].cpu().tolist() == [2, 0]
+
+
+@pytest.mark.parametrize("tokens,flags", [(1, {}), (17, {}), (48, {"tuned": True})], ids=["s1", "s17", "s48-tuned"])
+def test_deepseek_ten_thousand_graph_replays(tokens, flags):
+    """100 launches captured in a graph, replayed 100 times, scratch never
+    cleared: every output byte (q, the key table, the SWA cache) and every
+    mailbox value as after one launch, every tag the last launch's, the epoch
+    advanced by 10,000 on the device."""
+    kernel, case, args = ds_setup(tokens, seed=300 + tokens, pad_rows=(0,) if tokens > 1 else (), **flags)
+    kernel(**args)  # compile, and the single launch to compare with
+    finish()
+    dc.check(case, kernel.ir, args, epoch=0)
+    single_out = outputs(kernel, args)
+    single = dc.read_scratch(kernel.ir, args["scratch"], tokens)
+
+    stream = torch.cuda.Stream()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
+        for _ in range(100):
+            kernel(**args)
+    finish()
+    before = args["epoch"][0].item()
+    assert before == 1, "capturing launches nothing"
+    t0 = time.perf_counter()
+    for _ in range(100):
+        graph.replay()
+    took = finish(120.0)
+    print(f"10,000 DeepSeek launches of S={tokens} {flags}: {took * 1e2:.1f} us each "
+          f"(replay loop {time.perf_counter() - t0:.2f} s)")
+    assert args["epoch"].cpu().tolist() == [before + 10_000, 0], "the epoch advances once per launch, on the device"
+
+    got = dc.read_scratch(kernel.ir, args["scratch"], tokens)
+    for name in ("partials", "x8s", "qx8s"):
+        assert torch.equal(got[name], single[name]), name
+    for name in ("x8", "qx8"):
+        assert torch.equal(got[name].view(torch.uint8), single[name].view(torch.uint8)), name
+    last = ds_tag(before + 9_999)
+    assert (got["partials_tag"] == last).all(), "every partial carries the last launch's tag"
+    final = outputs(kernel, args)
+    for name, value in single_out.items():
+        assert torch.equal(final[name], value), f"{name} differs after 10,000 launches"
+    dc.check(case, kernel.ir, args, epoch=before + 9_999)  # flags of every copy, the last launch's tags
+
+
+def ds_poison(case: dc.Case, everything: bool) -> dc.Case:
+    """NaN and +-Inf in x's rows 0 and 1; with ``everything`` also in both norm
+    weights, token 0's cos/sin row, both weights' bytes and their E8M0 codes
+    (255: the NaN scale)."""
+    import dataclasses
+
+    nan, inf = float("nan"), float("inf")
+    s = case.tokens
+    inputs, logical = dict(case.inputs), dict(case.logical)
+    x = inputs["x"].clone()
+    x[0, ::7] = nan
+    x[min(1, s - 1), ::5] = inf
+    x[min(1, s - 1), 3] = -inf
+    inputs["x"] = x
+    if everything:
+        for k in ("qn_w", "kvn_w"):
+            g = inputs[k].clone()
+            g[3], g[4], g[-3] = nan, inf, -inf  # -3: a RoPE dim of kv
+            inputs[k] = g
+        cs = inputs["cos_sin"].clone()
+        cs[int(inputs["pos"][0])] = inf
+        inputs["cos_sin"] = cs
+        for w, sc in (("wqkv", "wqkv_s"), ("wqb", "wqb_s")):
+            wt = logical[w].clone()
+            wt[7, 11] = torch.tensor(nan).to(wt.dtype)
+            logical[w] = wt
+            codes = logical[sc].clone()
+            codes[1, 2] = 255
+            logical[sc] = codes
+    return dataclasses.replace(case, inputs=inputs, logical=logical)
+
+
+def record_bytes(case: dc.Case, tokens) -> torch.Tensor:
+    """A mask of the SWA bytes the records of ``tokens`` occupy (data and scale rows)."""
+    from codegen.reference import deepseek_v41 as ref
+
+    mask = torch.zeros(case.inputs["swa"].numel(), dtype=torch.bool)
+    for t in tokens:
+        sl = int(case.inputs["slot"][t])
+        if sl < 0:
+            continue
+        base, off = (sl // case.swa_block) * case.swa_stride, sl % case.swa_block
+        mask[base + off * ref.RECORD_DATA: base + (off + 1) * ref.RECORD_DATA] = True
+        scale = base + case.swa_block * ref.RECORD_DATA + off * ref.RECORD_SCALE
+        mask[scale: scale + ref.RECORD_SCALE] = True
+    return mask
+
+
+@pytest.mark.parametrize("everything", (False, True), ids=["x-rows", "everything"])
+@pytest.mark.parametrize("tokens", (1, 6, 17))
+def test_deepseek_nan_inf_inputs_finish_and_write_only_outputs(tokens, everything):
+    kernel = codegen.load(DS_SPEC, tokens=tokens)
+    clean = dc.make_case(tokens, 4, 1, kernel.target.name, seed=900 + tokens, pad_rows=(3,))
+    case = ds_poison(clean, everything)
+    args = dc.launch_args(case, kernel.workspace("cuda"))
+
+    # scratch: canaries after its end; every other tensor: canaries on both sides
+    n = args["scratch"].numel()
+    scratch_buf = torch.full((n + PAD,), CANARY, dtype=torch.uint8, device="cuda")
+    scratch_buf[:n] = 0
+    args[kernel.ir.scratch_arg] = scratch_buf[:n]
+    bufs = {}
+    for a in kernel.ir.abi:
+        if a.is_tensor and a.name != kernel.ir.scratch_arg and args.get(a.name) is not None:
+            bufs[a.name], args[a.name] = embed(args[a.name])
+    inputs_before = {a.name: bufs[a.name].cpu().clone() for a in kernel.ir.abi if a.name in bufs and a.intent == "in"}
+
+    kernel.compile()
+    torch.cuda.synchronize()
+    kernel(**args)
+    finish(30.0)
+    kernel(**args)  # and a second launch over the first one's NaNs in scratch
+    finish(30.0)
+
+    assert (scratch_buf[-PAD:] == CANARY).all(), "bytes written past the end of scratch"
+    for name, buf in bufs.items():
+        host = buf.cpu()
+        assert (host[:PAD] == CANARY).all(), f"bytes written before {name}"
+        assert (host[-PAD:] == CANARY).all(), f"bytes written after {name}"
+        if name in inputs_before:
+            assert torch.equal(host, inputs_before[name]), f"input {name} was written"
+    assert args[kernel.ir.counter_arg].cpu().tolist() == [2, 0]
+
+    # what clean inputs give: the key table (integers only) always; with only x's rows 0 and 1
+    # poisoned, q and the SWA records of the other rows too (rows are independent: the GEMVs'
+    # token columns, the per-token norms)
+    ref_args = dc.launch_args(clean, kernel.workspace("cuda"))
+    kernel(**ref_args)
+    finish(30.0)
+    assert torch.equal(args["kt"].cpu(), ref_args["kt"].cpu()) and torch.equal(args["klen"].cpu(), ref_args["klen"].cpu())
+    if not everything and tokens > 2:
+        q, q_ref = args["q"].cpu().view(torch.int16), ref_args["q"].cpu().view(torch.int16)
+        assert torch.equal(q[2:], q_ref[2:]), "q of the clean rows"
+        keep = ~record_bytes(clean, (0, 1))
+        assert torch.equal(args["swa"].cpu()[keep], ref_args["swa"].cpu()[keep]), "SWA bytes outside rows 0, 1's records"
+
+
+def test_deepseek_misaligned_and_wrong_device_arguments():
+    """Each DeepSeek tensor argument moved off its 16-byte alignment (by one
+    element) is refused by name; so is a tensor on another GPU (where there is one)."""
+    from codegen.launch import ArgumentError
+
+    kernel, case, args = ds_setup(3, seed=5)
+    kernel.pack(args)  # all good
+    for a in kernel.ir.abi:
+        t = args.get(a.name)
+        if not a.is_tensor or t is None:
+            continue
+        size = t.element_size()
+        raw = torch.empty(t.numel() * size + 16, dtype=torch.uint8, device="cuda")
+        moved = raw[size: size + t.numel() * size].view(t.dtype).view(t.shape)
+        assert moved.is_contiguous() and moved.data_ptr() % 16
+        with pytest.raises(ArgumentError, match=rf"argument '{a.name}': expected a 16-byte aligned address"):
+            kernel.pack(dict(args, **{a.name: moved}))
+    if torch.cuda.device_count() > 1:
+        other = args["x"].to("cuda:1")
+        with pytest.raises(ArgumentError, match=r"argument 'x': expected device cuda:0"):
+            kernel.pack(dict(args, x=other))

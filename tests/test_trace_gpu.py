@@ -1,6 +1,8 @@
 """Timelines on the GPU: a timeline=true build launched by ``codegen.trace``
 gives one Perfetto track per CTA with a slice ending at scores_done (every CTA scores) on
-every CTA, and a PNG; the trace command does the same from the command line.
+every CTA, and a PNG; the trace command does the same from the command line. The
+DeepSeek-V4.1 front's timeline builds: every CTA reaches wqb_done (each has wq_b
+tasks) and stages_done.
 
 Order matters here: the generic random-ABI inputs (last test) are the least
 known to the kernel, so they run after everything else in this file."""
@@ -14,11 +16,13 @@ import pytest
 
 from codegen.__main__ import main
 from codegen.trace import trace
+from tests import deepseek_case as dc
 from tests.minimax_case import launch_args, make_inputs
 
 pytestmark = pytest.mark.gpu
 
 SPEC = "minimax_m3/pre_attn"
+DS_SPEC = "deepseek_v41/attn_front"
 HAVE_MPL = importlib.util.find_spec("matplotlib") is not None
 
 
@@ -30,7 +34,15 @@ def case_args(kernel, seed: int) -> dict:
     return launch_args(inp, kernel.workspace("cuda"))
 
 
-def check_trace(path, blocks: int, points: list[str]) -> None:
+def deepseek_case_args(kernel, seed: int) -> dict:
+    """The launch the DeepSeek GPU tests check against the reference (``--case`` form)."""
+    params = dict(kernel.ir.build.params)
+    case = dc.make_case(params["tokens"], params["tp"], params["ratio"], kernel.target.name, seed, swa_block=64,
+                        pad_rows=(1,))
+    return dc.launch_args(case, kernel.workspace("cuda"))
+
+
+def check_trace(path, blocks: int, points: list[str], ends: tuple[str, ...] = ("scores_done",)) -> None:
     data = json.loads(path.read_text())
     events = data["traceEvents"]
     tracks = {e["tid"] for e in events if e["name"] == "thread_name"}
@@ -38,8 +50,9 @@ def check_trace(path, blocks: int, points: list[str]) -> None:
     slices = [e for e in events if e["ph"] == "X"]
     assert {e["name"] for e in slices} <= set(points)
     assert all(e["dur"] >= 0 and e["ts"] >= 0 for e in slices)
-    ends = {e["tid"] for e in slices if e["name"] == "scores_done"}
-    assert ends == set(range(blocks)), "every CTA reaches scores_done"
+    for end in ends:
+        reached = {e["tid"] for e in slices if e["name"] == end}
+        assert reached == set(range(blocks)), f"every CTA reaches {end}"
     total = max(e["ts"] + e["dur"] for e in slices)
     assert 0 < total < 10_000, f"a launch of {total} us"
 
@@ -64,6 +77,40 @@ def test_trace_command_with_a_case(tmp_path, capsys):
     assert (tmp_path / "case.png").stat().st_size > 1000
 
 
+DS_ENDS = ("wqb_done", "stages_done")  # every CTA has wq_b tasks (512 at TP4, 1024 at TP2)
+
+
+@pytest.mark.parametrize("tokens,flags", [(1, {}), (17, {}), (48, {"tuned": True, "tp": 2})],
+                         ids=["s1", "s17", "s48-tuned-tp2"])
+def test_trace_of_the_deepseek_case(tmp_path, tokens, flags):
+    import codegen
+
+    files = trace(DS_SPEC, tmp_path / f"ds{tokens}", tokens=tokens, make_args=deepseek_case_args, png=HAVE_MPL,
+                  **flags)
+    kernel = codegen.load(DS_SPEC, tokens=tokens, timeline=True, **flags)
+    assert files[0].name == f"ds{tokens}.json"
+    check_trace(files[0], kernel.ir.blocks, list(kernel.ir.timeline_points), DS_ENDS)
+    data = json.loads(files[0].read_text())
+    names = {e["name"] for e in data["traceEvents"] if e["ph"] == "X"}
+    assert {"kt_done", "wqkv_done", "qkv_done"} <= names, names  # the key table, wqkv units, the S tokens' norms
+    assert data["otherData"]["timeline_points"] == list(kernel.ir.timeline_points)
+    if HAVE_MPL:
+        assert files[1].name == f"ds{tokens}.png" and files[1].stat().st_size > 1000
+
+
+@pytest.mark.skipif(not HAVE_MPL, reason="the command writes a PNG: needs matplotlib")
+def test_trace_command_with_a_deepseek_case(tmp_path, capsys):
+    import codegen
+
+    out = tmp_path / "ds-case"
+    assert main(["trace", DS_SPEC, "--tokens", "6", "index=true", "--case",
+                 "tests.test_trace_gpu:deepseek_case_args", "-o", str(out)]) == 0
+    assert f"wrote {out}.json" in capsys.readouterr().out
+    kernel = codegen.load(DS_SPEC, tokens=6, index=True, timeline=True)
+    check_trace(tmp_path / "ds-case.json", kernel.ir.blocks, list(kernel.ir.timeline_points), DS_ENDS)
+    assert (tmp_path / "ds-case.png").stat().st_size > 1000
+
+
 @pytest.mark.skipif(not HAVE_MPL, reason="the command writes a PNG: needs matplotlib")
 def test_trace_command_random_inputs(tmp_path):
     """The default: random inputs from the ABI alone (runtime dimensions of 1)."""
@@ -73,3 +120,17 @@ def test_trace_command_random_inputs(tmp_path):
     assert main(["trace", SPEC, "--tokens", "2", "-o", str(out)]) == 0
     kernel = codegen.load(SPEC, tokens=2, timeline=True)
     check_trace(tmp_path / "random.json", kernel.ir.blocks, list(kernel.ir.timeline_points))
+
+
+@pytest.mark.skipif(not HAVE_MPL, reason="the command writes a PNG: needs matplotlib")
+def test_trace_command_random_inputs_deepseek(tmp_path):
+    """Random DeepSeek inputs: integer tensors are zeros, so every row's slot is 0
+    and its record (584 bytes at swa_block 1, swa_stride 584) needs a SWA cache
+    of at least 584 bytes: --dim swa_bytes=584 (the default runtime size, 1, is
+    too small for the record the kernel writes)."""
+    import codegen
+
+    out = tmp_path / "ds-random"
+    assert main(["trace", DS_SPEC, "--tokens", "2", "--dim", "swa_bytes=584", "-o", str(out)]) == 0
+    kernel = codegen.load(DS_SPEC, tokens=2, timeline=True)
+    check_trace(tmp_path / "ds-random.json", kernel.ir.blocks, list(kernel.ir.timeline_points), DS_ENDS)

@@ -42,7 +42,7 @@ from pydantic import field_validator
 
 from ..spec.models import Expr, Name, PerTarget, StageBase, per_target
 from .gemv_fp8 import K_CHUNK
-from .mxfp8_quant import MX_BLOCK, check_point, mx_fp8_max
+from .mxfp8_quant import MX_BLOCK, check_point, check_rows, mx_fp8_max
 
 KIND = "gemv_mxfp8"
 ROWS_PER_UNIT = 16  # one MMA tile of output rows
@@ -54,6 +54,7 @@ SOURCES = ("mxfp8_quant", "mla_norm_rope")
 # units as fit (at least one) before it waits on anything. 12 x 4 registers: every unit of
 # a CTA at TP4 (wq_b: 4 units x 3 chunks on sm90), half of them at TP2 (within 128 registers).
 PREFETCH_LOADS = 12
+PIECE = 128  # values of a K part: whole 16-byte loads of X8 words (16 values) and of E8M0 codes (4 x 32 values)
 
 
 class Model(StageBase):
@@ -87,6 +88,9 @@ def lower(stage: Model, ctx) -> dict:
         ctx.fail(("rows",), f"rows = {rows} is not a multiple of 32 (the weight's scale blocks)")
     if k % (parts * chunk):
         ctx.fail(("k_parts",), f"K = {k} does not split into {parts} parts of whole {chunk}-k chunks")
+    if k % parts == 0 and (k // parts) % PIECE:
+        ctx.fail(("k",), f"a K part of {k // parts} values is not whole {PIECE}-value pieces "
+                 "(16-byte loads of its X8 words and of 4 E8M0 codes)")
     units = rows // ROWS_PER_UNIT * parts
     if ctx.task_count != units:
         ctx.fail(("tasks",), f"{ctx.task_count} tasks != (rows / 16) x k_parts = {units}",
@@ -94,13 +98,16 @@ def lower(stage: Model, ctx) -> dict:
     kp = k // parts
     nc = kp // chunk
     waves = ctx.threads // t.wave_size
-    ctx.abi_arg(stage.weight, ("weight",))
-    ctx.abi_arg(stage.weight_scale, ("weight_scale",))
+    ctx.abi_arg(stage.weight, ("weight",), dtype="fp8", shape=(rows, k))
+    ctx.abi_arg(stage.weight_scale, ("weight_scale",), dtype="u8", shape=(rows // MX_BLOCK, k // MX_BLOCK))
 
     src = next((s for s in ctx.loaded.spec.stages if s.name == stage.x_from), None)
     if src is None or src.kind not in SOURCES:
         ctx.fail(("x_from",), f"no stage {stage.x_from!r} of kind {' or '.join(SOURCES)}",
                  "name the stage that publishes the activations")
+    if [s.name for s in ctx.loaded.spec.stages].index(src.name) > ctx.loc[1]:  # a wait on work queued behind it
+        ctx.fail(("x_from",), f"stage {src.name!r} comes after this stage: a deadlock (CTAs run stages in order)",
+                 "list the source stage before its GEMV")
     pub = src.published()
     inline = not ctx.stage_active(src.name)
     if inline and src.kind != "mxfp8_quant":
@@ -118,6 +125,10 @@ def lower(stage: Model, ctx) -> dict:
     if inline and tile < tokens:
         ctx.fail(("token_tile",), f"quantizing x here needs every token in LDS ({tile} < {tokens})",
                  "raise token_tile or let the quant stage run for this build")
+    if inline:  # this stage quantizes x itself: the source's bindings, reported at its lines
+        here, ctx.loc = ctx.loc, ("stages", [s.name for s in ctx.loaded.spec.stages].index(src.name))
+        check_rows(src, ctx, k)
+        ctx.loc = here
     xstride = kp // 4 + ROW_PAD_WORDS
     sstride = kp // MX_BLOCK + SCALE_PAD
     ctx.lds(stage.name, "x", "u32", tile * xstride)
@@ -126,18 +137,18 @@ def lower(stage: Model, ctx) -> dict:
 
     rope = {}
     if stage.epilogue == "partials":
-        ctx.region(stage.out, ("out",), kind="pairs")
+        ctx.region(stage.out, ("out",), kind="pairs", min_count=parts * tokens * rows)
     else:
-        ctx.abi_arg(stage.out, ("out",))
-        ctx.abi_arg(stage.cos_sin, ("cos_sin",))
-        ctx.abi_arg(stage.pos, ("pos",))
         head_dim = ctx.integer(stage.head_dim, ("head_dim",))
-        nope = ctx.integer(stage.nope, ("nope",))
+        nope = ctx.integer(stage.nope, ("nope",), minimum=0)
         if rows % head_dim or head_dim % ROWS_PER_UNIT or not 0 <= nope < head_dim or (head_dim - nope) % 2:
             ctx.fail(("head_dim",), f"rows {rows}, head_dim {head_dim}, nope {nope}: heads of whole 16-row units "
                      "with an even number of RoPE dims expected")
         if parts != 1:
             ctx.fail(("k_parts",), "the rope_bf16 epilogue needs whole rows (k_parts: 1)")
+        ctx.abi_arg(stage.out, ("out",), dtype="bf16", shape=(tokens, rows // head_dim, head_dim), written=True)
+        ctx.abi_arg(stage.cos_sin, ("cos_sin",), dtype="f32", shape=(None, head_dim - nope))
+        ctx.abi_arg(stage.pos, ("pos",), dtype="i64", shape=(tokens,))
         rope = {"head_dim": head_dim, "nope": nope, "rope": head_dim - nope}
     check_point(stage, ctx)
     return {

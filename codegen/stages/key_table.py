@@ -55,7 +55,14 @@ def lower(stage: Model, ctx) -> dict:
         ctx.fail(("keys",), f"keys {keys} != topk_keys + window = {topk + window}")
     if ctx.task_count != ctx.tokens:
         ctx.fail(("tasks",), f"{ctx.task_count} tasks: one per token ({ctx.tokens}) expected", "set tasks to tokens")
-    for f in ("pos", "slot", "swa_idx", "swa_lens", "topk", "t2r", "comp_bt", "comp_block", "bt_stride", "kt", "klen"):
-        ctx.abi_arg(getattr(stage, f), (f,))
+    s = ctx.tokens
+    for f, dtype, shape in (("pos", "i64", (s,)), ("slot", "i64", (s,)), ("swa_idx", "i32", (s, 1, window)),
+                            ("swa_lens", "i32", (s,)), ("topk", "i32", (s, topk)), ("t2r", "i32", (s,)),
+                            ("comp_bt", "i32", (None, None))):
+        ctx.abi_arg(getattr(stage, f), (f,), dtype=dtype, shape=shape)
+    ctx.abi_arg(stage.comp_block, ("comp_block",), dtype="i32", scalar=True, within=(1, None))  # a divisor
+    ctx.abi_arg(stage.bt_stride, ("bt_stride",), dtype="i32", scalar=True)
+    ctx.abi_arg(stage.kt, ("kt",), dtype="i32", shape=(s, keys), written=True)
+    ctx.abi_arg(stage.klen, ("klen",), dtype="i32", shape=(2 * s,), written=True)
     check_point(stage, ctx)
     return {"n_keys": keys, "topk": topk, "window": window, "ratio": ratio, "fields": stage}

@@ -31,7 +31,7 @@ from __future__ import annotations
 from typing import Literal
 
 from ..spec.models import Expr, Name, StageBase
-from .mxfp8_quant import check_copies, check_point, mx_fp8_max
+from .mxfp8_quant import MX_BLOCK, check_copies, check_point, mx_fp8_max
 
 KIND = "mla_norm_rope"
 NORM_THREADS = 256
@@ -76,6 +76,26 @@ class Model(StageBase):
                 "copies": self.copies, "flag_stride": self.flag_stride}
 
 
+def check_producer(stage: Model, ctx, width: int, parts: int) -> None:
+    """The partials come from an earlier gemv_mxfp8 stage of this build (a
+    wait on a later one, or on none, never ends) with ``partials`` epilogue
+    into the same region, ``width`` = q_rank + kv_dim rows in ``parts`` K parts."""
+    stages = ctx.loaded.spec.stages
+    writers = [(i, w) for i, w in enumerate(stages) if w.kind == "gemv_mxfp8" and w.epilogue == "partials"
+               and w.out == stage.partials and ctx.stage_active(w.name)]
+    if not writers:
+        ctx.fail(("partials",), f"no gemv_mxfp8 stage of this build writes partials into {stage.partials!r}",
+                 "name the region its wqkv GEMV writes (epilogue: partials)")
+    i, w = writers[0]
+    if i > ctx.loc[1]:
+        ctx.fail(("partials",), f"stage {w.name!r} writes {stage.partials!r} after this stage: a deadlock "
+                 "(CTAs run stages in order)", "list the GEMV before this stage")
+    rows, kp = ctx.integer(w.rows, ("partials",)), ctx.integer(w.k_parts, ("partials",))
+    if (rows, kp) != (width, parts):
+        ctx.fail(("partials",), f"stage {w.name!r} writes {rows} rows in {kp} K part(s) a token; this stage reads "
+                 f"q_rank + kv_dim = {width} rows in {parts}", "make the GEMV's rows q_rank + kv_dim")
+
+
 def lower(stage: Model, ctx) -> dict:
     """Template values: the thread layout's sizes, record layout, build switches."""
     q_rank = ctx.integer(stage.q_rank, ("q_rank",))
@@ -96,13 +116,20 @@ def lower(stage: Model, ctx) -> dict:
         ctx.fail(("tasks",), f"{NORM_THREADS} threads needed, the grid has {ctx.threads}")
     if ctx.task_count != ctx.tokens:
         ctx.fail(("tasks",), "one task per token expected", "set tasks to tokens")
-    ctx.region(stage.partials, ("partials",), kind="pairs")
-    ctx.region(stage.out, ("out",), kind="words")
-    ctx.region(stage.codes, ("codes",), kind="words")
+    s = ctx.tokens
+    ctx.region(stage.partials, ("partials",), kind="pairs", min_count=parts * s * (q_rank + kv_dim))
+    check_producer(stage, ctx, q_rank + kv_dim, parts)
+    ctx.region(stage.out, ("out",), kind="words", min_count=s * q_rank // 4)
+    ctx.region(stage.codes, ("codes",), kind="words", min_count=s * q_rank // MX_BLOCK)
     ctx.region(stage.ready, ("ready",), kind="pairs")
-    copies, stride = check_copies(stage, ctx, ctx.tokens)
-    for f in ("qn_w", "kvn_w", "cos_sin", "pos", "slot", "swa", "swa_stride", "swa_block", "qr_out"):
-        ctx.abi_arg(getattr(stage, f), (f,))
+    copies, stride = check_copies(stage, ctx, s)
+    for f, dtype, shape in (("qn_w", "bf16", (q_rank,)), ("kvn_w", "bf16", (kv_dim,)),
+                            ("cos_sin", "f32", (None, kv_dim - nope)), ("pos", "i64", (s,)), ("slot", "i64", (s,))):
+        ctx.abi_arg(getattr(stage, f), (f,), dtype=dtype, shape=shape)
+    ctx.abi_arg(stage.swa, ("swa",), dtype="u8", shape=(None,), written=True)  # bytes at slots read from data
+    ctx.abi_arg(stage.swa_stride, ("swa_stride",), dtype="i64", scalar=True)
+    ctx.abi_arg(stage.swa_block, ("swa_block",), dtype="i32", scalar=True, within=(1, None))  # a divisor
+    ctx.abi_arg(stage.qr_out, ("qr_out",), dtype="bf16", shape=(s, q_rank), written=True)
     check_point(stage, ctx)
     ctx.lds(stage.name, "red", "float", 32)  # group sums (q 0..7, kv 8..15), record codes 16..
     rope = kv_dim - nope

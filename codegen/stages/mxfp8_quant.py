@@ -72,6 +72,14 @@ def check_copies(stage, ctx, units: int) -> tuple[int, int]:
     return copies, stride
 
 
+def check_rows(stage, ctx, k: int) -> None:
+    """The rows an MX quantizer reads: ``x`` bf16 [tokens, k], row ``t`` at
+    ``t * x_stride``: x_stride must be k (the launcher checks x contiguous;
+    a larger stride reads past its end)."""
+    ctx.abi_arg(stage.x, ("x",), dtype="bf16", shape=(ctx.tokens, k))
+    ctx.abi_arg(stage.x_stride, ("x_stride",), dtype="i32", scalar=True, within=(k, k))
+
+
 def check_point(stage, ctx) -> None:
     """A stage's ``done_point`` names one of the spec's timeline points."""
     points = ctx.loaded.spec.timeline_points
@@ -92,10 +100,9 @@ def lower(stage: Model, ctx) -> dict:
     units = parts * ctx.tokens
     if ctx.task_count != units:
         ctx.fail(("tasks",), f"{ctx.task_count} tasks != tokens x parts = {units}", "set tasks to parts * tokens")
-    ctx.abi_arg(stage.x, ("x",))
-    ctx.abi_arg(stage.x_stride, ("x_stride",))
-    ctx.region(stage.out, ("out",), kind="words")
-    ctx.region(stage.codes, ("codes",), kind="words")
+    check_rows(stage, ctx, k)
+    ctx.region(stage.out, ("out",), kind="words", min_count=ctx.tokens * k // 4)
+    ctx.region(stage.codes, ("codes",), kind="words", min_count=ctx.tokens * k // MX_BLOCK)
     ctx.region(stage.ready, ("ready",), kind="pairs")
     copies, stride = check_copies(stage, ctx, units)
     check_point(stage, ctx)
