@@ -30,7 +30,8 @@ test-gpu: $(STAMP)
 	$(PY) -m pytest -q -m gpu
 
 # on the GPU: ours vs the unfused chain (eager, torch.compile) vs the streaming
-# floor; `python -m bench.run --dry-run` checks the harness on the CPU
+# floor, for MiniMax-M3 pre_attn and DeepSeek-V4.1 attn_front (--kernels picks);
+# `python -m bench.run --dry-run` checks the harness on the CPU
 bench: $(STAMP)
 	$(PY) -m bench.run
 

@@ -45,14 +45,16 @@ def markdown_entry(meta: dict, rows: list[dict], extras: dict) -> str:
     """The section appended to bench/RESULTS.md for one run."""
     fake = " (DRY RUN: fake numbers)" if meta.get("dry_run") else ""
     bw = extras.get("copy_bandwidth", {})
+    build = f" ({meta['build']})" if meta.get("build") else ""
+    floor = f" {meta['floor_note'][0].upper()}{meta['floor_note'][1:]}." if meta.get("floor_note") else ""
     lines = [
-        f"## {meta['kernel']} on {meta['gpu']}, {meta['date']}{fake}",
+        f"## {meta['kernel']}{build} on {meta['gpu']}, {meta['date']}{fake}",
         "",
         f"commit `{meta['commit']}`, torch {meta['torch']}, CUDA {meta.get('cuda') or 'n/a'}, "
         f"target {meta['target']}; {meta['copies']} weight copies per graph "
         f"(L2 {meta['l2_bytes'] / 2**20:.0f} MiB), {meta['replays']} replays (median); "
         f"unfused GEMM: {meta['gemm']}; copy bandwidth {bw.get('bytes_per_s', 0) / 1e12:.2f} TB/s "
-        "(read + written).",
+        f"(read + written).{floor}",
         "",
         markdown_table(rows),
         "",
@@ -83,6 +85,11 @@ def write_json(path: Path, data: dict) -> None:
     tmp = path.with_suffix(path.suffix + ".tmp")
     tmp.write_text(json.dumps(data, indent=1, default=str))
     os.replace(tmp, path)
+
+
+def plot_title(meta: dict) -> str:
+    build = f" ({meta['build']})" if meta.get("build") else ""
+    return f"{meta['kernel']}{build} on {meta['gpu']} ({meta['commit']})"
 
 
 def plot(rows: list[dict], path: Path, title: str) -> str | None:

@@ -1,26 +1,31 @@
-"""``make bench`` = ``python -m bench.run``: MiniMax-M3 pre_attn at S = 1, 4, 16.
+"""``make bench`` = ``python -m bench.run``: MiniMax-M3 pre_attn at S = 1, 4, 16
+and DeepSeek-V4.1 attn_front (TP4, 16 local heads) at S = 1, 6, 16, 48.
 
-For each S: the correctness guard (every contender once, compared; abort if
-they disagree), then each contender timed from one CUDA graph over cold weight
-copies (bench/timing.py), next to the streaming floor (bench/minimax.py bytes
-/ the copy bandwidth measured in this run). Also: JIT cold compile (fresh
-cache folder), warm cache load, module load, and ``make generate`` wall time.
+For each kernel and S: the correctness guard (every contender once, checked;
+the kernel's timing is skipped if they disagree), then each contender timed
+from one CUDA graph over cold weight copies (bench/timing.py), next to the
+streaming floor (the case's bytes / the copy bandwidth measured in this run;
+bench/minimax.py, bench/deepseek.py). Also: JIT cold compile (fresh cache
+folder), warm cache load and module load of each kernel, and ``make
+generate`` wall time. ``--kernels minimax,deepseek`` picks (default both).
 
-Writes: the table (stdout), bench/pre_attn.png (if matplotlib is there),
-an entry appended to bench/RESULTS.md, and, when $OUT (or --out) is set,
-$OUT/bench.json, $OUT/pre_attn.png and $OUT/RESULTS-entry.md.
+Writes: the tables (stdout), one plot per kernel (bench/pre_attn.png,
+bench/attn_front.png; if matplotlib is there), one entry per kernel appended
+to bench/RESULTS.md, and, when $OUT (or --out) is set, $OUT/bench.json (after
+every case), the PNGs and $OUT/RESULTS-entry.md.
 
-``--dry-run``: everything but the timing, on the CPU (no GPU needed): the
+``--dry-run``: everything but the timing, on the CPU (no GPU needed): each
 kernel is built and its arguments checked, a stand-in writes the reference's
-values into its mailbox, the unfused chain runs eagerly and through
-``torch.compile`` (eager backend), the guard compares them, the JIT and
-generate timings are real, the times are fake; outputs go to --out or a temp
-folder, never to bench/."""
+values where the kernel writes them, the unfused chains run eagerly and
+through ``torch.compile`` (eager backend), the guards compare them, the JIT
+and generate timings are real, the times are fake; outputs go to --out or a
+temp folder, never to bench/."""
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import importlib
 import math
 import os
 import shutil
@@ -28,20 +33,88 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
 from pathlib import Path
 
 import torch
 
 from bench import report
-from bench.minimax import HIDDEN, KERNEL, QKV_ROWS, GuardError, PreAttnCase
+from bench.minimax import GuardError
 from bench.timing import FakeTimer, GpuTimer
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "bench"
-TOKENS = (1, 4, 16)
 CONTEXTS = ()  # hook: context lengths for context-dependent stages (indexer scores, attention);
 # none: the GPU tests' default launch (seq_lens 100: no block is scored)
 L2_FALLBACK = 60 << 20
+
+
+class MinimaxBench:
+    """MiniMax-M3 pre_attn (bench/minimax.py)."""
+
+    key = "minimax"
+    png = "pre_attn.png"
+    takes_contexts = True
+    floor_note = "floor: bytes read + written / copy bandwidth"
+
+    def __init__(self, args, dry: bool):
+        from bench import minimax
+        from codegen.reference.minimax_m3_unfused import pick_gemm, pre_attn_unfused
+
+        self._mod = minimax
+        self.kernel = minimax.KERNEL
+        self.default_tokens = (1, 4, 16)
+        self.build = ""
+        self.flags: dict = {}
+        self.per_copy = minimax.QKV_ROWS * minimax.HIDDEN + minimax.QKV_ROWS * 4
+        self.gemm = pick_gemm("cpu" if dry else "cuda") if args.gemm == "auto" else args.gemm
+        self.unfused = pre_attn_unfused
+        self.args, self.dry = args, dry
+
+    def make_case(self, s: int, ctx, *, copies: int, compiled, log):
+        return self._mod.PreAttnCase(s, ctx, copies=copies, gemm=self.gemm, compiled=compiled, seed=self.args.seed,
+                                     dry_run=self.dry, log=log)
+
+    def gemm_note(self) -> str | None:
+        if self.gemm == "dequant" and not self.dry:
+            return "the unfused GEMM is a dequantized f32 matmul (no torch._scaled_mm here): not production-like"
+        return None
+
+
+class DeepSeekBench:
+    """DeepSeek-V4.1 attn_front at TP --tp (bench/deepseek.py)."""
+
+    key = "deepseek"
+    png = "attn_front.png"
+    takes_contexts = False
+    floor_note = ("floor: bytes read (fp8 weights + E8M0 codes + activations) / copy bandwidth; the writes "
+                  "(q, records, key table) are not in it")
+
+    def __init__(self, args, dry: bool):
+        from bench import deepseek
+        from codegen.reference.deepseek_v41_unfused import attn_front_unfused
+
+        self._mod = deepseek
+        self.kernel = deepseek.KERNEL
+        self.default_tokens = deepseek.TOKENS
+        self.tp = args.tp
+        self.build = f"TP{args.tp}, {64 // args.tp} local heads, ratio {deepseek.RATIO}"
+        self.flags = {"tp": args.tp, "ratio": deepseek.RATIO}
+        self.per_copy = deepseek.per_copy_bytes(args.tp)
+        self.gemm = "dequant-bf16"
+        self.unfused = attn_front_unfused
+        self.args, self.dry = args, dry
+
+    def make_case(self, s: int, ctx, *, copies: int, compiled, log):
+        return self._mod.AttnFrontCase(s, None, copies=copies, compiled=compiled, seed=self.args.seed,
+                                       dry_run=self.dry, tp=self.tp, log=log)
+
+    def gemm_note(self) -> str | None:
+        return ("the unfused GEMMs dequantize their MXFP8 operands to bf16 on every call and run a bf16 matmul "
+                "(f32 accumulation): torch has no MXFP8 GEMM on sm90")
+
+
+BENCHES = {"minimax": MinimaxBench, "deepseek": DeepSeekBench}
 
 
 def log(*a) -> None:
@@ -78,14 +151,14 @@ def auto_copies(l2_bytes: int, per_copy: int) -> int:
 # ----------------------------------------------------------------------------- JIT and generate timings
 
 
-def jit_timings(tokens: int, target: str, gpu: bool) -> dict:
+def jit_timings(kernel: str, tokens: int, target: str, gpu: bool, **flags) -> dict:
     """Render (spec -> HIP), cold compile into a fresh MONO_CACHE_DIR, warm
     cache load (same folder), and on a GPU the module load; seconds."""
     from codegen import jit, render
 
     out = {}
     t0 = time.perf_counter()
-    ir, src = render.source(KERNEL, target, tokens=tokens)
+    ir, src = render.source(kernel, target, tokens=tokens, **flags)
     out["render_s"] = time.perf_counter() - t0
     name = f"{ir.kernel.replace('/', '_')}.{ir.target.name}.hip"
     backend = jit.backend_for(ir.target)
@@ -155,14 +228,18 @@ def generate_timing() -> dict:
 def parse_args(argv):
     ap = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__.splitlines()[0])
     ap.add_argument("--dry-run", action="store_true", help="CPU only: everything but the timing (fake numbers)")
-    ap.add_argument("--tokens", default=",".join(map(str, TOKENS)), help="token counts S (default 1,4,16)")
+    ap.add_argument("--kernels", default=",".join(BENCHES),
+                    help=f"which kernels, in order (default {','.join(BENCHES)})")
+    ap.add_argument("--tokens", default=None,
+                    help="token counts S for every kernel (default: minimax 1,4,16; deepseek 1,6,16,48)")
     ap.add_argument("--contexts", default=",".join(map(str, CONTEXTS)),
-                    help="context lengths for context-dependent stages (default none: seq_lens 100)")
+                    help="minimax: context lengths for context-dependent stages (default none: seq_lens 100)")
+    ap.add_argument("--tp", type=int, default=4, choices=(2, 4), help="deepseek: tensor-parallel ranks (default 4)")
     ap.add_argument("--replays", type=int, default=50, help="timed graph replays per contender (median)")
     ap.add_argument("--warmup", type=int, default=10, help="untimed graph replays first")
     ap.add_argument("--copies", type=int, default=0, help="weight copies per graph (0: > 2x L2, at least 8)")
     ap.add_argument("--gemm", default="auto", choices=("auto", "scaled_mm", "dequant"),
-                    help="GEMM of the unfused chain (auto: torch._scaled_mm where the GPU has FP8)")
+                    help="minimax: GEMM of the unfused chain (auto: torch._scaled_mm where the GPU has FP8)")
     ap.add_argument("--compile-backend", default=None, help="torch.compile backend (default inductor; dry run eager)")
     ap.add_argument("--no-compile", action="store_true", help="skip the torch.compile contender")
     ap.add_argument("--no-jit", action="store_true", help="skip the JIT cold/warm timings")
@@ -171,9 +248,104 @@ def parse_args(argv):
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default=os.environ.get("OUT") or None, help="folder for bench.json etc. (default $OUT)")
     ap.add_argument("--results", default=None, help="markdown file to append to (default bench/RESULTS.md)")
-    ap.add_argument("--plot", default=None, help="PNG to write (default bench/pre_attn.png)")
+    ap.add_argument("--plot-dir", default=None,
+                    help="folder for the PNGs (default bench/; dry run: the output folder)")
     ap.add_argument("--no-plot", action="store_true", help="write no plot")
-    return ap.parse_args(argv)
+    args = ap.parse_args(argv)
+    args.kernels = [k.strip() for k in args.kernels.split(",") if k.strip()]
+    bad = [k for k in args.kernels if k not in BENCHES]
+    if bad or not args.kernels:
+        ap.error(f"--kernels: unknown {bad or 'none given'}; choose from {', '.join(BENCHES)}")
+    return args
+
+
+def _short(e: BaseException) -> str:
+    return f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:300]}"
+
+
+def run_kernel(kb, args, run: dict, *, timer, bw: float, dev: dict, common: dict, save) -> bool:
+    """Every S (and context) of one kernel: guard, then each contender timed,
+    into ``run["meta"]`` / ``run["cases"]`` as it goes (``save()`` writes what
+    is known after each case). Returns whether every case passed its guard
+    and ran without error. A failing guard stops this kernel's timing (unless
+    --no-guard); an error in one case is recorded and the next S runs."""
+    dry = common["dry_run"]
+    copies = args.copies or (2 if dry else auto_copies(dev["l2_bytes"], kb.per_copy))
+    meta = run["meta"] = dict(common, kernel=kb.kernel, build=kb.build, copies=copies, gemm=kb.gemm,
+                              target="sm90" if dry else None, floor_note=kb.floor_note, notes=[])
+    rows = run["cases"]
+    note = kb.gemm_note()
+    if note:
+        meta["notes"].append(note)
+
+    def add_notes(notes):
+        for n in notes:
+            if n not in meta["notes"]:
+                meta["notes"].append(n)
+
+    log(f"\nbench: {kb.kernel}{f' ({kb.build})' if kb.build else ''} on {dev['gpu']}, {copies} weight copies "
+        f"({copies * kb.per_copy / 2**20:.0f} MiB, L2 {dev['l2_bytes'] / 2**20:.0f} MiB)"
+        + (" [DRY RUN: times are fake]" if dry else ""))
+    compiled = None
+    if not args.no_compile:
+        backend = args.compile_backend or ("eager" if dry else "inductor")
+        compiled = torch.compile(kb.unfused, dynamic=False, backend=backend)
+        meta["compile_backend"] = backend
+    tokens = [int(x) for x in args.tokens.split(",") if x] if args.tokens else list(kb.default_tokens)
+    contexts = ([int(x) for x in args.contexts.split(",") if x] if kb.takes_contexts else []) or [None]
+    ok = True
+    for s in tokens:
+        for ctx in contexts:
+            entry = {"kernel": kb.kernel, "tokens": s, "context": ctx}
+            rows.append(entry)
+            case = None
+            try:
+                case = kb.make_case(s, ctx, copies=copies, compiled=compiled, log=log)
+                meta["target"] = case.target.name
+                nbytes = case.bytes()
+                floor_us = nbytes.get("floor", nbytes["total"]) / bw * 1e6
+                entry.update(bytes=nbytes, floor_us=floor_us)
+                entry["warm_up"] = case.warm_up()
+                compiled = case.compiled if compiled is not None else None  # a failed compile is dropped
+                try:
+                    entry["guard"] = case.guard()
+                    log(f"S={s}: guard ok ({', '.join(entry['guard'])})")
+                except GuardError as e:
+                    entry["guard_error"] = str(e)
+                    ok = False
+                    if not args.no_guard:
+                        log(f"\n*** GUARD FAILED ***\n{e}\n")
+                        meta["notes"].append(f"S={s}: GUARD FAILED: {kb.kernel} not timed from here on")
+                        add_notes(case.notes)
+                        return False
+                    meta["notes"].append(f"S={s}: GUARD FAILED (timed anyway, --no-guard)")
+                    log(f"WARNING (--no-guard): {e}")
+                fake = {"ours": 1.6 * floor_us + 2, "eager": 6 * floor_us + 30, "compile": 2.5 * floor_us + 8}
+                for name, calls in case.contenders().items():
+                    try:
+                        sample = timer.graph(calls, fake_us=fake[name])
+                    except Exception as e:  # noqa: BLE001 - reported; the other contenders still run
+                        msg = f"S={s}: timing {name} failed: {_short(e)}"
+                        meta["notes"].append(msg)
+                        entry[f"{name}_us"] = None
+                        log("ERROR: " + msg)
+                        continue
+                    entry[f"{name}_us"] = sample.median
+                    entry[f"{name}_timing"] = sample.summary()
+                    log(f"S={s}: {name:8s} {sample.median:8.2f} us (median of {len(sample.us)}; "
+                        f"min {min(sample.us):.2f})")
+                add_notes(case.notes)
+            except Exception as e:  # noqa: BLE001 - recorded; the next S still runs
+                ok = False
+                entry["error"] = traceback.format_exc()[-4000:]
+                entry.setdefault("floor_us", None)
+                meta["notes"].append(f"S={s}: ERROR {_short(e)}")
+                log(f"ERROR in {kb.kernel} S={s}:\n{entry['error']}")
+            finally:
+                if case is not None:
+                    case.release()
+                save()
+    return ok
 
 
 def main(argv=None) -> int:
@@ -182,122 +354,102 @@ def main(argv=None) -> int:
     if not dry and not torch.cuda.is_available():
         log("error: no GPU visible to torch; run on the GPU machine, or use --dry-run to check the harness here")
         return 2
-    tokens = [int(x) for x in args.tokens.split(",") if x]
-    contexts = [int(x) for x in args.contexts.split(",") if x] or [None]
     out_dir = Path(args.out) if args.out else (Path(tempfile.mkdtemp(prefix="bench-dry-")) if dry else None)
     if out_dir:
         out_dir.mkdir(parents=True, exist_ok=True)
     results_path = Path(args.results) if args.results else (out_dir / "RESULTS.md" if dry else BENCH / "RESULTS.md")
-    plot_path = Path(args.plot) if args.plot else (out_dir / "pre_attn.png" if dry else BENCH / "pre_attn.png")
+    plot_dir = Path(args.plot_dir) if args.plot_dir else (out_dir if dry else BENCH)
+    if not args.no_compile:  # one compiled graph per S and kernel: never fall back to eager silently
+        cfg = importlib.import_module("torch._dynamo").config
+        limit = "recompile_limit" if hasattr(cfg, "recompile_limit") else "cache_size_limit"
+        setattr(cfg, limit, max(getattr(cfg, limit), 64))
 
     dev = device_meta(dry)
-    per_copy = QKV_ROWS * HIDDEN + QKV_ROWS * 4
-    copies = args.copies or (2 if dry else auto_copies(dev["l2_bytes"], per_copy))
     timer = FakeTimer(args.replays) if dry else GpuTimer(args.replays, args.warmup)
-    from codegen.reference.minimax_m3_unfused import pick_gemm, pre_attn_unfused
-
-    gemm = pick_gemm("cpu" if dry else "cuda") if args.gemm == "auto" else args.gemm
-    meta = {
-        "kernel": KERNEL, "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+    common = {
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "commit": git_commit(), "torch": torch.__version__, "python": sys.version.split()[0],
-        "dry_run": dry, "copies": copies, "replays": timer.replays, "warmup": args.warmup, "gemm": gemm,
-        "target": "sm90" if dry else None, "notes": [], **dev,
+        "dry_run": dry, "replays": timer.replays, "warmup": args.warmup, **dev,
     }
-    if gemm == "dequant" and not dry:
-        meta["notes"].append("the unfused GEMM is a dequantized f32 matmul (no torch._scaled_mm here): "
-                             "not production-like")
-    log(f"bench: {KERNEL} on {dev['gpu']}, torch {torch.__version__}, commit {meta['commit']}, "
-        f"{copies} weight copies ({copies * per_copy / 2**20:.0f} MiB, L2 {dev['l2_bytes'] / 2**20:.0f} MiB)"
+    log(f"bench: {', '.join(args.kernels)} on {dev['gpu']}, torch {torch.__version__}, commit {common['commit']}"
         + (" [DRY RUN: times are fake]" if dry else ""))
-
-    extras: dict = {}
-    compiled = None
-    if not args.no_compile:
-        backend = args.compile_backend or ("eager" if dry else "inductor")
-        compiled = torch.compile(pre_attn_unfused, dynamic=False, backend=backend)
-        meta["compile_backend"] = backend
-
-    extras["copy_bandwidth"] = timer.copy_bandwidth()
+    extras: dict = {"copy_bandwidth": timer.copy_bandwidth()}
     bw = extras["copy_bandwidth"]["bytes_per_s"]
     log(f"copy bandwidth: {bw / 1e12:.3f} TB/s (read + written){' [fake]' if dry else ''}")
 
-    rows, cases_json = [], []
-    for s in tokens:
-        for ctx in contexts:
-            case = PreAttnCase(s, ctx, copies=copies, gemm=gemm, compiled=compiled, seed=args.seed, dry_run=dry,
-                               log=log)
-            meta["target"] = case.target.name
-            nbytes = case.bytes()
-            floor_us = nbytes["total"] / bw * 1e6
-            entry = {"tokens": s, "context": ctx, "bytes": nbytes, "floor_us": floor_us}
-            entry["warm_up"] = case.warm_up()
-            compiled = case.compiled if compiled is not None else None  # a failed compile is dropped
-            try:
-                entry["guard"] = case.guard()
-                log(f"S={s}: guard ok ({', '.join(entry['guard'])})")
-            except GuardError as e:
-                if not args.no_guard:
-                    log(f"\n*** GUARD FAILED ***\n{e}\n")
-                    entry["guard_error"] = str(e)
-                    if out_dir:  # what was measured so far, and the failing case's statistics
-                        report.write_json(out_dir / "bench.json", {"meta": meta, "cases": cases_json + [entry],
-                                                                   **extras})
-                    return 1
-                entry["guard_error"] = str(e)
-                meta["notes"].append(f"S={s}: GUARD FAILED (timed anyway, --no-guard)")
-                log(f"WARNING (--no-guard): {e}")
-            fake = {"ours": 1.6 * floor_us + 2, "eager": 6 * floor_us + 30, "compile": 2.5 * floor_us + 8}
-            for name, calls in case.contenders().items():
-                try:
-                    sample = timer.graph(calls, fake_us=fake[name])
-                except Exception as e:  # noqa: BLE001 - reported; the other contenders still run
-                    msg = f"S={s}: timing {name} failed: {type(e).__name__}: {str(e).splitlines()[0][:300]}"
-                    meta["notes"].append(msg)
-                    entry[f"{name}_us"] = None
-                    log("ERROR: " + msg)
-                    continue
-                entry[f"{name}_us"] = sample.median
-                entry[f"{name}_timing"] = sample.summary()
-                log(f"S={s}: {name:8s} {sample.median:8.2f} us (median of {len(sample.us)}; "
-                    f"min {min(sample.us):.2f})")
-            for note in case.notes:
-                if note not in meta["notes"]:
-                    meta["notes"].append(note)
-            case.release()
-            rows.append(entry)
-            cases_json.append(entry)
+    runs: dict[str, dict] = {}  # kernel -> {"meta", "cases", "jit"}
+    meta = dict(common, kernels=[], notes=[])
 
-    if not args.no_jit:
+    def data() -> dict:
+        cases = [c for r in runs.values() for c in r["cases"]]
+        return {"meta": meta, "cases": cases, "kernels": runs, **extras}
+
+    def save() -> None:
+        if out_dir:
+            report.write_json(out_dir / "bench.json", data())
+
+    status = 0
+    for key in args.kernels:
+        kb = BENCHES[key](args, dry)
+        meta["kernels"].append(kb.kernel)
+        run = runs[kb.kernel] = {"meta": {"kernel": kb.kernel, "notes": []}, "cases": [], "png": kb.png}
         try:
-            extras["jit"] = jit_timings(1, meta["target"], gpu=not dry)
-        except Exception as e:  # noqa: BLE001 - reported, not fatal
-            extras["jit"] = {"error": f"{type(e).__name__}: {e}"}
-        log("JIT (S=1): " + ", ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}"
-                                      for k, v in extras["jit"].items()))
+            run["ok"] = run_kernel(kb, args, run, timer=timer, bw=bw, dev=dev, common=common, save=save)
+        except Exception as e:  # noqa: BLE001 - the other kernels still run; reported
+            run["ok"] = False
+            run["meta"]["notes"].append(f"ERROR: {_short(e)}")
+            run["error"] = traceback.format_exc()[-4000:]
+            log(f"ERROR in {kb.kernel}:\n{run['error']}")
+        if not run["ok"]:
+            status = 1
+        save()
+        if not args.no_jit and run["meta"].get("target"):
+            try:
+                run["jit"] = jit_timings(kb.kernel, 1, run["meta"]["target"], gpu=not dry, **kb.flags)
+            except Exception as e:  # noqa: BLE001 - reported, not fatal
+                run["jit"] = {"error": _short(e)}
+            log(f"JIT {kb.kernel} (S=1): " + ", ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}"
+                                                       for k, v in run["jit"].items()))
+        save()
     if not args.no_generate:
         extras["generate"] = generate_timing()
         g = extras["generate"]
         log("make generate: " + ", ".join(f"{k} {v:.2f}" if isinstance(v, float) else f"{k} {v}"
                                           for k, v in g.items() if not k.endswith("stderr")))
 
-    log("")
-    log(report.format_table(rows))
-    for n in meta["notes"]:
-        log(f"note: {n}")
-    entry_md = report.markdown_entry(meta, rows, extras)
-    report.append_results(results_path, entry_md)
-    log(f"\nappended to {results_path}")
-    why = "no plot (--no-plot)" if args.no_plot else report.plot(rows, plot_path,
-                                                                f"{KERNEL} on {dev['gpu']} ({meta['commit']})")
-    log(why or f"plot: {plot_path}")
-    data = {"meta": meta, "cases": cases_json, **extras}
+    entries = []
+    for i, (kernel, run) in enumerate(runs.items()):
+        kmeta, rows = run["meta"], run["cases"]
+        log(f"\n{kernel}" + (f" ({kmeta['build']})" if kmeta.get("build") else ""))
+        if not rows or "copies" not in kmeta:
+            log(f"{kernel}: no results ({'; '.join(kmeta['notes'])})")
+            continue
+        log(report.format_table(rows))
+        for n in kmeta["notes"]:
+            log(f"note: {n}")
+        kextras = {"copy_bandwidth": extras["copy_bandwidth"]}
+        if "jit" in run:
+            kextras["jit"] = run["jit"]
+        if i == 0 and "generate" in extras:
+            kextras["generate"] = extras["generate"]
+        entry_md = report.markdown_entry(kmeta, rows, kextras)
+        entries.append(entry_md)
+        timed = any(r.get(f"{n}_us") is not None for r in rows for n in ("ours", "eager", "compile"))
+        if not timed:
+            log(f"{kernel}: nothing timed: no entry appended to {results_path}, no plot")
+            continue
+        report.append_results(results_path, entry_md)
+        log(f"appended to {results_path}")
+        png = plot_dir / run["png"]
+        why = "no plot (--no-plot)" if args.no_plot else report.plot(rows, png, report.plot_title(kmeta))
+        log(why or f"plot: {png}")
+        if out_dir and not why and png.resolve() != (out_dir / png.name).resolve():
+            shutil.copy(png, out_dir / png.name)
+    save()
     if out_dir:
-        report.write_json(out_dir / "bench.json", data)
-        (out_dir / "RESULTS-entry.md").write_text(entry_md)
-        if not why and plot_path.resolve() != (out_dir / plot_path.name).resolve():
-            shutil.copy(plot_path, out_dir / plot_path.name)
+        (out_dir / "RESULTS-entry.md").write_text("\n".join(entries))
         log(f"json: {out_dir / 'bench.json'}")
-    return 0
+    return status
 
 
 if __name__ == "__main__":

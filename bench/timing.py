@@ -8,7 +8,9 @@ eagerly on a side stream (lazy initialisation, compilation, allocator
 warm-up), then captured into ONE graph in sequence. After ``warmup`` replays,
 each of ``replays`` replays is timed alone: a ``torch.cuda._sleep`` keeps the
 GPU busy while the CPU enqueues the start event, the replay and the end event
-(so the CPU's launch cost is hidden, as in a decode loop), and the elapsed
+(so the CPU's launch cost is hidden, as in a decode loop; the sleep is made
+longer than twice the slowest ``graph.replay()`` call of the warm-up, for
+graphs of thousands of nodes such as the eager DeepSeek chain), and the elapsed
 time is divided by the number of calls. The result is the median (min, p90
 and all samples are kept too)."""
 
@@ -21,7 +23,8 @@ from typing import Callable, Sequence
 
 import torch
 
-SLEEP_CYCLES = 200_000  # ~100 us at ~2 GHz: longer than enqueueing one graph replay
+SLEEP_CYCLES = 200_000  # ~100 us at ~2 GHz: longer than enqueueing one graph replay (of a small graph)
+SLEEP_HZ = 2.0e9  # cycles per second assumed when sizing the sleep from CPU time (H200: <= 1.98 GHz, so longer)
 COPY_BYTES = 2 << 30  # 2 GiB device-to-device copy for the bandwidth
 
 
@@ -31,6 +34,7 @@ class Sample:
 
     us: list[float] = field(default_factory=list)
     fake: bool = False
+    sleep_cycles: int | None = None  # the sleep before each timed replay (GpuTimer)
 
     @property
     def median(self) -> float:
@@ -45,6 +49,7 @@ class Sample:
             "replays": len(s),
             "samples_us": self.us,
             "fake": self.fake,
+            "sleep_cycles": self.sleep_cycles,
         }
 
 
@@ -77,14 +82,20 @@ class GpuTimer:
             for call in calls:
                 call()
         torch.cuda.synchronize()
-        for _ in range(self.warmup):
+        enqueue_s = 0.0
+        for n in range(max(self.warmup, 2)):  # the first replay also uploads the graph: not counted
+            t0 = time.perf_counter()
             graph.replay()
-        torch.cuda.synchronize()
+            if n:
+                enqueue_s = max(enqueue_s, time.perf_counter() - t0)
+            torch.cuda.synchronize()
+        sleep_cycles = max(self.sleep_cycles, int(2 * enqueue_s * SLEEP_HZ))
         out = Sample()
+        out.sleep_cycles = sleep_cycles
         for _ in range(self.replays):
             start = torch.cuda.Event(enable_timing=True)
             end = torch.cuda.Event(enable_timing=True)
-            torch.cuda._sleep(self.sleep_cycles)
+            torch.cuda._sleep(sleep_cycles)
             start.record()
             graph.replay()
             end.record()

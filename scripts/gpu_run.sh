@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # On the lent GPU machine: install the carried wheels, run the GPU tests (and
-# whatever else is asked: `scripts/gpu_run.sh bench`, `scripts/gpu_run.sh tp` on every
+# whatever else is asked: `scripts/gpu_run.sh bench` (options of bench.run in
+# $BENCH_ARGS, e.g. BENCH_ARGS="--kernels deepseek"), `scripts/gpu_run.sh tp` on every
 # GPU of the machine), logs under $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -12,7 +13,7 @@ status=0
 for what in "${@:-tests}"; do
     case "$what" in
         tests) python3 -m pytest -q -m gpu -p no:cacheprovider tests 2>&1 | tee "$OUT/gpu-tests.log"; status=$((status | PIPESTATUS[0])) ;;
-        bench) python3 -m bench.run 2>&1 | tee "$OUT/bench.log"; status=$((status | PIPESTATUS[0])) ;;
+        bench) python3 -m bench.run ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log"; status=$((status | PIPESTATUS[0])) ;;
         tp) NCCL_NVLS_ENABLE=0 python3 -m torch.distributed.run --nproc-per-node "$(nvidia-smi -L | wc -l)" \
                 scripts/tp_run.py 2>&1 | tee "$OUT/tp-run.log"; status=$((status | PIPESTATUS[0])) ;;
         *) echo "unknown step $what"; status=1 ;;

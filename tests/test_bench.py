@@ -29,8 +29,8 @@ def test_auto_copies():
 
 def test_dry_run(tmp_path):
     out = tmp_path / "out"
-    assert main(["--dry-run", "--tokens", "1", "--copies", "1", "--no-jit", "--no-generate", "--no-plot",
-                 "--out", str(out)]) == 0
+    assert main(["--dry-run", "--kernels", "minimax", "--tokens", "1", "--copies", "1", "--no-jit", "--no-generate",
+                 "--no-plot", "--out", str(out)]) == 0
     data = json.loads((out / "bench.json").read_text())
     assert [c["tokens"] for c in data["cases"]] == [1]
     for c in data["cases"]:

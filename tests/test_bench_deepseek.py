@@ -1,0 +1,126 @@
+"""The DeepSeek-V4.1 attn_front part of the benchmark harness on the CPU
+(``python -m bench.run --dry-run --kernels deepseek``): the bytes of the
+floor, the dry run end to end (S = 17: through the xq stage; S = 1 runs in the
+guard tests), the plot from its bench.json, and a guard that fails when a
+contender is wrong."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from bench import plot
+from bench.deepseek import AttnFrontCase, attn_front_bytes, per_copy_bytes
+from bench.minimax import GuardError
+from bench.run import BENCHES, main, parse_args
+from codegen.reference import deepseek_v41_unfused as U
+
+
+def test_bytes():
+    b = attn_front_bytes(1)
+    assert b["weight"] == 1792 * 5120 + 16 * 512 * 1280 == 19_660_800
+    assert b["weight_scales"] == 56 * 160 + 256 * 40 == 19_200
+    assert b["floor"] == b["read"] == 19_696_728
+    assert [attn_front_bytes(s)["read"] for s in (6, 16, 48)] == [19_762_192, 19_893_248, 20_312_448]
+    assert attn_front_bytes(48)["written"] == 48 * (16 * 512 * 2 + 584 + 640 * 4 + 8)
+    assert per_copy_bytes(4) == 19_680_000 and per_copy_bytes(2) == 1792 * 5120 + 32 * 512 * 1280 + 8960 + 512 * 40
+
+
+def test_kernels_option():
+    assert parse_args([]).kernels == list(BENCHES) == ["minimax", "deepseek"]
+    assert parse_args(["--kernels", "deepseek"]).kernels == ["deepseek"]
+    with pytest.raises(SystemExit):
+        parse_args(["--kernels", "minimax,nope"])
+
+
+@pytest.fixture(scope="module")
+def dry_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench-ds")
+    rc = main(["--dry-run", "--kernels", "deepseek", "--tokens", "17", "--copies", "2", "--no-jit",
+               "--no-generate", "--out", str(out)])
+    return rc, out
+
+
+def test_dry_run(dry_run):
+    rc, out = dry_run
+    assert rc == 0
+    data = json.loads((out / "bench.json").read_text())
+    assert [(c["kernel"], c["tokens"]) for c in data["cases"]] == [("deepseek_v41/attn_front", 17)]
+    for c in data["cases"]:
+        assert c["guard"] and all(v["ok"] for v in c["guard"].values())
+        assert {"ours.contract", "eager.swa_exact", "compile.q_vs_ours", "eager.kt_exact"} <= set(c["guard"])
+        assert {"ours_us", "eager_us", "compile_us", "floor_us"} <= set(c)
+        assert c["floor_us"] == pytest.approx(c["bytes"]["read"] / 4.0e12 * 1e6)
+    run = data["kernels"]["deepseek_v41/attn_front"]
+    assert run["ok"] and run["meta"]["build"].startswith("TP4, 16 local heads")
+    assert data["meta"]["dry_run"] and data["copy_bandwidth"]["fake"]
+    entry = (out / "RESULTS-entry.md").read_text()
+    assert "## deepseek_v41/attn_front (TP4" in entry and "DRY RUN" in entry and "| 17 |" in entry
+    assert (out / "RESULTS.md").exists() and (out / "attn_front.png").exists()
+
+
+def test_plot_from_json(dry_run, tmp_path):
+    _, out = dry_run
+    assert plot.main([str(out / "bench.json"), "--png-dir", str(tmp_path), "--append-results",
+                      str(tmp_path / "R.md")]) == 0
+    assert (tmp_path / "attn_front.png").exists()
+    assert "deepseek_v41/attn_front" in (tmp_path / "R.md").read_text()
+
+
+def test_guard_catches_wrong_outputs():
+    """The guard passes on the reference's values, and fails when our q is a
+    few ulps off, when the unfused chain writes a wrong cache byte, or when
+    its q is off."""
+    case = AttnFrontCase(1, copies=1, dry_run=True)
+    assert all(v["ok"] for v in case.guard().values())
+    good = case._standin_out["q"].clone()  # the stand-in's outputs exist after the guard
+    bad = good.clone()
+    r = int(bad[0, 2].float().abs().argmax())
+    bad[0, 2, r] = bad[0, 2, r].float() * 1.0625
+    case._standin_out["q"] = bad
+    with pytest.raises(GuardError, match="ours.contract"):
+        case.guard()
+    case._standin_out["q"] = good
+
+    def wrong_record(*a, **kw):
+        out = U.attn_front_unfused(*a, **kw)
+        a[10][7] ^= 0x40  # a byte of the cache (block 0 of swa)
+        return out
+
+    case.unfused = wrong_record
+    with pytest.raises(GuardError, match="eager.swa_exact") as e:
+        case.guard()
+    assert "ours.contract" not in str(e.value)
+
+    def wrong_q(*a, **kw):
+        out = U.attn_front_unfused(*a, **kw)
+        q = out["q"].clone()
+        q[0, 5, 100] = q[0, 5, 100].float() * 1.1
+        return dict(out, q=q)
+
+    case.unfused = wrong_q
+    with pytest.raises(GuardError, match="eager.q"):
+        case.guard()
+
+
+def test_error_in_one_case_keeps_the_others(tmp_path, monkeypatch):
+    """An exception in one S is recorded (exit status 1) and the other S still
+    run and are reported; also the path without torch.compile."""
+    orig = AttnFrontCase.warm_up
+
+    def warm_up(self):
+        if self.tokens == 2:
+            raise RuntimeError("boom")
+        return orig(self)
+
+    monkeypatch.setattr(AttnFrontCase, "warm_up", warm_up)
+    rc = main(["--dry-run", "--kernels", "deepseek", "--tokens", "2,1", "--copies", "1", "--no-compile", "--no-jit",
+               "--no-generate", "--no-plot", "--out", str(tmp_path)])
+    assert rc == 1
+    data = json.loads((tmp_path / "bench.json").read_text())
+    first, second = data["cases"]
+    assert "boom" in first["error"] and first.get("ours_us") is None
+    assert second["ours_us"] and second["eager_us"] and "compile_us" not in second
+    entry = (tmp_path / "RESULTS-entry.md").read_text()
+    assert "S=2: ERROR RuntimeError: boom" in entry and "| 1 |" in entry
