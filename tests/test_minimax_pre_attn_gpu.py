@@ -189,6 +189,13 @@ def test_head_tasks_cache_modes(tokens, static_kv_scale, kv_page_stride):
         assert (args["k_scale"].cpu()[args["k_scale"].cpu() != -7.0] == 1.0).all()
 
 
+def scoring_args(case: dict, inp: dict, q_len: int) -> dict:
+    """The indexer's arguments of a context case; iscore filled with canaries."""
+    return dict(seq_lens=case["seq_lens"].cuda(), block_table=case["block_table"].cuda(), bt_width=case["bt_cols"],
+                q_len=q_len, index_cache=case["index_cache_bytes"].cuda().view(inp["fp8"]),
+                iscore=torch.full((16 * 8192 * 8,), 0x5A, dtype=torch.uint8, device="cuda"))
+
+
 def assert_iscore(iscore: torch.Tensor, tokens: int, scores, want, bound) -> torch.Tensor:
     """The launch wrote exactly the iscore pairs the reference scores (the
     current tag), -inf where it says -inf, every other value within the bound;
@@ -228,11 +235,7 @@ def test_index_scores(case_args):
     case = context_case(tokens, q_len, contexts, seed=tokens * 10 + q_len)
     ws = kernel.workspace("cuda")
     args = launch_args(inp, ws)
-    args.update(
-        seq_lens=case["seq_lens"].cuda(), block_table=case["block_table"].cuda(), bt_width=case["bt_cols"],
-        q_len=q_len, index_cache=case["index_cache_bytes"].cuda().view(inp["fp8"]),
-        iscore=torch.full((16 * 8192 * 8,), 0x5A, dtype=torch.uint8, device="cuda"),
-    )
+    args.update(scoring_args(case, inp, q_len))
     kernel(**args)
     torch.cuda.synchronize()
     scores, want, bound = ref.index_scores(args["iq_out"].cpu().view(tokens, 128), args["index_cache"].cpu(),
@@ -292,11 +295,7 @@ def test_index_context_parallel(own, tokens, q_len, contexts):
     case = context_case(tokens, q_len, contexts, seed=own + tokens)
     ws = kernel.workspace("cuda")
     args = launch_args(inp, ws)
-    args.update(
-        seq_lens=case["seq_lens"].cuda(), block_table=case["block_table"].cuda(), bt_width=case["bt_cols"],
-        q_len=q_len, index_cache=case["index_cache_bytes"].cuda().view(inp["fp8"]),
-        iscore=torch.full((16 * 8192 * 8,), 0x5A, dtype=torch.uint8, device="cuda"),
-    )
+    args.update(scoring_args(case, inp, q_len))
     kernel(**args)
     torch.cuda.synchronize()
     got = read_mailbox(kernel, ws["scratch"], tokens)
@@ -339,9 +338,7 @@ def test_index_scores_read_this_launchs_keys():
     inp["positions"] = pos % 4096
     ws = kernel.workspace("cuda")
     args = launch_args(inp, ws, num_blocks=num_blocks)
-    args.update(seq_lens=case["seq_lens"].cuda(), block_table=case["block_table"].cuda(), bt_width=case["bt_cols"],
-                q_len=q_len, index_cache=case["index_cache_bytes"].cuda().view(inp["fp8"]),
-                iscore=torch.full((16 * 8192 * 8,), 0x5A, dtype=torch.uint8, device="cuda"))
+    args.update(scoring_args(case, inp, q_len))
     kernel(**args)
     torch.cuda.synchronize()
     scored_new = [(int(pos[k]) // 128) for k in range(tokens)
