@@ -215,6 +215,14 @@ def cmd_docs(args) -> int:
     return 0
 
 
+def _build_arguments(p, target: str | None, target_help: str | None = None) -> None:
+    """The arguments that name one build: SPEC, name=value flags, --target, --tokens."""
+    p.add_argument("spec")
+    p.add_argument("flag", nargs="*", help="build parameters as name=value")
+    p.add_argument("--target", default=target, help=target_help)
+    p.add_argument("--tokens", type=int, default=1)
+
+
 def main(argv: list[str] | None = None) -> int:
     prog = "mono-codegen" if os.path.basename(sys.argv[0]) == "mono-codegen" else "python -m codegen"
     parser = argparse.ArgumentParser(prog=prog, description="Mono kernels from YAML specs: check, render, review, run.")
@@ -227,10 +235,7 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("list", help="specs, build parameters, review builds")
     p.set_defaults(fn=cmd_list)
     p = sub.add_parser("show", help="print the generated source of one build")
-    p.add_argument("spec")
-    p.add_argument("--target", default="sm90")
-    p.add_argument("--tokens", type=int, default=1)
-    p.add_argument("flag", nargs="*", help="build parameters as name=value")
+    _build_arguments(p, target="sm90")
     p.set_defaults(fn=cmd_show)
     p = sub.add_parser("report", help="registers, LDS, spills, co-residency, mailbox bytes, MMA opcodes "
                                       "of the review builds (no GPU)")
@@ -256,17 +261,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--exit-code", action="store_true", help="exit with 1 when there are differences")
     p.set_defaults(fn=cmd_diff)
     p = sub.add_parser("rolemap", help="PNG of which CTA runs which task of which stage (no GPU)")
-    p.add_argument("spec")
-    p.add_argument("flag", nargs="*", help="build parameters as name=value")
-    p.add_argument("--target", default="sm90")
-    p.add_argument("--tokens", type=int, default=1)
+    _build_arguments(p, target="sm90")
     p.add_argument("-o", "--output", help="PNG path (default rolemap-<kernel>.<target>.<build>.png)")
     p.set_defaults(fn=cmd_rolemap)
     p = sub.add_parser("trace", help="launch a timeline=true build on the GPU: Perfetto trace JSON and a PNG")
-    p.add_argument("spec")
-    p.add_argument("flag", nargs="*", help="build parameters as name=value")
-    p.add_argument("--target", help="default: the GPU's")
-    p.add_argument("--tokens", type=int, default=1)
+    _build_arguments(p, target=None, target_help="default: the GPU's")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--case", metavar="MODULE:FUNCTION",
                    help="function(kernel, seed) -> launch arguments (default: random ones from the ABI)")

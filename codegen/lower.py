@@ -485,6 +485,10 @@ def _lower(loaded: LoadedSpec, build: Build) -> KernelIR:
         if first < 0 or ctas <= 0 or first + ctas > blocks:
             fail(ploc, f"CTAs {first}..{first + ctas - 1} lie outside the grid of {blocks} CTAs",
                  f"keep the range inside 0..{blocks - 1} for {target.name}")
+        for field in ("start_point", "done_point"):
+            point = getattr(s, field)
+            if point is not None and point not in spec.timeline_points:
+                fail(loc + (field,), f"no timeline point {point!r}", f"use one of {', '.join(spec.timeline_points)}")
         ctx.task_count, ctx.stage_ctas = tasks, ctas
         values = KINDS[s.kind].lower(s, ctx)
         waits = tuple(d for d in s.waits_on if active.get(d))

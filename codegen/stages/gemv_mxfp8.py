@@ -42,7 +42,7 @@ from pydantic import field_validator
 
 from ..spec.models import Expr, Name, PerTarget, StageBase, per_target
 from .gemv_fp8 import K_CHUNK
-from .mxfp8_quant import MX_BLOCK, check_point, check_rows, mx_fp8_max
+from .mxfp8_quant import MX_BLOCK, check_rows, mx_fp8_max
 
 KIND = "gemv_mxfp8"
 ROWS_PER_UNIT = 16  # one MMA tile of output rows
@@ -72,7 +72,6 @@ class Model(StageBase):
     cos_sin: Name = "cos_sin"  # rope_bf16: ABI f32 [positions, 64]
     pos: Name = "pos"  # rope_bf16: ABI i64 [tokens]
     token_tile: PerTarget = PerTarget(default=48)  # token rows resident in LDS
-    done_point: Name | None = None
 
     _tile = field_validator("token_tile", mode="before")(classmethod(lambda cls, v: per_target(v)))
 
@@ -150,7 +149,6 @@ def lower(stage: Model, ctx) -> dict:
         ctx.abi_arg(stage.cos_sin, ("cos_sin",), dtype="f32", shape=(None, head_dim - nope))
         ctx.abi_arg(stage.pos, ("pos",), dtype="i64", shape=(tokens,))
         rope = {"head_dim": head_dim, "nope": nope, "rope": head_dim - nope}
-    check_point(stage, ctx)
     return {
         "rows": rows,
         "k": k,

@@ -19,7 +19,6 @@ from __future__ import annotations
 from typing import Literal
 
 from ..spec.models import Expr, Name, StageBase
-from .mxfp8_quant import check_point
 
 KIND = "key_table"
 
@@ -30,7 +29,6 @@ class Model(StageBase):
     topk_keys: Expr = "TOPK"  # top-k entries of a token (the topk row's width)
     window: Expr = "WINDOW"  # window entries of a token (swa_idx's row width)
     ratio: Expr = "ratio"  # compress ratio (0: no top-k keys)
-    done_point: Name | None = None
     # ABI arguments (the seed's names)
     pos: Name = "pos"
     slot: Name = "slot"
@@ -64,5 +62,4 @@ def lower(stage: Model, ctx) -> dict:
     ctx.abi_arg(stage.bt_stride, ("bt_stride",), dtype="i32", scalar=True)
     ctx.abi_arg(stage.kt, ("kt",), dtype="i32", shape=(s, keys), written=True)
     ctx.abi_arg(stage.klen, ("klen",), dtype="i32", shape=(2 * s,), written=True)
-    check_point(stage, ctx)
     return {"n_keys": keys, "topk": topk, "window": window, "ratio": ratio, "fields": stage}

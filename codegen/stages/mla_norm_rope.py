@@ -31,7 +31,7 @@ from __future__ import annotations
 from typing import Literal
 
 from ..spec.models import Expr, Name, StageBase
-from .mxfp8_quant import MX_BLOCK, check_copies, check_point, mx_fp8_max
+from .mxfp8_quant import MX_BLOCK, check_copies, mx_fp8_max
 
 KIND = "mla_norm_rope"
 NORM_THREADS = 256
@@ -58,7 +58,6 @@ class Model(StageBase):
     flag_stride: Expr
     index: Expr = "index"  # index builds: write qr_out
     tuned: Expr = "tuned"  # QRDY before the record
-    done_point: Name | None = None
     # ABI arguments (the seed's names)
     qn_w: Name = "qn_w"
     kvn_w: Name = "kvn_w"
@@ -130,7 +129,6 @@ def lower(stage: Model, ctx) -> dict:
     ctx.abi_arg(stage.swa_stride, ("swa_stride",), dtype="i64", scalar=True)
     ctx.abi_arg(stage.swa_block, ("swa_block",), dtype="i32", scalar=True, within=(1, None))  # a divisor
     ctx.abi_arg(stage.qr_out, ("qr_out",), dtype="bf16", shape=(s, q_rank), written=True)
-    check_point(stage, ctx)
     ctx.lds(stage.name, "red", "float", 32)  # group sums (q 0..7, kv 8..15), record codes 16..
     rope = kv_dim - nope
     return {

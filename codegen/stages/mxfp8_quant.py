@@ -47,7 +47,6 @@ class Model(StageBase):
     ready: Name  # flags region: unit u's flag (per copy)
     copies: Expr = 1  # copies of every flag
     flag_stride: Expr  # pairs between two copies of the flags (>= units)
-    done_point: Name | None = None  # timeline point stamped when the stage is done
 
     def published(self) -> dict:
         """What a consumer reads: regions, flag layout (``index = t * parts + part``)."""
@@ -80,13 +79,6 @@ def check_rows(stage, ctx, k: int) -> None:
     ctx.abi_arg(stage.x_stride, ("x_stride",), dtype="i32", scalar=True, within=(k, k))
 
 
-def check_point(stage, ctx) -> None:
-    """A stage's ``done_point`` names one of the spec's timeline points."""
-    points = ctx.loaded.spec.timeline_points
-    if stage.done_point is not None and stage.done_point not in points:
-        ctx.fail(("done_point",), f"no timeline point {stage.done_point!r}", f"use one of {', '.join(points)}")
-
-
 def lower(stage: Model, ctx) -> dict:
     """Template values: the unit layout, items per unit, the flag copies."""
     k = ctx.integer(stage.k, ("k",))
@@ -105,7 +97,6 @@ def lower(stage: Model, ctx) -> dict:
     ctx.region(stage.codes, ("codes",), kind="words", min_count=ctx.tokens * k // MX_BLOCK)
     ctx.region(stage.ready, ("ready",), kind="pairs")
     copies, stride = check_copies(stage, ctx, units)
-    check_point(stage, ctx)
     return {
         "k": k,
         "kp": kp,
