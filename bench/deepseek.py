@@ -14,17 +14,16 @@ and the small inputs are shared (hot, as in a decode step)."""
 from __future__ import annotations
 
 import time
-from typing import Callable
 
 import torch
 
 import codegen
+from bench.case import BenchCase, Checks
 from codegen.fp import bf16_rn, fp8_dtype
 from codegen.reference import deepseek_v41 as ref
 from codegen.reference.deepseek_v41_unfused import attn_front_unfused, compare_q, compare_qkv, compare_with_reference
 from codegen.stages.mxfp8_quant import mx_fp8_max
 from codegen.targets import get_target
-from bench.minimax import GuardError
 from tests import deepseek_case as dc
 
 KERNEL = "deepseek_v41/attn_front"
@@ -91,7 +90,7 @@ def check_abi(kernel, args: dict) -> None:
         kernel._check(a, args.get(a.name), dims)
 
 
-class AttnFrontCase:
+class AttnFrontCase(BenchCase):
     """One S of the DeepSeek-V4.1 attn_front benchmark (same interface as
     ``bench.minimax.PreAttnCase``).
 
@@ -103,6 +102,7 @@ class AttnFrontCase:
     this launch's tags, so that the guard and the mailbox reads run."""
 
     name = KERNEL
+    RELEASE = ("w_ours", "w_chain", "chain_in", "swa_chain", "ws", "base_args", "case", "_standin_out")
 
     def __init__(self, tokens: int, context: int | None = None, *, copies: int, compiled=None, seed: int = 0,
                  dry_run: bool = False, target: str | None = None, tp: int = TP, ratio: int = RATIO, log=print):
@@ -199,44 +199,17 @@ class AttnFrontCase:
                   swa_block=self.case.swa_block, swa_stride=self.case.swa_stride, comp_block=self.case.comp_block,
                   ratio=self.ratio, heads=self.heads, fp8_dtype=self.fp8, fp8_max=self.fp8_max)
 
-    def contenders(self) -> dict[str, list[Callable[[], object]]]:
-        """name -> one call per weight copy."""
-        out = {
-            "ours": [lambda i=i: self._ours(i) for i in range(self.copies)],
-            "eager": [lambda i=i: self._unfused(self.unfused, i) for i in range(self.copies)],
-        }
-        if self.compiled is not None:
-            out["compile"] = [lambda i=i: self._unfused(self.compiled, i) for i in range(self.copies)]
-        return out
-
-    def _sync(self) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize()
-
     def warm_up(self) -> dict:
         """Compile our kernel (JIT, disk cache), run the eager chain once and
         compile the chain for this S; seconds each. A compile failure drops
         the compile contender (noted)."""
         out = {"gemm": self.gemm}
-        if not self.dry_run:
-            t0 = time.perf_counter()
-            self.kernel.compile()
-            out["ours_compile_s"] = time.perf_counter() - t0
+        self._compile_ours(out)
         t0 = time.perf_counter()
         self._unfused(self.unfused, 0)
         self._sync()
         out["eager_first_s"] = time.perf_counter() - t0
-        if self.compiled is not None:
-            t0 = time.perf_counter()
-            try:
-                self._unfused(self.compiled, 0)
-                self._sync()
-                out["torch_compile_s"] = time.perf_counter() - t0
-            except Exception as e:  # noqa: BLE001 - reported, the run goes on without it
-                msg = f"torch.compile failed for S={self.tokens}: {type(e).__name__}: {str(e).splitlines()[0][:300]}"
-                self.notes.append(msg)
-                self.log("NOTE: " + msg)
-                self.compiled = None
+        self._compile_chain(out)
         return out
 
     # -- the guard
@@ -253,13 +226,7 @@ class AttnFrontCase:
         q within 2 ulps + accumulation + the exact effect of QX8 values that
         differ, >= 99 % within 2 ulps. GuardError on any failure."""
         s, c = self.tokens, self.case
-        checks: dict[str, dict] = {}
-        failures: list[str] = []
-
-        def check(name: str, ok: bool, detail: dict | None = None):
-            checks[name] = {"ok": bool(ok), **(detail or {})}
-            if not ok:
-                failures.append(f"{name}: {detail}")
+        check = Checks()
 
         args = self._args(0)
         args["swa"].copy_(self.swa0.to(self.device))
@@ -297,12 +264,5 @@ class AttnFrontCase:
             q = compare_q(out["q"], out["qx8"], out["q_codes"], ours_q, got["qx8"], got["qx8s"], lg["wqb"], lg["wqb_s"],
                           REL_ACC_GPU)
             check(f"{name}.q_vs_ours", q["ok"] and q["frac_le2"] >= 0.99, q)
-        if failures:
-            raise GuardError(f"{KERNEL} S={s}: contenders disagree, not timing:\n  " + "\n  ".join(failures))
-        return checks
+        return check.raise_failures(f"{KERNEL} S={s}")
 
-    def release(self) -> None:
-        for name in ("w_ours", "w_chain", "chain_in", "swa_chain", "ws", "base_args", "case", "_standin_out"):
-            setattr(self, name, None)
-        if self.device.type == "cuda":
-            torch.cuda.empty_cache()

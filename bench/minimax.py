@@ -12,12 +12,11 @@ are shared by the copies: in a decode step they are produced just before."""
 
 from __future__ import annotations
 
-import time
-from typing import Callable
 
 import torch
 
 import codegen
+from bench.case import BenchCase, Checks
 from codegen.launch import torch_dtype
 from codegen.reference import minimax_m3 as ref
 from codegen.reference.minimax_m3_unfused import compare_qkv, compare_quant, pre_attn_unfused
@@ -30,10 +29,6 @@ QKV_ROWS = ref.QKV_ROWS
 POISON_BF16 = -1  # 0xffff: a NaN bf16 pattern no output equals
 UNFUSED_STAGES = ("norm", "qkv")  # what the unfused chain covers
 REL_ACC_GPU = 2.0**-12  # accumulation-order allowance (compare_qkv) for GPU GEMMs
-
-
-class GuardError(RuntimeError):
-    """A contender's output disagrees with the others before timing."""
 
 
 def pre_attn_bytes(tokens: int, rows: int = QKV_ROWS, hidden: int = HIDDEN) -> dict:
@@ -103,7 +98,7 @@ def check_abi(ir, args: dict) -> None:
 # ----------------------------------------------------------------------------- the case
 
 
-class PreAttnCase:
+class PreAttnCase(BenchCase):
     """One S (and context) of the MiniMax-M3 pre_attn benchmark.
 
     ``compiled`` is the ``torch.compile`` of :func:`pre_attn_unfused` shared by
@@ -113,6 +108,7 @@ class PreAttnCase:
     them, so the guard and mailbox code run."""
 
     name = KERNEL
+    RELEASE = ("w_shuffled", "w_t", "s_qkv", "ws", "base_args", "ar", "res", "g_in", "h_out", "cpu")
 
     def __init__(self, tokens: int, context: int | None = None, *, copies: int, gemm: str, compiled=None,
                  seed: int = 0, dry_run: bool = False, target: str | None = None, log=print):
@@ -122,6 +118,7 @@ class PreAttnCase:
         self.gemm = gemm
         self.pad_m = 1
         self.compiled = compiled
+        self.unfused = pre_attn_unfused
         self.seed = seed
         self.dry_run = dry_run
         self.device = torch.device("cpu" if dry_run else "cuda")
@@ -216,41 +213,14 @@ class PreAttnCase:
                 self.notes.append(msg)
                 self.log("NOTE: " + msg)
 
-    def contenders(self) -> dict[str, list[Callable[[], object]]]:
-        """name -> one call per weight copy."""
-        out = {
-            "ours": [lambda i=i: self._ours(i) for i in range(self.copies)],
-            "eager": [lambda i=i: self._unfused(pre_attn_unfused, i) for i in range(self.copies)],
-        }
-        if self.compiled is not None:
-            out["compile"] = [lambda i=i: self._unfused(self.compiled, i) for i in range(self.copies)]
-        return out
-
-    def _sync(self) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize()
-
     def warm_up(self) -> dict:
         """Compile our kernel (JIT, disk cache) and the compiled chain for this
         S; seconds each. A compile failure drops the compile contender (noted)."""
         out = {}
-        if not self.dry_run:
-            t0 = time.perf_counter()
-            self.kernel.compile()
-            out["ours_compile_s"] = time.perf_counter() - t0
+        self._compile_ours(out)
         self._probe_gemm()
         out["gemm"], out["pad_m"] = self.gemm, self.pad_m
-        if self.compiled is not None:
-            t0 = time.perf_counter()
-            try:
-                self._unfused(self.compiled, 0)
-                self._sync()
-                out["torch_compile_s"] = time.perf_counter() - t0
-            except Exception as e:  # noqa: BLE001 - reported, the run goes on without it
-                msg = f"torch.compile failed for S={self.tokens}: {type(e).__name__}: {str(e).splitlines()[0][:300]}"
-                self.notes.append(msg)
-                self.log("NOTE: " + msg)
-                self.compiled = None
+        self._compile_chain(out)
         return out
 
     # -- the guard
@@ -263,13 +233,7 @@ class PreAttnCase:
         (compare_qkv: 2 bf16 ulps + accumulation allowance + the exact effect
         of FP8 flips; >= 99 % within 2 ulps). GuardError on any failure."""
         S, c = self.tokens, self.cpu
-        checks: dict[str, dict] = {}
-        failures: list[str] = []
-
-        def check(name: str, ok: bool, detail: dict | None = None):
-            checks[name] = {"ok": bool(ok), **(detail or {})}
-            if not ok:
-                failures.append(f"{name}: {detail}")
+        check = Checks()
 
         step0 = int(self.ws["step"][0])
         self.h_out.view(torch.int16).fill_(POISON_BF16)
@@ -309,12 +273,5 @@ class PreAttnCase:
                   and q["x8_flips"] <= max(2, q["x8_values"] // 1000), q)
             r = compare_qkv(mb["qkv"], mb["x8"], mb["x_scale"], qkv, x8, xs, w32, c["s_qkv"], rel_acc=REL_ACC_GPU)
             check(f"{name}.qkv_vs_ours", r["ok"] and r["frac_le2"] >= 0.99, r)
-        if failures:
-            raise GuardError(f"{KERNEL} S={S}: contenders disagree, not timing:\n  " + "\n  ".join(failures))
-        return checks
+        return check.raise_failures(f"{KERNEL} S={S}")
 
-    def release(self) -> None:
-        for name in ("w_shuffled", "w_t", "s_qkv", "ws", "base_args", "ar", "res", "g_in", "h_out", "cpu"):
-            setattr(self, name, None)
-        if self.device.type == "cuda":
-            torch.cuda.empty_cache()

@@ -39,7 +39,7 @@ from pathlib import Path
 import torch
 
 from bench import report
-from bench.minimax import GuardError
+from bench.case import GuardError
 from bench.timing import FakeTimer, GpuTimer
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from bench import report
-from bench.minimax import GuardError, PreAttnCase, pre_attn_bytes
+from bench.case import GuardError
+from bench.minimax import PreAttnCase, pre_attn_bytes
 from bench.run import auto_copies, main
 
 

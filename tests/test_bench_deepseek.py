@@ -12,7 +12,7 @@ import pytest
 
 from bench import plot
 from bench.deepseek import AttnFrontCase, attn_front_bytes, per_copy_bytes
-from bench.minimax import GuardError
+from bench.case import GuardError
 from bench.run import BENCHES, main, parse_args
 from codegen.reference import deepseek_v41_unfused as U
 

@@ -1,0 +1,86 @@
+"""What the benchmark cases (bench/minimax.py, bench/deepseek.py) share: the
+three contenders one call per weight copy, the warm-up's compiles, the guard's
+checks and the release of their tensors. A case adds its inputs, ``_ours``,
+``_unfused``, the guard's comparisons and the bytes that must move."""
+
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+import torch
+
+
+class GuardError(RuntimeError):
+    """A contender's output disagrees with the others before timing."""
+
+
+class Checks:
+    """The guard's named checks: ``check(name, ok, detail)`` records each; a
+    failed one is raised by ``raise_failures`` after all ran (so the report
+    lists every disagreement, not just the first)."""
+
+    def __init__(self):
+        self.results: dict[str, dict] = {}
+        self.failures: list[str] = []
+
+    def __call__(self, name: str, ok: bool, detail: dict | None = None) -> None:
+        self.results[name] = {"ok": bool(ok), **(detail or {})}
+        if not ok:
+            self.failures.append(f"{name}: {detail}")
+
+    def raise_failures(self, what: str) -> dict[str, dict]:
+        if self.failures:
+            raise GuardError(f"{what}: contenders disagree, not timing:\n  " + "\n  ".join(self.failures))
+        return self.results
+
+
+class BenchCase:
+    """The shared part of a case: ``self.unfused`` (the eager chain),
+    ``self.compiled`` (its torch.compile or None), ``self.kernel``,
+    ``self.copies``, ``self.device``; ``RELEASE`` names the tensors to drop."""
+
+    RELEASE: tuple[str, ...] = ()
+
+    def contenders(self) -> dict[str, list[Callable[[], object]]]:
+        """name -> one call per weight copy."""
+        out = {
+            "ours": [lambda i=i: self._ours(i) for i in range(self.copies)],
+            "eager": [lambda i=i: self._unfused(self.unfused, i) for i in range(self.copies)],
+        }
+        if self.compiled is not None:
+            out["compile"] = [lambda i=i: self._unfused(self.compiled, i) for i in range(self.copies)]
+        return out
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+
+    def _compile_ours(self, out: dict) -> None:
+        """Our kernel's JIT compile (or disk-cache load), timed."""
+        if not self.dry_run:
+            t0 = time.perf_counter()
+            self.kernel.compile()
+            out["ours_compile_s"] = time.perf_counter() - t0
+
+    def _compile_chain(self, out: dict) -> None:
+        """The compiled chain's first call (its compile for this S), timed; a
+        failure drops the compile contender with a note."""
+        if self.compiled is None:
+            return
+        t0 = time.perf_counter()
+        try:
+            self._unfused(self.compiled, 0)
+            self._sync()
+            out["torch_compile_s"] = time.perf_counter() - t0
+        except Exception as e:  # noqa: BLE001 - reported, the run goes on without it
+            msg = f"torch.compile failed for S={self.tokens}: {type(e).__name__}: {str(e).splitlines()[0][:300]}"
+            self.notes.append(msg)
+            self.log("NOTE: " + msg)
+            self.compiled = None
+
+    def release(self) -> None:
+        for name in self.RELEASE:
+            setattr(self, name, None)
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
