@@ -98,7 +98,9 @@ def lower(stage: Model, ctx) -> dict:
         "rotary_dim": ev(src.rotary_dim, ("iq_from",)),
         "lanes": 32,
         "elems": head_dim // 32,
-        "q_heads": ev(src.q_heads, ("iq_from",)),
+        # the head stage's tasks: q heads, k, v, index q, index k (its done flags)
+        "head_tasks": ev(src.q_heads, ("iq_from",)) + 4,
+        "task_ik": ev(src.q_heads, ("iq_from",)) + 3,
         "qkv_rows": ev(src.rows, ("iq_from",)),
         "iq_base": iq_base,
         "heads": heads,
