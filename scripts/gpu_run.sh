@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# On the lent GPU machine: install the carried wheels, run the GPU tests (and
-# whatever else is asked: `scripts/gpu_run.sh bench` (options of bench.run in
-# $BENCH_ARGS, e.g. BENCH_ARGS="--kernels deepseek"), `scripts/gpu_run.sh tp` on every
-# GPU of the machine), logs under $OUT.
+# On the lent GPU machine: install the carried wheels, then run the steps asked for
+# (default: tests), logs under $OUT:
+#   tests     pytest -m gpu (TEST_ARGS picks files, e.g. TEST_ARGS=tests/test_ops_gpu.py)
+#   bench     python -m bench.run (its options in BENCH_ARGS, e.g. "--kernels deepseek")
+#   timeline  both kernels' per-stage timelines (scripts/timeline_*.py)
+#   tp        scripts/tp_run.py on every GPU of the machine
 set -uo pipefail
 cd "$(dirname "$0")/.."
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
@@ -12,8 +14,10 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noh
 status=0
 for what in "${@:-tests}"; do
     case "$what" in
-        tests) python3 -m pytest -q -m gpu -p no:cacheprovider tests 2>&1 | tee "$OUT/gpu-tests.log"; status=$((status | PIPESTATUS[0])) ;;
+        tests) python3 -m pytest -q -m gpu -p no:cacheprovider ${TEST_ARGS:-tests} 2>&1 | tee "$OUT/gpu-tests.log"; status=$((status | PIPESTATUS[0])) ;;
         bench) python3 -m bench.run ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log"; status=$((status | PIPESTATUS[0])) ;;
+        timeline) { python3 scripts/timeline_probe.py 1 4 16 && python3 scripts/timeline_deepseek_front.py; } 2>&1 \
+                | tee "$OUT/timeline.log"; status=$((status | PIPESTATUS[0])) ;;
         tp) NCCL_NVLS_ENABLE=0 python3 -m torch.distributed.run --nproc-per-node "$(nvidia-smi -L | wc -l)" \
                 scripts/tp_run.py 2>&1 | tee "$OUT/tp-run.log"; status=$((status | PIPESTATUS[0])) ;;
         *) echo "unknown step $what"; status=1 ;;

@@ -22,6 +22,7 @@ from .rmsnorm_fp8 import check_io, checked_norm_constants, residual_done
 KIND = "gemv_fp8"
 ROWS_PER_TASK = 16  # one MMA tile of output rows
 K_CHUNK = {"amd": 64, "nvidia": 32}  # k per 16-byte weight load of a lane
+CHUNK_BYTES = 16 * 32  # one chunk of a 16-row group: 16 bytes a lane (wave 32; lds_prefetch is NVIDIA-only)
 X8_ROW_PAD_WORDS = 4  # LDS row padding: token rows land on different banks
 
 
@@ -56,8 +57,13 @@ class Model(StageBase):
     # CTAs, a row group shared by two CTAs summed through the `partials` pairs region
     stream_k: PerTarget = PerTarget(default=0)
     partials: Name | None = None
+    # LDS prefetch per target (1 = on; stream-K, NVIDIA): a CTA's largest row-group segment
+    # streams into registers, its other segments into LDS by asynchronous copies, all issued
+    # before the norm (or the wait for its rows): the CTA's whole weight share is in flight
+    # from the start instead of one segment at a time
+    lds_prefetch: PerTarget = PerTarget(default=0)
 
-    _tile = field_validator("token_tile", "stream_k", mode="before")(classmethod(lambda cls, v: per_target(v)))
+    _tile = field_validator("token_tile", "stream_k", "lds_prefetch", mode="before")(classmethod(lambda cls, v: per_target(v)))
 
 
 def lower(stage: Model, ctx) -> dict:
@@ -134,8 +140,15 @@ def stream_k(stage: Model, ctx, nchunk: int, tasks: int, tokens: int, tile: int)
     the checks that make it safe (one token tile; no row group over three CTAs:
     a middle piece would need a second hand-off)."""
     on = bool(ctx.integer(stage.stream_k.for_target(ctx.target.name), ("stream_k",), minimum=0))
+    prefetch = bool(ctx.integer(stage.lds_prefetch.for_target(ctx.target.name), ("lds_prefetch",), minimum=0))
+    if prefetch and not on:
+        ctx.fail(("lds_prefetch",), "lds_prefetch stages the later row-group segments of a stream-K CTA",
+                 "turn stream_k on for this target, or lds_prefetch off")
+    if prefetch and ctx.target.vendor != "nvidia":
+        ctx.fail(("lds_prefetch",), f"{ctx.target.name}'s device library has no asynchronous global-to-LDS copy",
+                 "turn lds_prefetch off for this target (it is an sm90 knob)")
     if not on:
-        return {"split": False, "partials": None}
+        return {"split": False, "partials": None, "prefetch": False}
     if stage.partials is None:
         ctx.fail(("partials",), "stream_k needs a pairs region for the partial tiles", "add 'partials: <region>'")
     ctx.region(stage.partials, ("partials",), kind="pairs", min_count=tasks * 16 * 16)
@@ -143,10 +156,20 @@ def stream_k(stage: Model, ctx, nchunk: int, tasks: int, tokens: int, tile: int)
         ctx.fail(("stream_k",), f"stream_k needs every token in one tile ({tile} < {tokens})", "raise token_tile")
     ctas = ctx.stage_ctas
     units = tasks * nchunk
+    staged = 0  # most chunks one CTA stages in LDS (lds_prefetch)
     for c in range(ctas):
         lo, hi = c * units // ctas, (c + 1) * units // ctas
+        lengths = []
         for g in range(lo // nchunk, (hi - 1) // nchunk + 1):
             if g * nchunk < lo and (g + 1) * nchunk > hi:
                 ctx.fail(("stream_k",), f"row group {g} would span three CTAs ({ctas} CTAs for {tasks} groups)",
                          "turn stream_k off for this target: it needs at least one row group's worth of units per CTA")
-    return {"split": True, "partials": stage.partials, "tasks": tasks, "ctas": ctas, "nchunk": nchunk}
+            lengths.append(min(hi, (g + 1) * nchunk) - max(lo, g * nchunk))
+        if len(lengths) > 3:  # the template keeps three segments' weight scales in registers
+            ctx.fail(("stream_k",), f"CTA {c} would take {len(lengths)} row-group segments (at most 3)",
+                     "turn stream_k off for this target: fewer CTAs than a third of the row groups")
+        staged = max(staged, sum(lengths) - max(lengths))  # the largest segment stays in registers
+    if prefetch:
+        ctx.lds(stage.name, "wstage", "u32", staged * CHUNK_BYTES // 4)
+    return {"split": True, "partials": stage.partials, "tasks": tasks, "ctas": ctas, "nchunk": nchunk,
+            "prefetch": prefetch, "staged_chunks": staged}

@@ -149,6 +149,7 @@ def lower(stage: Model, ctx) -> dict:
         ctx.abi_arg(stage.cos_sin, ("cos_sin",), dtype="f32", shape=(None, head_dim - nope))
         ctx.abi_arg(stage.pos, ("pos",), dtype="i64", shape=(tokens,))
         rope = {"head_dim": head_dim, "nope": nope, "rope": head_dim - nope}
+        ctx.lds(stage.name, "cs", "float", tokens * (head_dim - nope))  # every token's cos / sin row
     return {
         "rows": rows,
         "k": k,

@@ -57,6 +57,7 @@
 //   stage_wq_b::LDS_X      @      0  5184 x u32
 //   stage_wq_b::LDS_XS     @  20736  704 x float
 //   stage_wq_b::LDS_PART   @  23552  2048 x float
+//   stage_wq_b::LDS_CS     @  31744  3072 x float
 //
 // stages (every CTA runs them in this order; a stage waits only on earlier ones):
 //   0. xq     mxfp8_quant  96 tasks on CTAs 224..255 (round_robin)
@@ -215,6 +216,21 @@ MONO_DEVICE u32 mailbox_wait(const u64* pair, u32 tag) {
     }
     return value;
 }
+// Spin until all N pairs carry `tag`; their values. Each round sends the N loads out
+// together, so waiting on many pairs costs one memory round trip, not N.
+template <int N>
+MONO_DEVICE void mailbox_wait_all(const u64* const (&pair)[N], u32 tag, u32 (&value)[N]) {
+    for (;;) {
+        u32 seen[N];
+#pragma unroll
+        for (int i = 0; i < N; ++i) mailbox_load(pair[i], value[i], seen[i]);
+        bool all = true;
+#pragma unroll
+        for (int i = 0; i < N; ++i) all = all && seen[i] == tag;
+        if (all) return;
+        pause();
+    }
+}
 
 // ---- timer --------------------------------------------------------------------------
 // s_memrealtime: a 100 MHz device-wide clock (NVIDIA: %globaltimer in ns)
@@ -245,10 +261,11 @@ MONO_DEVICE int min_i(int a, int b) { return a < b ? a : b; }
 // 64 k per weight chunk: lane l's 16 bytes are row l % 16, k 64kc + 16(l / 16) .. + 16
 // (the aiter (16, 16) preshuffle), fed as two MFMAs (bytes 0..7, then 8..15) against the
 // same k of token column min(l % 16, tokens - 1) read from x8 (LDS, STRIDE words a row).
+// w[c]: chunk first_chunk + c (a register array, or anything indexed by chunk).
 // The wave's f32 partial tile goes to part[row * 16 + column].
 constexpr int GEMV_K_CHUNK = 64;
-template <int CPW, int STRIDE>
-MONO_DEVICE void gemv16_partial(const u32x4 (&w)[CPW], int n, const u32* x8, int first_chunk, int tokens, float* part) {
+template <int CPW, int STRIDE, typename Chunks>
+MONO_DEVICE void gemv16_partial(const Chunks& w, int n, const u32* x8, int first_chunk, int tokens, float* part) {
     const int lane = lane_id();
     const u32* xrow = x8 + min_i(lane % 16, tokens - 1) * STRIDE + 4 * (lane / 16);
     f32x4 acc = {0.0f, 0.0f, 0.0f, 0.0f};
@@ -314,18 +331,6 @@ MONO_DEVICE int mx_quant8(u32x4 raw, float fp8_max, u32& w0, u32& w1) {
     return mx_quant8f(v, fp8_max, w0, w1);
 }
 MONO_DEVICE void st4(void* p, u32 v) { *static_cast<u32*>(p) = v; }
-// two adjacent pairs of a mailbox: spin until both carry `tag`; their values (each pair
-// one 8-byte atomic load: value and tag never torn apart)
-MONO_DEVICE void mailbox_wait2(const u64* pair, u32 tag, u32& v0, u32& v1) {
-    u32 t0, t1;
-    mailbox_load(pair, v0, t0);
-    mailbox_load(pair + 1, v1, t1);
-    while (t0 != tag || t1 != tag) {
-        pause();
-        mailbox_load(pair, v0, t0);
-        mailbox_load(pair + 1, v1, t1);
-    }
-}
 
 // ---- MXFP8 GEMV inner loop: one wave's share of a 16-row unit ----------------------------
 // A chunk is 64 k = two MX blocks: lane l's 16 weight bytes are row l % 16, k 64c + 8(l / 16)
@@ -597,7 +602,7 @@ MONO_DEVICE void await_rows(const Mailbox& mb, int part) {
 
 // Columns c < nt of the waves' tiles: thread (row r, column c) sums them in wave order and
 // puts the f32 partial of K part `part` at qkvp[(part * TOKENS + tok0 + c) * ROWS + row0 + r].
-MONO_DEVICE void epilogue(const Args&, const Mailbox& mb, const float* part, int row0, int kpart, int tok0, int nt) {
+MONO_DEVICE void epilogue(const Args&, const Mailbox& mb, const float* part, const u8*, int row0, int kpart, int tok0, int nt) {
     const int tid = thread_id();
     if (tid < 16 * nt) {
         const int r = tid % 16, c = tid / 16;
@@ -641,7 +646,7 @@ MONO_DEVICE void run(const Args& a, const Mailbox& mb, u8* lds) {
                     mx_gemv16_partial<CPW, NC, XSTRIDE, SSTRIDE>(w[i], sw[i], xl + c0 * XSTRIDE, xs + c0 * SSTRIDE, nc,
                                                                  part + wave_id() * 256);
                     barrier();
-                    epilogue(a, mb, part, row0, kpart, tok0 + c0, nc);
+                    epilogue(a, mb, part, lds, row0, kpart, tok0 + c0, nc);
                     barrier();  // part[] is reused
                 }
             }
@@ -705,26 +710,26 @@ MONO_DEVICE void token(const Args& a, const Mailbox& mb, float* red, int t) {
     const float* cs_row = a.cos_sin + (long long)pos * ROPE;
     const float cs = is_rope ? cs_row[jj] : 1.0f, sn = is_rope ? cs_row[ROPE / 2 + jj] : 0.0f;
 
-    // the two K halves' partials (two pairs a load), summed in f32 -> bf16
+    // the two K halves' partials, all waited for together (one round trip), summed in
+    // f32 -> bf16; threads without q columns wait on their kv pairs only
     const u64* p0 = mb.qkvp + (long long)t * QKV;
     const u64* p1 = mb.qkvp + (long long)(TOKENS + t) * QKV;
-    float xq[8], xk[2];
-    u32 a0, a1, b0, b1;
-    for (int m = 0; m < 4; ++m) {
-        xq[2 * m] = xq[2 * m + 1] = 0.0f;
-        if (has_q) {
-            mailbox_wait2(p0 + qc + 2 * m, mb.tag, a0, a1);
-            mailbox_wait2(p1 + qc + 2 * m, mb.tag, b0, b1);
-            xq[2 * m] = bf16_round(u32_as_float(a0) + u32_as_float(b0));
-            xq[2 * m + 1] = bf16_round(u32_as_float(a1) + u32_as_float(b1));
-        }
-    }
-    xk[0] = xk[1] = 0.0f;
+    float xq[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f}, xk[2] = {0.0f, 0.0f};
     if (mine) {
-        mailbox_wait2(p0 + Q_RANK + 2 * tt, mb.tag, a0, a1);
-        mailbox_wait2(p1 + Q_RANK + 2 * tt, mb.tag, b0, b1);
-        xk[0] = bf16_round(u32_as_float(a0) + u32_as_float(b0));
-        xk[1] = bf16_round(u32_as_float(a1) + u32_as_float(b1));
+        const u64* p[20];  // q columns of half 0, of half 1; kv columns of half 0, of half 1
+        for (int j = 0; j < 8; ++j) {
+            p[j] = has_q ? p0 + qc + j : p0 + Q_RANK + 2 * tt + j % 2;
+            p[8 + j] = has_q ? p1 + qc + j : p1 + Q_RANK + 2 * tt + j % 2;
+        }
+        for (int j = 0; j < 2; ++j) {
+            p[16 + j] = p0 + Q_RANK + 2 * tt + j;
+            p[18 + j] = p1 + Q_RANK + 2 * tt + j;
+        }
+        u32 v[20];
+        mailbox_wait_all(p, mb.tag, v);
+        if (has_q)
+            for (int j = 0; j < 8; ++j) xq[j] = bf16_round(u32_as_float(v[j]) + u32_as_float(v[8 + j]));
+        for (int j = 0; j < 2; ++j) xk[j] = bf16_round(u32_as_float(v[16 + j]) + u32_as_float(v[18 + j]));
     }
 
     // sums of squares: per thread in column order, per 32-lane group a butterfly, the 8
@@ -809,6 +814,7 @@ constexpr int CTAS = 256;
 constexpr int LDS_X = 0;  // LDS: 5184 x u32
 constexpr int LDS_XS = 20736;  // LDS: 704 x float
 constexpr int LDS_PART = 23552;  // LDS: 2048 x float
+constexpr int LDS_CS = 31744;  // LDS: 3072 x float
 
 constexpr int ROWS = 8192;               // rows of wqb
 constexpr int K = 1280;                   // its columns
@@ -884,7 +890,13 @@ MONO_DEVICE void await_rows(const Mailbox& mb, int part) {
 // Columns c < nt of the waves' tiles: thread (row pair rp, column c) sums rows 2rp, 2rp + 1 in
 // wave order -> bf16; at head dims >= NOPE the pair gets GPT-J RoPE (f32, no fma) -> bf16;
 // the pair word goes to q[t * ROWS + row0 + 2rp].
-MONO_DEVICE void epilogue(const Args& a, const Mailbox&, const float* part, int row0, int, int tok0, int nt) {
+// Every token's cos / sin row into LDS (cs[t * ROPE ..]) at the start, behind the wait for
+// the rows: the epilogue then reads no global memory but its output.
+MONO_DEVICE void stage_cos_sin(const Args& a, float* cs) {
+    for (int i = thread_id(); i < TOKENS * ROPE; i += THREADS)
+        cs[i] = a.cos_sin[(long long)int(a.pos[i / ROPE]) * ROPE + i % ROPE];
+}
+MONO_DEVICE void epilogue(const Args& a, const Mailbox&, const float* part, const u8* lds, int row0, int, int tok0, int nt) {
     const int tid = thread_id();
     if (tid < 8 * nt) {
         const int rp = tid % 8, c = tid / 8, t = tok0 + c;
@@ -898,7 +910,7 @@ MONO_DEVICE void epilogue(const Args& a, const Mailbox&, const float* part, int 
         const int row = row0 + 2 * rp, dim = row % HEAD_DIM;
         if (dim >= NOPE) {
             const int jj = (dim - NOPE) / 2;
-            const float* cs = a.cos_sin + (long long)int(a.pos[t]) * ROPE;
+            const float* cs = reinterpret_cast<const float*>(lds + LDS_CS) + t * ROPE;
             const float c0 = cs[jj], s0 = cs[ROPE / 2 + jj];
             const float e0 = v0 * c0 - v1 * s0, e1 = v0 * s0 + v1 * c0;
             v0 = e0;
@@ -922,6 +934,7 @@ MONO_DEVICE void run(const Args& a, const Mailbox& mb, u8* lds) {
 #pragma unroll
     for (int i = 0; i < PREFETCH; ++i)
         if (b0 + CTAS * i < TASKS) load_unit(a, b0 + CTAS * i, w[i], sw[i]);
+    stage_cos_sin(a, reinterpret_cast<float*>(lds + LDS_CS));  // read after the first unit's barriers
 #pragma unroll
     for (int i = 0; i < UPC; ++i) {
         const int u = b0 + CTAS * i;
@@ -942,7 +955,7 @@ MONO_DEVICE void run(const Args& a, const Mailbox& mb, u8* lds) {
                     mx_gemv16_partial<CPW, NC, XSTRIDE, SSTRIDE>(w[i], sw[i], xl + c0 * XSTRIDE, xs + c0 * SSTRIDE, nc,
                                                                  part + wave_id() * 256);
                     barrier();
-                    epilogue(a, mb, part, row0, kpart, tok0 + c0, nc);
+                    epilogue(a, mb, part, lds, row0, kpart, tok0 + c0, nc);
                     barrier();  // part[] is reused
                 }
             }

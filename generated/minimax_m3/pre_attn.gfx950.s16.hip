@@ -217,6 +217,21 @@ MONO_DEVICE u32 mailbox_wait(const u64* pair, u32 tag) {
     }
     return value;
 }
+// Spin until all N pairs carry `tag`; their values. Each round sends the N loads out
+// together, so waiting on many pairs costs one memory round trip, not N.
+template <int N>
+MONO_DEVICE void mailbox_wait_all(const u64* const (&pair)[N], u32 tag, u32 (&value)[N]) {
+    for (;;) {
+        u32 seen[N];
+#pragma unroll
+        for (int i = 0; i < N; ++i) mailbox_load(pair[i], value[i], seen[i]);
+        bool all = true;
+#pragma unroll
+        for (int i = 0; i < N; ++i) all = all && seen[i] == tag;
+        if (all) return;
+        pause();
+    }
+}
 
 // ---- timer --------------------------------------------------------------------------
 // s_memrealtime: a 100 MHz device-wide clock (NVIDIA: %globaltimer in ns)
@@ -247,10 +262,11 @@ MONO_DEVICE int min_i(int a, int b) { return a < b ? a : b; }
 // 64 k per weight chunk: lane l's 16 bytes are row l % 16, k 64kc + 16(l / 16) .. + 16
 // (the aiter (16, 16) preshuffle), fed as two MFMAs (bytes 0..7, then 8..15) against the
 // same k of token column min(l % 16, tokens - 1) read from x8 (LDS, STRIDE words a row).
+// w[c]: chunk first_chunk + c (a register array, or anything indexed by chunk).
 // The wave's f32 partial tile goes to part[row * 16 + column].
 constexpr int GEMV_K_CHUNK = 64;
-template <int CPW, int STRIDE>
-MONO_DEVICE void gemv16_partial(const u32x4 (&w)[CPW], int n, const u32* x8, int first_chunk, int tokens, float* part) {
+template <int CPW, int STRIDE, typename Chunks>
+MONO_DEVICE void gemv16_partial(const Chunks& w, int n, const u32* x8, int first_chunk, int tokens, float* part) {
     const int lane = lane_id();
     const u32* xrow = x8 + min_i(lane % 16, tokens - 1) * STRIDE + 4 * (lane / 16);
     f32x4 acc = {0.0f, 0.0f, 0.0f, 0.0f};
@@ -316,18 +332,6 @@ MONO_DEVICE int mx_quant8(u32x4 raw, float fp8_max, u32& w0, u32& w1) {
     return mx_quant8f(v, fp8_max, w0, w1);
 }
 MONO_DEVICE void st4(void* p, u32 v) { *static_cast<u32*>(p) = v; }
-// two adjacent pairs of a mailbox: spin until both carry `tag`; their values (each pair
-// one 8-byte atomic load: value and tag never torn apart)
-MONO_DEVICE void mailbox_wait2(const u64* pair, u32 tag, u32& v0, u32& v1) {
-    u32 t0, t1;
-    mailbox_load(pair, v0, t0);
-    mailbox_load(pair + 1, v1, t1);
-    while (t0 != tag || t1 != tag) {
-        pause();
-        mailbox_load(pair, v0, t0);
-        mailbox_load(pair + 1, v1, t1);
-    }
-}
 
 // ---- MXFP8 GEMV inner loop: one wave's share of a 16-row unit ----------------------------
 // A chunk is 64 k = two MX blocks: lane l's 16 weight bytes are row l % 16, k 64c + 8(l / 16)
@@ -597,8 +601,11 @@ MONO_DEVICE void run(const Args& a, const Mailbox& mb, u8* lds) {
     float* part = reinterpret_cast<float*>(lds + LDS_PART);
     float* xs = reinterpret_cast<float*>(lds + LDS_XS);
     u32x4 w[CHUNKS_PER_WAVE];
+    if (t0 >= TASKS) return;  // more CTAs than tasks: none for this one
     const int first_chunk = wave * CHUNKS_PER_WAVE;
     const int FIRST_ROW0 = task_row0(t0), FIRST_CHUNK0 = first_chunk, FIRST_N = CHUNKS_PER_WAVE;
+    // the first weights go out before the wait: they stream while the norm tasks run
+    load_weights(a, FIRST_ROW0, FIRST_CHUNK0, FIRST_N, lane, w);
     // the norm tasks' scales (each put after its row's words: the row's flag) ...
     if (tid < TOKENS) xs[tid] = u32_as_float(mailbox_wait(mb.x8s + tid, mb.tag));
     barrier();
@@ -606,7 +613,7 @@ MONO_DEVICE void run(const Args& a, const Mailbox& mb, u8* lds) {
     stamp(lds, TL_X8_READY);
     for (int task = t0; task < TASKS; task += CTAS) {
         const int row0 = task_row0(task);
-        if (!INLINE_NORM || task != t0) load_weights(a, row0, first_chunk, CHUNKS_PER_WAVE, lane, w);  // inline: t0's went out first
+        if (task != t0) load_weights(a, row0, first_chunk, CHUNKS_PER_WAVE, lane, w);  // t0's went out first
         for (int tile = 0; tile < N_TILES; ++tile) {
             const int tok0 = tile * TILE;
             const int nt = min_i(TILE, TOKENS - tok0);
@@ -664,6 +671,17 @@ MONO_DEVICE void head_inputs(const bf16_t* gamma, const bf16_t* cs_row, int d0, 
     }
 }
 
+// This lane's ELEMS values of a head: the qkv pairs from `pair` (its dims d0 ..), waited
+// for together (one round trip, not ELEMS).
+template <typename TagT>
+MONO_DEVICE void head_values(const u64* pair, const TagT& tag, float (&e)[ELEMS]) {
+    const u64* p[ELEMS];
+    for (int j = 0; j < ELEMS; ++j) p[j] = pair + j;
+    u32 v[ELEMS];
+    mailbox_wait_all(p, tag, v);
+    for (int j = 0; j < ELEMS; ++j) e[j] = u32_as_float(v[j]);
+}
+
 // Gemma RMSNorm + partial NeoX RoPE of one head on a token's 32 lanes (contract A.5.4):
 // ss = e0^2 + .. + e3^2 (plain multiply, add), butterfly 16..1; n = (e * rsq(ss / DIM +
 // EPS)) * (g + 1); dims < ROPE: out = fma(n, c, -(p * s)) (first half), fma(n, c, p * s)
@@ -717,7 +735,7 @@ MONO_DEVICE void head(const Args& a, const Mailbox& mb, u8* lds, int ht, int tk,
     float g[ELEMS], c[ELEMS], sn[ELEMS];
     head_inputs(gamma, cs_row, d0, g, c, sn);
     float e[ELEMS];
-    for (int j = 0; j < ELEMS; ++j) e[j] = u32_as_float(mailbox_wait(mb.qkv + tk * ROWS + off + d0 + j, mb.tag));
+    head_values(mb.qkv + tk * ROWS + off + d0, mb.tag, e);
     stamp(lds, TL_HEAD_GOT_QKV);
     const long long page = slot >= 0 ? page16_of(slot) : 0;
     const int t = slot % PAGE16;
@@ -790,6 +808,17 @@ MONO_DEVICE void head_inputs(const bf16_t* gamma, const bf16_t* cs_row, int d0, 
     }
 }
 
+// This lane's ELEMS values of a head: the qkv pairs from `pair` (its dims d0 ..), waited
+// for together (one round trip, not ELEMS).
+template <typename TagT>
+MONO_DEVICE void head_values(const u64* pair, const TagT& tag, float (&e)[ELEMS]) {
+    const u64* p[ELEMS];
+    for (int j = 0; j < ELEMS; ++j) p[j] = pair + j;
+    u32 v[ELEMS];
+    mailbox_wait_all(p, tag, v);
+    for (int j = 0; j < ELEMS; ++j) e[j] = u32_as_float(v[j]);
+}
+
 // Gemma RMSNorm + partial NeoX RoPE of one head on a token's 32 lanes (contract A.5.4):
 // ss = e0^2 + .. + e3^2 (plain multiply, add), butterfly 16..1; n = (e * rsq(ss / DIM +
 // EPS)) * (g + 1); dims < ROPE: out = fma(n, c, -(p * s)) (first half), fma(n, c, p * s)
@@ -856,8 +885,7 @@ MONO_DEVICE void make_index_q(const Args& a, const Mailbox& mb, float* iq, int r
         const int tk = row0 + job / nh, head = nh == 1 ? OWN : job % nh;
         float g[ELEMS], c[ELEMS], sn[ELEMS], e[ELEMS], out[ELEMS];
         head_inputs(a.g_iq, a.cos_sin + (long long)int(a.positions[tk]) * ROPE, d0, g, c, sn);
-        for (int j = 0; j < ELEMS; ++j)
-            e[j] = u32_as_float(mailbox_wait(mb.qkv + tk * QKV_ROWS + IQ_BASE + head * DIM + d0 + j, mb.tag));
+        head_values(mb.qkv + tk * QKV_ROWS + IQ_BASE + head * DIM + d0, mb.tag, e);
         norm_rope(e, g, c, sn, d0, out);
         for (int j = 0; j < ELEMS; ++j) iq[job * ROW_STRIDE + (d0 + j) / QDIMS * QSTRIDE + (d0 + j) % QDIMS] = bf16_round(out[j]);
     }

@@ -49,12 +49,13 @@
 //   rdone    @   753920       128 B  16 flags: token t's residual (h_out) written: signal builds
 //   hdone    @   754176      2560 B  320 flags: head task h of token t done: pair t * N_HEAD_TASKS + h
 //
-// LDS (115264 bytes; stages reuse the same bytes, one after another):
+// LDS (174656 bytes; stages reuse the same bytes, one after another):
 //   stage_norm::LDS_RED    @      0  64 x float
 //   stage_qkv::LDS_X8      @      0  24640 x u32
 //   stage_qkv::LDS_PART    @  98560  4096 x float
 //   stage_qkv::LDS_XS      @ 114944  16 x float
 //   stage_qkv::LDS_RED     @ 115008  64 x float
+//   stage_qkv::LDS_WSTAGE  @ 115264  14848 x u32
 //   stage_scores::LDS_IQ   @      0  2112 x float
 //   stage_scores::LDS_BEST @   8448  256 x float
 //
@@ -221,6 +222,30 @@ MONO_DEVICE u32 mailbox_wait(const u64* pair, u32 tag) {
     }
     return value;
 }
+// Spin until all N pairs carry `tag`; their values. Each round sends the N loads out
+// together, so waiting on many pairs costs one memory round trip, not N.
+template <int N>
+MONO_DEVICE void mailbox_wait_all(const u64* const (&pair)[N], u32 tag, u32 (&value)[N]) {
+    for (;;) {
+        u32 seen[N];
+#pragma unroll
+        for (int i = 0; i < N; ++i) mailbox_load(pair[i], value[i], seen[i]);
+        bool all = true;
+#pragma unroll
+        for (int i = 0; i < N; ++i) all = all && seen[i] == tag;
+        if (all) return;
+        pause();
+    }
+}
+
+// ---- asynchronous global -> LDS copies (cp.async, sm80+) --------------------------------
+// 16 bytes from global memory into LDS without passing through registers; the thread
+// that issued them sees them after copy_async_wait() (other threads: after a barrier too)
+MONO_DEVICE void copy16_async(void* lds_dst, const void* src) {
+    const u32 dst = u32(__cvta_generic_to_shared(lds_dst));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(dst), "l"(src) : "memory");
+}
+MONO_DEVICE void copy_async_wait() { asm volatile("cp.async.wait_all;" ::: "memory"); }
 
 // ---- timer --------------------------------------------------------------------------
 // %globaltimer: nanoseconds, device-wide (AMD: s_memrealtime at 100 MHz)
@@ -263,11 +288,12 @@ MONO_DEVICE int min_i(int a, int b) { return a < b ? a : b; }
 // 32 k per weight chunk: lane l's 16 bytes are exactly its mma A fragment (rows g, g + 8;
 // k 4q.., 16 + 4q..; g = l / 4, q = l % 4: the sm90 preshuffle of codegen.weights); the
 // B fragments are 4-byte LDS reads of token columns g and 8 + g (clamped to tokens - 1);
-// chunks first_chunk .. first_chunk + n - 1 (n <= CPW) from w[0 .. n - 1].
+// chunks first_chunk .. first_chunk + n - 1 (n <= CPW) from w[0 .. n - 1] (a register array,
+// or anything else indexed by chunk: LDS-staged weights).
 // The warp's f32 partial tile goes to part[row * 16 + column].
 constexpr int GEMV_K_CHUNK = 32;
-template <int CPW, int STRIDE>
-MONO_DEVICE void gemv16_partial(const u32x4 (&w)[CPW], int n, const u32* x8, int first_chunk, int tokens, float* part) {
+template <int CPW, int STRIDE, typename Chunks>
+MONO_DEVICE void gemv16_partial(const Chunks& w, int n, const u32* x8, int first_chunk, int tokens, float* part) {
     const int lane = lane_id(), g = lane / 4, q = lane % 4;
     const u32* x_lo = x8 + min_i(g, tokens - 1) * STRIDE + q;
     const u32* x_hi = x8 + min_i(8 + g, tokens - 1) * STRIDE + q;
@@ -343,18 +369,6 @@ MONO_DEVICE int mx_quant8(u32x4 raw, float fp8_max, u32& w0, u32& w1) {
     return mx_quant8f(v, fp8_max, w0, w1);
 }
 MONO_DEVICE void st4(void* p, u32 v) { asm volatile("st.global.u32 [%0], %1;" :: "l"(p), "r"(v) : "memory"); }
-// two adjacent pairs (16-byte aligned) of a mailbox: spin until both carry `tag`; their
-// values. Each pair is one 64-bit element of the load: value and tag never torn apart
-MONO_DEVICE void mailbox_wait2(const u64* pair, u32 tag, u32& v0, u32& v1) {
-    u64 a, b;
-    for (;;) {
-        asm volatile("ld.relaxed.gpu.global.v2.u64 {%0, %1}, [%2];" : "=l"(a), "=l"(b) : "l"(pair) : "memory");
-        if (u32(a >> 32) == tag && u32(b >> 32) == tag) break;
-        pause();
-    }
-    v0 = u32(a);
-    v1 = u32(b);
-}
 
 // ---- MXFP8 GEMV inner loop: one warp's share of a 16-row unit ----------------------------
 // A chunk is 32 k = one MX block: lane l's 16 weight bytes are its mma A fragment (the sm90
@@ -446,7 +460,7 @@ struct Mailbox {
     u64* hdone;  // 320 flags @ 754176
 };
 
-constexpr int LDS_BYTES = 115264;  // the union of the stages' LDS, plus the stamps
+constexpr int LDS_BYTES = 174656;  // the union of the stages' LDS, plus the stamps
 
 // ---- timeline ---------------------------------------------------------------------------
 constexpr int TL_START = 0;
@@ -585,6 +599,7 @@ constexpr int LDS_X8 = 0;  // LDS: 24640 x u32
 constexpr int LDS_PART = 98560;  // LDS: 4096 x float
 constexpr int LDS_XS = 114944;  // LDS: 16 x float
 constexpr int LDS_RED = 115008;  // LDS: 64 x float
+constexpr int LDS_WSTAGE = 115264;  // LDS: 14848 x u32
 
 constexpr int ROWS = 2560;              // output rows (all tasks)
 constexpr int K = 6144;
@@ -632,12 +647,61 @@ struct Segment {
 MONO_DEVICE Segment segment_of(int g, int lo, int hi) {
     return Segment{g, g * NCHUNK < lo ? lo - g * NCHUNK : 0, (g + 1) * NCHUNK > hi ? hi - g * NCHUNK : NCHUNK};
 }
+// The weight scales of thread (row r = tid % 16, any token) for the CTA's segments, in
+// processing order (g_last down; at most three): loaded at the start, off the epilogue's path.
+struct WeightScales {
+    float s[3];
+    MONO_DEVICE float of(int i) const { return i == 0 ? s[0] : i == 1 ? s[1] : s[2]; }  // constant indices: registers
+};
+MONO_DEVICE WeightScales weight_scales(const Args& a, int lo, int hi) {
+    WeightScales ws{ {0.0f, 0.0f, 0.0f} };
+    const int g_last = (hi - 1) / NCHUNK, n = g_last - lo / NCHUNK + 1, r = thread_id() % 16;
+    if (thread_id() < 16 * TOKENS) {
+        if (n > 0) ws.s[0] = a.s_qkv[task_row0(g_last) + r];
+        if (n > 1) ws.s[1] = a.s_qkv[task_row0(g_last - 1) + r];
+        if (n > 2) ws.s[2] = a.s_qkv[task_row0(g_last - 2) + r];
+    }
+    return ws;
+}
 // wave w's contiguous share of a segment's chunks
 MONO_DEVICE void wave_share(const Segment& sg, int wave, int& first, int& n) {
     const int len = sg.k1 - sg.k0;
     first = sg.k0 + wave * len / (THREADS / WAVE);
     n = sg.k0 + (wave + 1) * len / (THREADS / WAVE) - first;
 }
+
+// LDS prefetch: the CTA's largest segment goes to registers (ties: the first processed),
+// its other segments (116 chunks at most) to LDS by asynchronous copies, in
+// processing order (row group g_last down to g_first), chunk k of a segment at LDS chunk
+// `slot + k - k0`, lane l's 16 bytes at word 4l of it. Each lane later reads only what it
+// copied itself, so copy_async_wait() is all the synchronization needed.
+constexpr int CHUNK_WORDS = 16 * WAVE / 4;  // one chunk of a 16-row group
+MONO_DEVICE int register_group(int lo, int hi) {
+    int best = (hi - 1) / NCHUNK, len = 0;
+    for (int g = (hi - 1) / NCHUNK; g >= lo / NCHUNK; --g) {
+        const Segment sg = segment_of(g, lo, hi);
+        if (sg.k1 - sg.k0 > len) best = g, len = sg.k1 - sg.k0;
+    }
+    return best;
+}
+MONO_DEVICE void stage_weights(const Args& a, int lo, int hi, int g_reg, int wave, int lane, u32* wl) {
+    int slot = 0;
+    for (int g = (hi - 1) / NCHUNK; g >= lo / NCHUNK; --g) {
+        if (g == g_reg) continue;
+        const Segment sg = segment_of(g, lo, hi);
+        int first, n;
+        wave_share(sg, wave, first, n);
+        const u8* wrow = a.w_qkv + task_row0(g) * K + lane * 16;
+        for (int c = first; c < first + n; ++c)
+            copy16_async(wl + (slot + c - sg.k0) * CHUNK_WORDS + 4 * lane, wrow + c * 16 * GEMV_K_CHUNK);
+        slot += sg.k1 - sg.k0;
+    }
+}
+// A wave's staged chunks as gemv16_partial reads them: [c] = its c-th chunk
+struct StagedChunks {
+    const u32* p;  // this lane's 16 bytes of the wave's first chunk
+    MONO_DEVICE u32x4 operator[](int c) const { return *reinterpret_cast<const u32x4*>(p + c * CHUNK_WORDS); }
+};
 
 // Task t: rows 16t .. 16t + 15 for every token. Each wave streams its 12 weight
 // chunks into registers first, then runs the MMAs against the LDS token rows; the
@@ -654,29 +718,39 @@ MONO_DEVICE void run(const Args& a, const Mailbox& mb, u8* lds) {
     // this CTA's units [lo, hi); its last row group first (a head piece the next CTA waits for)
     const int lo = int((long long)t0 * UNITS / CTAS), hi = int((long long)(t0 + 1) * UNITS / CTAS);
     const int g_first = lo / NCHUNK, g_last = (hi - 1) / NCHUNK;
-    Segment seg = segment_of(g_last, lo, hi);
+    const int g_reg = register_group(lo, hi);  // in registers; the other segments staged in LDS
+    u32* wl = reinterpret_cast<u32*>(lds + LDS_WSTAGE);
+    Segment seg = segment_of(g_reg, lo, hi);
     int first_chunk, n;
     wave_share(seg, wave, first_chunk, n);
-    const int FIRST_ROW0 = task_row0(g_last), FIRST_CHUNK0 = first_chunk, FIRST_N = n;
+    const int FIRST_ROW0 = task_row0(g_reg), FIRST_CHUNK0 = first_chunk, FIRST_N = n;
+    // the first weights go out before the wait: they stream while the norm tasks run
+    const WeightScales wsc = weight_scales(a, lo, hi);
+    load_weights(a, FIRST_ROW0, FIRST_CHUNK0, FIRST_N, lane, w);
+    stage_weights(a, lo, hi, g_reg, wave, lane, wl);
     // the norm tasks' scales (each put after its row's words: the row's flag) ...
     if (tid < TOKENS) xs[tid] = u32_as_float(mailbox_wait(mb.x8s + tid, mb.tag));
     barrier();
     fence_acquire();  // ... then the rows, as their writers published them
     stamp(lds, TL_X8_READY);
-    load_weights(a, FIRST_ROW0, FIRST_CHUNK0, FIRST_N, lane, w);
     constexpr int VECS = K / 16;  // 16-byte pieces of a row: every token row into LDS
     for (int i = tid; i < TOKENS * VECS; i += THREADS)
         *reinterpret_cast<u32x4*>(x8 + (i / VECS) * X8_STRIDE + 4 * (i % VECS)) =
             ld16_coherent(mb.x8 + (i / VECS) * (K / 4) + 4 * (i % VECS));
     barrier();
+    copy_async_wait();  // this lane's staged chunks have landed
+    int slot = 0;       // LDS chunk of the next staged segment
     for (int g = g_last; g >= g_first; --g) {
-        if (g != g_last) {
-            seg = segment_of(g, lo, hi);
-            wave_share(seg, wave, first_chunk, n);
-            load_weights(a, task_row0(g), first_chunk, n, lane, w);
-        }
+        seg = segment_of(g, lo, hi);
+        wave_share(seg, wave, first_chunk, n);
         const int row0 = task_row0(g);
-        gemv16_partial<CHUNKS_PER_WAVE, X8_STRIDE>(w, n, x8, first_chunk, TOKENS, part + wave * 256);
+        if (g != g_reg) {
+            const StagedChunks ws{wl + (slot + first_chunk - seg.k0) * CHUNK_WORDS + 4 * lane};
+            gemv16_partial<CHUNKS_PER_WAVE, X8_STRIDE>(ws, n, x8, first_chunk, TOKENS, part + wave * 256);
+            slot += seg.k1 - seg.k0;
+        } else {
+            gemv16_partial<CHUNKS_PER_WAVE, X8_STRIDE>(w, n, x8, first_chunk, TOKENS, part + wave * 256);
+        }
         barrier();
         if (tid < 16 * TOKENS) {  // thread (row r, token c): the waves' partials in wave order
             const int r = tid % 16, c = tid / 16;
@@ -687,7 +761,7 @@ MONO_DEVICE void run(const Args& a, const Mailbox& mb, u8* lds) {
                 mailbox_put(piece, float_as_u32(tot), mb.tag);  // head piece: the next CTA finishes
             } else {
                 if (seg.k0 > 0) tot = u32_as_float(mailbox_wait(piece, mb.tag)) + tot;  // lower chunks first
-                const float val = bf16_round((tot * xs[c]) * a.s_qkv[row0 + r]);
+                const float val = bf16_round((tot * xs[c]) * wsc.of(g_last - g));
                 mailbox_put(mb.qkv + c * ROWS + row0 + r, float_as_u32(val), mb.tag);
             }
         }
@@ -723,6 +797,17 @@ MONO_DEVICE void head_inputs(const bf16_t* gamma, const bf16_t* cs_row, int d0, 
         c[j] = bf16_to_f32(cs_row[ib + j]);
         s[j] = bf16_to_f32(cs_row[HALF + ib + j]);
     }
+}
+
+// This lane's ELEMS values of a head: the qkv pairs from `pair` (its dims d0 ..), waited
+// for together (one round trip, not ELEMS).
+template <typename TagT>
+MONO_DEVICE void head_values(const u64* pair, const TagT& tag, float (&e)[ELEMS]) {
+    const u64* p[ELEMS];
+    for (int j = 0; j < ELEMS; ++j) p[j] = pair + j;
+    u32 v[ELEMS];
+    mailbox_wait_all(p, tag, v);
+    for (int j = 0; j < ELEMS; ++j) e[j] = u32_as_float(v[j]);
 }
 
 // Gemma RMSNorm + partial NeoX RoPE of one head on a token's 32 lanes (contract A.5.4):
@@ -778,7 +863,7 @@ MONO_DEVICE void head(const Args& a, const Mailbox& mb, u8* lds, int ht, int tk,
     float g[ELEMS], c[ELEMS], sn[ELEMS];
     head_inputs(gamma, cs_row, d0, g, c, sn);
     float e[ELEMS];
-    for (int j = 0; j < ELEMS; ++j) e[j] = u32_as_float(mailbox_wait(mb.qkv + tk * ROWS + off + d0 + j, mb.tag));
+    head_values(mb.qkv + tk * ROWS + off + d0, mb.tag, e);
     stamp(lds, TL_HEAD_GOT_QKV);
     const long long page = slot >= 0 ? page16_of(slot) : 0;
     const int t = slot % PAGE16;
@@ -851,6 +936,17 @@ MONO_DEVICE void head_inputs(const bf16_t* gamma, const bf16_t* cs_row, int d0, 
     }
 }
 
+// This lane's ELEMS values of a head: the qkv pairs from `pair` (its dims d0 ..), waited
+// for together (one round trip, not ELEMS).
+template <typename TagT>
+MONO_DEVICE void head_values(const u64* pair, const TagT& tag, float (&e)[ELEMS]) {
+    const u64* p[ELEMS];
+    for (int j = 0; j < ELEMS; ++j) p[j] = pair + j;
+    u32 v[ELEMS];
+    mailbox_wait_all(p, tag, v);
+    for (int j = 0; j < ELEMS; ++j) e[j] = u32_as_float(v[j]);
+}
+
 // Gemma RMSNorm + partial NeoX RoPE of one head on a token's 32 lanes (contract A.5.4):
 // ss = e0^2 + .. + e3^2 (plain multiply, add), butterfly 16..1; n = (e * rsq(ss / DIM +
 // EPS)) * (g + 1); dims < ROPE: out = fma(n, c, -(p * s)) (first half), fma(n, c, p * s)
@@ -917,8 +1013,7 @@ MONO_DEVICE void make_index_q(const Args& a, const Mailbox& mb, float* iq, int r
         const int tk = row0 + job / nh, head = nh == 1 ? OWN : job % nh;
         float g[ELEMS], c[ELEMS], sn[ELEMS], e[ELEMS], out[ELEMS];
         head_inputs(a.g_iq, a.cos_sin + (long long)int(a.positions[tk]) * ROPE, d0, g, c, sn);
-        for (int j = 0; j < ELEMS; ++j)
-            e[j] = u32_as_float(mailbox_wait(mb.qkv + tk * QKV_ROWS + IQ_BASE + head * DIM + d0 + j, mb.tag));
+        head_values(mb.qkv + tk * QKV_ROWS + IQ_BASE + head * DIM + d0, mb.tag, e);
         norm_rope(e, g, c, sn, d0, out);
         for (int j = 0; j < ELEMS; ++j) iq[job * ROW_STRIDE + (d0 + j) / QDIMS * QSTRIDE + (d0 + j) % QDIMS] = bf16_round(out[j]);
     }
