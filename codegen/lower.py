@@ -250,6 +250,13 @@ class _Ctx:
             self.fail(loc, f"must be an integer >= {minimum}, got {v!r}")
         return v
 
+    def switch(self, value, loc: tuple) -> bool:
+        """``evaluate``, refusing anything but a boolean or 0 / 1 (on / off knobs)."""
+        v = self.evaluate(value, loc)
+        if not isinstance(v, (bool, int)) or v not in (0, 1):
+            self.fail(loc, f"must be true / false or 1 / 0, got {v!r}")
+        return bool(v)
+
     def symbol(self, name: str, loc: tuple) -> Any:
         if name not in self.scope:
             self.fail(loc, f"unknown symbol {name!r}", "define it under 'symbols'")

@@ -62,8 +62,12 @@ class Model(StageBase):
     # before the norm (or the wait for its rows): the CTA's whole weight share is in flight
     # from the start instead of one segment at a time
     lds_prefetch: PerTarget = PerTarget(default=0)
+    # when the weight stream starts, per target: 1 = right behind the norm's input loads (or
+    # before the wait for the norm's rows), 0 = once those inputs / rows have arrived, so
+    # that they do not queue behind the stream in the SM's memory pipeline (stream-K only)
+    early_weights: PerTarget = PerTarget(default=1)
 
-    _tile = field_validator("token_tile", "stream_k", "lds_prefetch", mode="before")(classmethod(lambda cls, v: per_target(v)))
+    _tile = field_validator("token_tile", "stream_k", "lds_prefetch", "early_weights", mode="before")(classmethod(lambda cls, v: per_target(v)))
 
 
 def lower(stage: Model, ctx) -> dict:
@@ -139,16 +143,20 @@ def stream_k(stage: Model, ctx, nchunk: int, tasks: int, tokens: int, tile: int)
     """Stream-K values: whether the build splits units evenly over the CTAs, and
     the checks that make it safe (one token tile; no row group over three CTAs:
     a middle piece would need a second hand-off)."""
-    on = bool(ctx.integer(stage.stream_k.for_target(ctx.target.name), ("stream_k",), minimum=0))
-    prefetch = bool(ctx.integer(stage.lds_prefetch.for_target(ctx.target.name), ("lds_prefetch",), minimum=0))
+    on = ctx.switch(stage.stream_k.for_target(ctx.target.name), ("stream_k",))
+    prefetch = ctx.switch(stage.lds_prefetch.for_target(ctx.target.name), ("lds_prefetch",))
     if prefetch and not on:
         ctx.fail(("lds_prefetch",), "lds_prefetch stages the later row-group segments of a stream-K CTA",
                  "turn stream_k on for this target, or lds_prefetch off")
     if prefetch and ctx.target.vendor != "nvidia":
         ctx.fail(("lds_prefetch",), f"{ctx.target.name}'s device library has no asynchronous global-to-LDS copy",
                  "turn lds_prefetch off for this target (it is an sm90 knob)")
+    early = ctx.switch(stage.early_weights.for_target(ctx.target.name), ("early_weights",))
+    if not early and not on:
+        ctx.fail(("early_weights",), "a late weight stream is built for stream-K CTAs only",
+                 "turn stream_k on for this target, or early_weights back to 1")
     if not on:
-        return {"split": False, "partials": None, "prefetch": False}
+        return {"split": False, "partials": None, "prefetch": False, "early_weights": True}
     if stage.partials is None:
         ctx.fail(("partials",), "stream_k needs a pairs region for the partial tiles", "add 'partials: <region>'")
     ctx.region(stage.partials, ("partials",), kind="pairs", min_count=tasks * 16 * 16)
@@ -172,4 +180,4 @@ def stream_k(stage: Model, ctx, nchunk: int, tasks: int, tokens: int, tile: int)
     if prefetch:
         ctx.lds(stage.name, "wstage", "u32", staged * CHUNK_BYTES // 4)
     return {"split": True, "partials": stage.partials, "tasks": tasks, "ctas": ctas, "nchunk": nchunk,
-            "prefetch": prefetch, "staged_chunks": staged}
+            "prefetch": prefetch, "staged_chunks": staged, "early_weights": early}

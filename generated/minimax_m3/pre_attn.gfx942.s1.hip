@@ -446,6 +446,7 @@ constexpr int N_TILES = 1;
 constexpr bool INLINE_NORM = true;  // this stage normalizes the tokens itself
 constexpr bool WRITES_RESIDUAL = true;  // inline norm: task t's CTA writes token t's residual
 constexpr int X8_STRIDE = 1540;       // LDS words per token row (padded: rows on distinct banks)
+constexpr bool WEIGHTS_FIRST = true;  // weight stream before the norm math / x8 wait (else once its inputs arrived)
 static_assert(K % (GEMV_K_CHUNK * THREADS / WAVE) == 0, "K splits into whole chunks per wave");
 // the 16-row groups the tasks cover, range by range: (first group, groups)
 constexpr int N_RANGES = 3;
@@ -491,7 +492,11 @@ MONO_DEVICE void norm_load(const Args& a, int tk, NormIn& in) {
 // order, butterfly 16..1 per logical warp, the warp sums butterflied again);
 // n = (acc * rsq(tot / 6144 + EPS)) * (g + 1); s = amax / FP8_MAX (1 if amax == 0);
 // x8 = fp8(RN(n / s)) as words into x8 (LDS or global). Returns s. red: 64 floats of LDS.
-MONO_DEVICE float norm_quant_row(const Args& a, int tk, const NormIn& in, u32* x8, float* red, bool store_residual, u8* lds) {
+// inputs_used() runs once this thread's inputs have arrived (its sums computed), before
+// the first barrier: a caller may start other memory traffic there.
+template <typename InputsUsed>
+MONO_DEVICE float norm_quant_row(const Args& a, int tk, const NormIn& in, u32* x8, float* red, bool store_residual, u8* lds,
+                                 InputsUsed&& inputs_used) {
     const int tid = thread_id();
     float n[NORM_SLOTS][8];
     for (int i = 0; i < NORM_SLOTS; ++i) {
@@ -514,6 +519,7 @@ MONO_DEVICE float norm_quant_row(const Args& a, int tk, const NormIn& in, u32* x
         p = sum32(p);
         if ((tid & 31) == 0) red[lt / 32] = p;
     }
+    inputs_used();
     barrier();
     if (tid < 32) {  // the second butterfly over 32 slots, warp sums first, zeros after
         const float total = sum32(tid < NORM_WARPS ? red[tid] : 0.0f);
@@ -582,15 +588,24 @@ MONO_DEVICE void run(const Args& a, const Mailbox& mb, u8* lds) {
     NormIn in[TOKENS];
 #pragma unroll
     for (int tk = 0; tk < TOKENS; ++tk) norm_load(a, tk, in[tk]);
-    barrier();  // every wave's norm loads go out before any wave's weight loads
-    load_weights(a, FIRST_ROW0, FIRST_CHUNK0, FIRST_N, lane, w);
+    // the weight stream: right behind the norm's loads (WEIGHTS_FIRST), or once they have
+    // arrived, so that they do not queue behind it
+    auto issue_weights = [&] {
+        load_weights(a, FIRST_ROW0, FIRST_CHUNK0, FIRST_N, lane, w);
+    };
+    if (WEIGHTS_FIRST) {
+        barrier();  // every wave's norm loads go out before any wave's weight loads
+        issue_weights();
+    }
     // 1 token(s): this CTA normalizes every token itself (no hand-off on the
     // critical path); the CTA that runs task t writes token t's residual.
     float* red = reinterpret_cast<float*>(lds + LDS_RED);
 #pragma unroll
     for (int tk = 0; tk < TOKENS; ++tk) {
         const bool writer = writes_token(tk, t0);
-        const float scale = norm_quant_row(a, tk, in[tk], x8 + tk * X8_STRIDE, red, writer, lds);
+        const float scale = norm_quant_row(a, tk, in[tk], x8 + tk * X8_STRIDE, red, writer, lds, [&] {
+            if (!WEIGHTS_FIRST && tk == TOKENS - 1) issue_weights();
+        });
         if (tid == 0) xs[tk] = scale;
     }
     barrier();

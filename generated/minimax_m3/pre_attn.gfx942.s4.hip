@@ -469,7 +469,11 @@ MONO_DEVICE void norm_load(const Args& a, int tk, NormIn& in) {
 // order, butterfly 16..1 per logical warp, the warp sums butterflied again);
 // n = (acc * rsq(tot / 6144 + EPS)) * (g + 1); s = amax / FP8_MAX (1 if amax == 0);
 // x8 = fp8(RN(n / s)) as words into x8 (LDS or global). Returns s. red: 64 floats of LDS.
-MONO_DEVICE float norm_quant_row(const Args& a, int tk, const NormIn& in, u32* x8, float* red, bool store_residual, u8* lds) {
+// inputs_used() runs once this thread's inputs have arrived (its sums computed), before
+// the first barrier: a caller may start other memory traffic there.
+template <typename InputsUsed>
+MONO_DEVICE float norm_quant_row(const Args& a, int tk, const NormIn& in, u32* x8, float* red, bool store_residual, u8* lds,
+                                 InputsUsed&& inputs_used) {
     const int tid = thread_id();
     float n[NORM_SLOTS][8];
     for (int i = 0; i < NORM_SLOTS; ++i) {
@@ -492,6 +496,7 @@ MONO_DEVICE float norm_quant_row(const Args& a, int tk, const NormIn& in, u32* x
         p = sum32(p);
         if ((tid & 31) == 0) red[lt / 32] = p;
     }
+    inputs_used();
     barrier();
     if (tid < 32) {  // the second butterfly over 32 slots, warp sums first, zeros after
         const float total = sum32(tid < NORM_WARPS ? red[tid] : 0.0f);
@@ -537,7 +542,7 @@ MONO_DEVICE void run(const Args& a, const Mailbox& mb, u8* lds) {
     for (int tk = t0; tk < TASKS; tk += CTAS) {
         NormIn in;
         norm_load(a, tk, in);
-        const float scale = norm_quant_row(a, tk, in, mb.x8 + tk * NORM_ROW_WORDS, red, true, lds);
+        const float scale = norm_quant_row(a, tk, in, mb.x8 + tk * NORM_ROW_WORDS, red, true, lds, [] {});
         fence_release();  // every thread's row words device-visible ...
         barrier();        // ... before thread 0 raises the flag
         if (thread_id() == 0) mailbox_put(mb.x8s + tk, float_as_u32(scale), mb.tag);
@@ -564,6 +569,7 @@ constexpr int N_TILES = 1;
 constexpr bool INLINE_NORM = false;  // this stage normalizes the tokens itself
 constexpr bool WRITES_RESIDUAL = true;  // inline norm: task t's CTA writes token t's residual
 constexpr int X8_STRIDE = 1540;       // LDS words per token row (padded: rows on distinct banks)
+constexpr bool WEIGHTS_FIRST = true;  // weight stream before the norm math / x8 wait (else once its inputs arrived)
 static_assert(K % (GEMV_K_CHUNK * THREADS / WAVE) == 0, "K splits into whole chunks per wave");
 // the 16-row groups the tasks cover, range by range: (first group, groups)
 constexpr int N_RANGES = 3;
@@ -604,8 +610,12 @@ MONO_DEVICE void run(const Args& a, const Mailbox& mb, u8* lds) {
     if (t0 >= TASKS) return;  // more CTAs than tasks: none for this one
     const int first_chunk = wave * CHUNKS_PER_WAVE;
     const int FIRST_ROW0 = task_row0(t0), FIRST_CHUNK0 = first_chunk, FIRST_N = CHUNKS_PER_WAVE;
-    // the first weights go out before the wait: they stream while the norm tasks run
-    load_weights(a, FIRST_ROW0, FIRST_CHUNK0, FIRST_N, lane, w);
+    // the weight stream: before the wait (WEIGHTS_FIRST: it streams while the norm
+    // tasks run), or once the token rows are in LDS (their loads do not queue behind it)
+    auto issue_weights = [&] {
+        load_weights(a, FIRST_ROW0, FIRST_CHUNK0, FIRST_N, lane, w);
+    };
+    if (WEIGHTS_FIRST) issue_weights();
     // the norm tasks' scales (each put after its row's words: the row's flag) ...
     if (tid < TOKENS) xs[tid] = u32_as_float(mailbox_wait(mb.x8s + tid, mb.tag));
     barrier();

@@ -513,7 +513,11 @@ MONO_DEVICE void norm_load(const Args& a, int tk, NormIn& in) {
 // order, butterfly 16..1 per logical warp, the warp sums butterflied again);
 // n = (acc * rsq(tot / 6144 + EPS)) * (g + 1); s = amax / FP8_MAX (1 if amax == 0);
 // x8 = fp8(RN(n / s)) as words into x8 (LDS or global). Returns s. red: 64 floats of LDS.
-MONO_DEVICE float norm_quant_row(const Args& a, int tk, const NormIn& in, u32* x8, float* red, bool store_residual, u8* lds) {
+// inputs_used() runs once this thread's inputs have arrived (its sums computed), before
+// the first barrier: a caller may start other memory traffic there.
+template <typename InputsUsed>
+MONO_DEVICE float norm_quant_row(const Args& a, int tk, const NormIn& in, u32* x8, float* red, bool store_residual, u8* lds,
+                                 InputsUsed&& inputs_used) {
     const int tid = thread_id();
     float n[NORM_SLOTS][8];
     for (int i = 0; i < NORM_SLOTS; ++i) {
@@ -536,6 +540,7 @@ MONO_DEVICE float norm_quant_row(const Args& a, int tk, const NormIn& in, u32* x
         p = sum32(p);
         if ((tid & 31) == 0) red[lt / 32] = p;
     }
+    inputs_used();
     barrier();
     if (tid < 32) {  // the second butterfly over 32 slots, warp sums first, zeros after
         const float total = sum32(tid < NORM_WARPS ? red[tid] : 0.0f);
@@ -581,7 +586,7 @@ MONO_DEVICE void run(const Args& a, const Mailbox& mb, u8* lds) {
     for (int tk = t0; tk < TASKS; tk += CTAS) {
         NormIn in;
         norm_load(a, tk, in);
-        const float scale = norm_quant_row(a, tk, in, mb.x8 + tk * NORM_ROW_WORDS, red, true, lds);
+        const float scale = norm_quant_row(a, tk, in, mb.x8 + tk * NORM_ROW_WORDS, red, true, lds, [] {});
         fence_release();  // every thread's row words device-visible ...
         barrier();        // ... before thread 0 raises the flag
         if (thread_id() == 0) mailbox_put(mb.x8s + tk, float_as_u32(scale), mb.tag);
@@ -609,6 +614,7 @@ constexpr int N_TILES = 1;
 constexpr bool INLINE_NORM = false;  // this stage normalizes the tokens itself
 constexpr bool WRITES_RESIDUAL = true;  // inline norm: task t's CTA writes token t's residual
 constexpr int X8_STRIDE = 1540;       // LDS words per token row (padded: rows on distinct banks)
+constexpr bool WEIGHTS_FIRST = true;  // weight stream before the norm math / x8 wait (else once its inputs arrived)
 static_assert(K % (GEMV_K_CHUNK * THREADS / WAVE) == 0, "K splits into whole chunks per wave");
 // the 16-row groups the tasks cover, range by range: (first group, groups)
 constexpr int N_RANGES = 3;
@@ -724,10 +730,14 @@ MONO_DEVICE void run(const Args& a, const Mailbox& mb, u8* lds) {
     int first_chunk, n;
     wave_share(seg, wave, first_chunk, n);
     const int FIRST_ROW0 = task_row0(g_reg), FIRST_CHUNK0 = first_chunk, FIRST_N = n;
-    // the first weights go out before the wait: they stream while the norm tasks run
     const WeightScales wsc = weight_scales(a, lo, hi);
-    load_weights(a, FIRST_ROW0, FIRST_CHUNK0, FIRST_N, lane, w);
-    stage_weights(a, lo, hi, g_reg, wave, lane, wl);
+    // the weight stream: before the wait (WEIGHTS_FIRST: it streams while the norm
+    // tasks run), or once the token rows are in LDS (their loads do not queue behind it)
+    auto issue_weights = [&] {
+        load_weights(a, FIRST_ROW0, FIRST_CHUNK0, FIRST_N, lane, w);
+        stage_weights(a, lo, hi, g_reg, wave, lane, wl);
+    };
+    if (WEIGHTS_FIRST) issue_weights();
     // the norm tasks' scales (each put after its row's words: the row's flag) ...
     if (tid < TOKENS) xs[tid] = u32_as_float(mailbox_wait(mb.x8s + tid, mb.tag));
     barrier();
@@ -738,6 +748,7 @@ MONO_DEVICE void run(const Args& a, const Mailbox& mb, u8* lds) {
         *reinterpret_cast<u32x4*>(x8 + (i / VECS) * X8_STRIDE + 4 * (i % VECS)) =
             ld16_coherent(mb.x8 + (i / VECS) * (K / 4) + 4 * (i % VECS));
     barrier();
+    if (!WEIGHTS_FIRST) issue_weights();
     copy_async_wait();  // this lane's staged chunks have landed
     int slot = 0;       // LDS chunk of the next staged segment
     for (int g = g_last; g >= g_first; --g) {
