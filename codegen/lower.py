@@ -492,10 +492,14 @@ def _lower(loaded: LoadedSpec, build: Build) -> KernelIR:
         if first < 0 or ctas <= 0 or first + ctas > blocks:
             fail(ploc, f"CTAs {first}..{first + ctas - 1} lie outside the grid of {blocks} CTAs",
                  f"keep the range inside 0..{blocks - 1} for {target.name}")
-        for field in ("start_point", "done_point"):
+        for field in (f for f in type(s).model_fields if f.endswith("_point")):  # start_point, done_point, kinds' own
             point = getattr(s, field)
             if point is not None and point not in spec.timeline_points:
-                fail(loc + (field,), f"no timeline point {point!r}", f"use one of {', '.join(spec.timeline_points)}")
+                if field in s.model_fields_set:
+                    fail(loc + (field,), f"no timeline point {point!r}", f"use one of {', '.join(spec.timeline_points)}")
+                fail(loc + (field,), f"a {s.kind} stage stamps timeline point {point!r} ({field}'s default), "
+                     "which timeline_points does not list",
+                     f"add {point!r} to timeline_points, name another with '{field}: <point>', or '{field}: null'")
         ctx.task_count, ctx.stage_ctas = tasks, ctas
         values = KINDS[s.kind].lower(s, ctx)
         waits = tuple(d for d in s.waits_on if active.get(d))

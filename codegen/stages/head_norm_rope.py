@@ -26,6 +26,7 @@ PAGE_BYTES = 2048  # one page-16 page of one kv head: 16 tokens x 128 dims
 
 class Model(StageBase):
     kind: Literal["head_norm_rope"]
+    got_point: Name | None = "head_got_qkv"  # timeline point: the head's qkv values arrived
     qkv: Name  # pairs region: the GEMV's rows, token t at pair t * rows
     rows: Expr  # pair stride of a token in qkv
     q_heads: Expr  # local q heads: tasks 0 .. q_heads - 1

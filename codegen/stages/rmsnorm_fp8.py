@@ -21,6 +21,7 @@ LOGICAL_WARP = 32  # logical threads per butterfly group of the original all-red
 
 class Model(StageBase):
     kind: Literal["rmsnorm_fp8"]
+    sums_point: Name | None = "sums_reduced"  # timeline point: the row's sum of squares reduced
     hidden: Name = "HIDDEN"
     ar: Name  # ABI tensor [tokens, HIDDEN] bf16: the all-reduced partials
     res: Name  # ABI tensor [tokens, HIDDEN] bf16: residual in
