@@ -23,6 +23,7 @@ KIND = "gemv_fp8"
 ROWS_PER_TASK = 16  # one MMA tile of output rows
 K_CHUNK = {"amd": 64, "nvidia": 32}  # k per 16-byte weight load of a lane
 CHUNK_BYTES = 16 * 32  # one chunk of a 16-row group: 16 bytes a lane (wave 32; lds_prefetch is NVIDIA-only)
+LDS_RESERVE = 256  # LDS kept for the alignment of the stage's buffers and the timeline stamps
 X8_ROW_PAD_WORDS = 4  # LDS row padding: token rows land on different banks
 
 
@@ -68,8 +69,12 @@ class Model(StageBase):
     # before the wait for the norm's rows), 0 = once those inputs / rows have arrived, so
     # that they do not queue behind the stream in the SM's memory pipeline (stream-K only)
     early_weights: PerTarget = PerTarget(default=1)
+    # bulk copies per target (1 = on; with lds_prefetch): the staged segments travel as one
+    # TMA bulk copy each, issued by one thread (no warp waits to issue 16-byte loads, no
+    # per-SM limit of outstanding loads); the whole share goes to LDS when it fits
+    bulk_copies: PerTarget = PerTarget(default=0)
 
-    _tile = field_validator("token_tile", "stream_k", "lds_prefetch", "early_weights", mode="before")(classmethod(lambda cls, v: per_target(v)))
+    _tile = field_validator("token_tile", "stream_k", "lds_prefetch", "early_weights", "bulk_copies", mode="before")(classmethod(lambda cls, v: per_target(v)))
 
 
 def lower(stage: Model, ctx) -> dict:
@@ -130,7 +135,8 @@ def lower(stage: Model, ctx) -> dict:
         "norm": checked_norm_constants(k, ctx, ("k",)),
         "rdone": residual_done(src, ctx) if inline else None,
         "writes_residual": stage.writes_residual,
-        **stream_k(stage, ctx, k // chunk, tasks, tokens, tile),
+        **stream_k(stage, ctx, k // chunk, tasks, tokens, tile,
+                   lds_left=t.lds_bytes - LDS_RESERVE - 4 * (tile * stride_words + waves * ROWS_PER_TASK * 16 + max(tokens, 1) + 64)),
         "ranges": [(first // ROWS_PER_TASK, count // ROWS_PER_TASK) for first, count in ranges],
         "long_step": None if stage.long_step is None else {
             "seq_lens": stage.long_step.seq_lens, "q_len": stage.long_step.q_len,
@@ -141,7 +147,7 @@ def lower(stage: Model, ctx) -> dict:
     }
 
 
-def stream_k(stage: Model, ctx, nchunk: int, tasks: int, tokens: int, tile: int) -> dict:
+def stream_k(stage: Model, ctx, nchunk: int, tasks: int, tokens: int, tile: int, lds_left: int) -> dict:
     """Stream-K values: whether the build splits units evenly over the CTAs, and
     the checks that make it safe (one token tile; no row group over three CTAs:
     a middle piece would need a second hand-off)."""
@@ -153,12 +159,17 @@ def stream_k(stage: Model, ctx, nchunk: int, tasks: int, tokens: int, tile: int)
     if prefetch and ctx.target.vendor != "nvidia":
         ctx.fail(("lds_prefetch",), f"{ctx.target.name}'s device library has no asynchronous global-to-LDS copy",
                  "turn lds_prefetch off for this target (it is an sm90 knob)")
+    bulk = ctx.switch(stage.bulk_copies.for_target(ctx.target.name), ("bulk_copies",))
+    if bulk and not prefetch:
+        ctx.fail(("bulk_copies",), "bulk_copies is how lds_prefetch moves the staged segments",
+                 "turn lds_prefetch on for this target, or bulk_copies off")
     early = ctx.switch(stage.early_weights.for_target(ctx.target.name), ("early_weights",))
     if not early and not on:
         ctx.fail(("early_weights",), "a late weight stream is built for stream-K CTAs only",
                  "turn stream_k on for this target, or early_weights back to 1")
     if not on:
-        return {"split": False, "partials": None, "prefetch": False, "early_weights": True}
+        return {"split": False, "partials": None, "prefetch": False, "early_weights": True, "bulk": False,
+                "all_staged": False}
     if stage.partials is None:
         ctx.fail(("partials",), "stream_k needs a pairs region for the partial tiles", "add 'partials: <region>'")
     ctx.region(stage.partials, ("partials",), kind="pairs", min_count=tasks * 16 * 16)
@@ -166,7 +177,7 @@ def stream_k(stage: Model, ctx, nchunk: int, tasks: int, tokens: int, tile: int)
         ctx.fail(("stream_k",), f"stream_k needs every token in one tile ({tile} < {tokens})", "raise token_tile")
     ctas = ctx.stage_ctas
     units = tasks * nchunk
-    staged = 0  # most chunks one CTA stages in LDS (lds_prefetch)
+    staged = whole = 0  # most chunks one CTA stages in LDS (lds_prefetch); most chunks of one CTA
     for c in range(ctas):
         lo, hi = c * units // ctas, (c + 1) * units // ctas
         lengths = []
@@ -179,7 +190,14 @@ def stream_k(stage: Model, ctx, nchunk: int, tasks: int, tokens: int, tile: int)
             ctx.fail(("stream_k",), f"CTA {c} would take {len(lengths)} row-group segments (at most 3)",
                      "turn stream_k off for this target: fewer CTAs than a third of the row groups")
         staged = max(staged, sum(lengths) - max(lengths))  # the largest segment stays in registers
+        whole = max(whole, sum(lengths))
+    all_staged = bulk and whole * CHUNK_BYTES + 16 <= lds_left  # bulk copies: everything in LDS if it fits
+    if all_staged:
+        staged = whole
     if prefetch:
         ctx.lds(stage.name, "wstage", "u32", staged * CHUNK_BYTES // 4)
+    if bulk:
+        ctx.lds(stage.name, "wbar", "u64", 1)  # the bulk copies' mbarrier
     return {"split": True, "partials": stage.partials, "tasks": tasks, "ctas": ctas, "nchunk": nchunk,
-            "prefetch": prefetch, "staged_chunks": staged, "early_weights": early}
+            "prefetch": prefetch, "staged_chunks": staged, "early_weights": early,
+            "bulk": bulk, "all_staged": all_staged}

@@ -244,6 +244,34 @@ MONO_DEVICE void copy16_async(void* lds_dst, const void* src) {
 }
 MONO_DEVICE void copy_async_wait() { asm volatile("cp.async.wait_all;" ::: "memory"); }
 
+// ---- bulk copies (TMA, sm90): one thread moves a contiguous global range into LDS ---------
+// An mbarrier in LDS counts the bytes: bulk_expect(bar, n) by the issuing thread, then its
+// bulk_copy()s; every thread's bulk_wait(bar, 0) returns once all n bytes have landed (and
+// makes them visible to it). One phase per launch: the barrier is set up at the start and
+// invalidated before its LDS is reused.
+MONO_DEVICE u32 lds_address(const void* p) { return u32(__cvta_generic_to_shared(p)); }
+MONO_DEVICE void bulk_barrier_init(u64* bar) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" :: "r"(lds_address(bar)) : "memory");
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+}
+MONO_DEVICE void bulk_expect(u64* bar, u32 bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(lds_address(bar)), "r"(bytes) : "memory");
+}
+// bytes: a multiple of 16; both addresses 16-byte aligned
+MONO_DEVICE void bulk_copy(void* lds_dst, const void* src, u32 bytes, u64* bar) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+                 :: "r"(lds_address(lds_dst)), "l"(src), "r"(bytes), "r"(lds_address(bar)) : "memory");
+}
+MONO_DEVICE void bulk_wait(u64* bar, u32 phase) {
+    u32 done = 0;
+    while (!done)
+        asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}"
+                     : "=r"(done) : "r"(lds_address(bar)), "r"(phase) : "memory");
+}
+MONO_DEVICE void bulk_barrier_inval(u64* bar) {
+    asm volatile("mbarrier.inval.shared::cta.b64 [%0];" :: "r"(lds_address(bar)) : "memory");
+}
+
 // ---- timer --------------------------------------------------------------------------
 // %globaltimer: nanoseconds, device-wide (AMD: s_memrealtime at 100 MHz)
 MONO_DEVICE long long timer_now() {

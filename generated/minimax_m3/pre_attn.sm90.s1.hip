@@ -49,12 +49,13 @@
 //   rdone    @   753920       128 B  16 flags: token t's residual (h_out) written: signal builds
 //   hdone    @   754176      2560 B  320 flags: head task h of token t done: pair t * N_HEAD_TASKS + h
 //
-// LDS (82208 bytes; stages reuse the same bytes, one after another):
+// LDS (142128 bytes; stages reuse the same bytes, one after another):
 //   stage_qkv::LDS_X8      @      0  1540 x u32
 //   stage_qkv::LDS_PART    @   6160  4096 x float
 //   stage_qkv::LDS_XS      @  22544  1 x float
 //   stage_qkv::LDS_RED     @  22560  64 x float
-//   stage_qkv::LDS_WSTAGE  @  22816  14848 x u32
+//   stage_qkv::LDS_WSTAGE  @  22816  29824 x u32
+//   stage_qkv::LDS_WBAR    @ 142112  1 x u64
 //   stage_scores::LDS_IQ   @      0  132 x float
 //   stage_scores::LDS_BEST @    528  16 x float
 //
@@ -244,6 +245,34 @@ MONO_DEVICE void copy16_async(void* lds_dst, const void* src) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(dst), "l"(src) : "memory");
 }
 MONO_DEVICE void copy_async_wait() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+
+// ---- bulk copies (TMA, sm90): one thread moves a contiguous global range into LDS ---------
+// An mbarrier in LDS counts the bytes: bulk_expect(bar, n) by the issuing thread, then its
+// bulk_copy()s; every thread's bulk_wait(bar, 0) returns once all n bytes have landed (and
+// makes them visible to it). One phase per launch: the barrier is set up at the start and
+// invalidated before its LDS is reused.
+MONO_DEVICE u32 lds_address(const void* p) { return u32(__cvta_generic_to_shared(p)); }
+MONO_DEVICE void bulk_barrier_init(u64* bar) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" :: "r"(lds_address(bar)) : "memory");
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+}
+MONO_DEVICE void bulk_expect(u64* bar, u32 bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(lds_address(bar)), "r"(bytes) : "memory");
+}
+// bytes: a multiple of 16; both addresses 16-byte aligned
+MONO_DEVICE void bulk_copy(void* lds_dst, const void* src, u32 bytes, u64* bar) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+                 :: "r"(lds_address(lds_dst)), "l"(src), "r"(bytes), "r"(lds_address(bar)) : "memory");
+}
+MONO_DEVICE void bulk_wait(u64* bar, u32 phase) {
+    u32 done = 0;
+    while (!done)
+        asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}"
+                     : "=r"(done) : "r"(lds_address(bar)), "r"(phase) : "memory");
+}
+MONO_DEVICE void bulk_barrier_inval(u64* bar) {
+    asm volatile("mbarrier.inval.shared::cta.b64 [%0];" :: "r"(lds_address(bar)) : "memory");
+}
 
 // ---- timer --------------------------------------------------------------------------
 // %globaltimer: nanoseconds, device-wide (AMD: s_memrealtime at 100 MHz)
@@ -458,7 +487,7 @@ struct Mailbox {
     u64* hdone;  // 320 flags @ 754176
 };
 
-constexpr int LDS_BYTES = 82208;  // the union of the stages' LDS, plus the stamps
+constexpr int LDS_BYTES = 142128;  // the union of the stages' LDS, plus the stamps
 
 // ---- timeline ---------------------------------------------------------------------------
 constexpr int TL_START = 0;
@@ -481,7 +510,8 @@ constexpr int LDS_X8 = 0;  // LDS: 1540 x u32
 constexpr int LDS_PART = 6160;  // LDS: 4096 x float
 constexpr int LDS_XS = 22544;  // LDS: 1 x float
 constexpr int LDS_RED = 22560;  // LDS: 64 x float
-constexpr int LDS_WSTAGE = 22816;  // LDS: 14848 x u32
+constexpr int LDS_WSTAGE = 22816;  // LDS: 29824 x u32
+constexpr int LDS_WBAR = 142112;  // LDS: 1 x u64
 
 constexpr int ROWS = 2560;              // output rows (all tasks)
 constexpr int K = 6144;
@@ -650,12 +680,15 @@ MONO_DEVICE void wave_share(const Segment& sg, int wave, int& first, int& n) {
 }
 
 // LDS prefetch: the CTA's largest segment goes to registers (ties: the first processed),
-// its other segments (116 chunks at most) to LDS by asynchronous copies, in
-// processing order (row group g_last down to g_first), chunk k of a segment at LDS chunk
-// `slot + k - k0`, lane l's 16 bytes at word 4l of it. Each lane later reads only what it
-// copied itself, so copy_async_wait() is all the synchronization needed.
+// its other segments (233 chunks at most) to LDS (here: every segment, as
+// they all fit) by bulk copies, in processing order (row group g_last down to
+// g_first), chunk k of a segment at LDS chunk `slot + k - k0`, lane l's 16 bytes at word 4l
+// of it: the layout of the preshuffled weight, so a segment is one contiguous copy.
+// Thread 0 issues one bulk copy a segment; every thread waits on the mbarrier.
 constexpr int CHUNK_WORDS = 16 * WAVE / 4;  // one chunk of a 16-row group
+constexpr bool ALL_STAGED = true;  // no segment in registers
 MONO_DEVICE int register_group(int lo, int hi) {
+    if (ALL_STAGED) return -1;
     int best = (hi - 1) / NCHUNK, len = 0;
     for (int g = (hi - 1) / NCHUNK; g >= lo / NCHUNK; --g) {
         const Segment sg = segment_of(g, lo, hi);
@@ -663,16 +696,21 @@ MONO_DEVICE int register_group(int lo, int hi) {
     }
     return best;
 }
-MONO_DEVICE void stage_weights(const Args& a, int lo, int hi, int g_reg, int wave, int lane, u32* wl) {
+// Thread 0: every staged segment as one bulk copy, the mbarrier told the total first.
+MONO_DEVICE void stage_weights_bulk(const Args& a, int lo, int hi, int g_reg, u32* wl, u64* bar) {
+    bulk_barrier_init(bar);
+    u32 bytes = 0;
+    for (int g = (hi - 1) / NCHUNK; g >= lo / NCHUNK; --g) {
+        const Segment sg = segment_of(g, lo, hi);
+        if (g != g_reg) bytes += u32(sg.k1 - sg.k0) * 16 * GEMV_K_CHUNK;
+    }
+    bulk_expect(bar, bytes);
     int slot = 0;
     for (int g = (hi - 1) / NCHUNK; g >= lo / NCHUNK; --g) {
         if (g == g_reg) continue;
         const Segment sg = segment_of(g, lo, hi);
-        int first, n;
-        wave_share(sg, wave, first, n);
-        const u8* wrow = a.w_qkv + task_row0(g) * K + lane * 16;
-        for (int c = first; c < first + n; ++c)
-            copy16_async(wl + (slot + c - sg.k0) * CHUNK_WORDS + 4 * lane, wrow + c * 16 * GEMV_K_CHUNK);
+        bulk_copy(wl + slot * CHUNK_WORDS, a.w_qkv + task_row0(g) * K + sg.k0 * 16 * GEMV_K_CHUNK,
+                  u32(sg.k1 - sg.k0) * 16 * GEMV_K_CHUNK, bar);
         slot += sg.k1 - sg.k0;
     }
 }
@@ -699,10 +737,11 @@ MONO_DEVICE void run(const Args& a, const Mailbox& mb, u8* lds) {
     const int g_first = lo / NCHUNK, g_last = (hi - 1) / NCHUNK;
     const int g_reg = register_group(lo, hi);  // in registers; the other segments staged in LDS
     u32* wl = reinterpret_cast<u32*>(lds + LDS_WSTAGE);
-    Segment seg = segment_of(g_reg, lo, hi);
+    Segment seg = segment_of(g_reg >= 0 ? g_reg : g_last, lo, hi);
     int first_chunk, n;
     wave_share(seg, wave, first_chunk, n);
-    const int FIRST_ROW0 = task_row0(g_reg), FIRST_CHUNK0 = first_chunk, FIRST_N = n;
+    const int FIRST_ROW0 = task_row0(g_reg >= 0 ? g_reg : g_last), FIRST_CHUNK0 = first_chunk, FIRST_N = g_reg >= 0 ? n : 0;
+    u64* wbar = reinterpret_cast<u64*>(lds + LDS_WBAR);
     // the norm's inputs, then the first task's weights, then the norm math: the norm
     // overlaps the weight stream without waiting behind it (issued first, served first)
     NormIn in[TOKENS];
@@ -711,9 +750,9 @@ MONO_DEVICE void run(const Args& a, const Mailbox& mb, u8* lds) {
     const WeightScales wsc = weight_scales(a, lo, hi);
     // the weight stream: right behind the norm's loads (WEIGHTS_FIRST), or once they have
     // arrived, so that they do not queue behind it
+    if (tid == 0) stage_weights_bulk(a, lo, hi, g_reg, wl, wbar);  // the staged segments: no warp waits on them
     auto issue_weights = [&] {
         load_weights(a, FIRST_ROW0, FIRST_CHUNK0, FIRST_N, lane, w);
-        stage_weights(a, lo, hi, g_reg, wave, lane, wl);
     };
     if (WEIGHTS_FIRST) {
         barrier();  // every wave's norm loads go out before any wave's weight loads
@@ -732,8 +771,8 @@ MONO_DEVICE void run(const Args& a, const Mailbox& mb, u8* lds) {
     }
     barrier();
     stamp(lds, TL_X8_READY);
-    copy_async_wait();  // this lane's staged chunks have landed
-    int slot = 0;       // LDS chunk of the next staged segment
+    bulk_wait(wbar, 0);  // every staged chunk has landed
+    int slot = 0;        // LDS chunk of the next staged segment
     for (int g = g_last; g >= g_first; --g) {
         seg = segment_of(g, lo, hi);
         wave_share(seg, wave, first_chunk, n);
@@ -761,6 +800,7 @@ MONO_DEVICE void run(const Args& a, const Mailbox& mb, u8* lds) {
         }
         barrier();  // part[] is reused
     }
+    if (tid == 0) bulk_barrier_inval(wbar);  // its LDS may serve the next stage
     stamp(lds, TL_GEMV_DONE);
     // token t's residual writer also publishes its FP8 row and scale, as the norm tasks
     // do, so the mailbox holds the same state in every build; after the GEMV, since the

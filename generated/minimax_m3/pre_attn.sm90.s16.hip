@@ -247,6 +247,34 @@ MONO_DEVICE void copy16_async(void* lds_dst, const void* src) {
 }
 MONO_DEVICE void copy_async_wait() { asm volatile("cp.async.wait_all;" ::: "memory"); }
 
+// ---- bulk copies (TMA, sm90): one thread moves a contiguous global range into LDS ---------
+// An mbarrier in LDS counts the bytes: bulk_expect(bar, n) by the issuing thread, then its
+// bulk_copy()s; every thread's bulk_wait(bar, 0) returns once all n bytes have landed (and
+// makes them visible to it). One phase per launch: the barrier is set up at the start and
+// invalidated before its LDS is reused.
+MONO_DEVICE u32 lds_address(const void* p) { return u32(__cvta_generic_to_shared(p)); }
+MONO_DEVICE void bulk_barrier_init(u64* bar) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" :: "r"(lds_address(bar)) : "memory");
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+}
+MONO_DEVICE void bulk_expect(u64* bar, u32 bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(lds_address(bar)), "r"(bytes) : "memory");
+}
+// bytes: a multiple of 16; both addresses 16-byte aligned
+MONO_DEVICE void bulk_copy(void* lds_dst, const void* src, u32 bytes, u64* bar) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+                 :: "r"(lds_address(lds_dst)), "l"(src), "r"(bytes), "r"(lds_address(bar)) : "memory");
+}
+MONO_DEVICE void bulk_wait(u64* bar, u32 phase) {
+    u32 done = 0;
+    while (!done)
+        asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}"
+                     : "=r"(done) : "r"(lds_address(bar)), "r"(phase) : "memory");
+}
+MONO_DEVICE void bulk_barrier_inval(u64* bar) {
+    asm volatile("mbarrier.inval.shared::cta.b64 [%0];" :: "r"(lds_address(bar)) : "memory");
+}
+
 // ---- timer --------------------------------------------------------------------------
 // %globaltimer: nanoseconds, device-wide (AMD: s_memrealtime at 100 MHz)
 MONO_DEVICE long long timer_now() {
@@ -677,12 +705,15 @@ MONO_DEVICE void wave_share(const Segment& sg, int wave, int& first, int& n) {
 }
 
 // LDS prefetch: the CTA's largest segment goes to registers (ties: the first processed),
-// its other segments (116 chunks at most) to LDS by asynchronous copies, in
-// processing order (row group g_last down to g_first), chunk k of a segment at LDS chunk
-// `slot + k - k0`, lane l's 16 bytes at word 4l of it. Each lane later reads only what it
-// copied itself, so copy_async_wait() is all the synchronization needed.
+// its other segments (116 chunks at most) to LDS by asynchronous copies, in processing order (row group g_last down to
+// g_first), chunk k of a segment at LDS chunk `slot + k - k0`, lane l's 16 bytes at word 4l
+// of it: the layout of the preshuffled weight, so a segment is one contiguous copy.
+// Each lane later reads only what it copied itself, so copy_async_wait() is all the
+// synchronization needed.
 constexpr int CHUNK_WORDS = 16 * WAVE / 4;  // one chunk of a 16-row group
+constexpr bool ALL_STAGED = false;  // no segment in registers
 MONO_DEVICE int register_group(int lo, int hi) {
+    if (ALL_STAGED) return -1;
     int best = (hi - 1) / NCHUNK, len = 0;
     for (int g = (hi - 1) / NCHUNK; g >= lo / NCHUNK; --g) {
         const Segment sg = segment_of(g, lo, hi);
@@ -726,10 +757,10 @@ MONO_DEVICE void run(const Args& a, const Mailbox& mb, u8* lds) {
     const int g_first = lo / NCHUNK, g_last = (hi - 1) / NCHUNK;
     const int g_reg = register_group(lo, hi);  // in registers; the other segments staged in LDS
     u32* wl = reinterpret_cast<u32*>(lds + LDS_WSTAGE);
-    Segment seg = segment_of(g_reg, lo, hi);
+    Segment seg = segment_of(g_reg >= 0 ? g_reg : g_last, lo, hi);
     int first_chunk, n;
     wave_share(seg, wave, first_chunk, n);
-    const int FIRST_ROW0 = task_row0(g_reg), FIRST_CHUNK0 = first_chunk, FIRST_N = n;
+    const int FIRST_ROW0 = task_row0(g_reg >= 0 ? g_reg : g_last), FIRST_CHUNK0 = first_chunk, FIRST_N = g_reg >= 0 ? n : 0;
     const WeightScales wsc = weight_scales(a, lo, hi);
     // the weight stream: before the wait (WEIGHTS_FIRST: it streams while the norm
     // tasks run), or once the token rows are in LDS (their loads do not queue behind it)
