@@ -8,35 +8,54 @@ import os
 from pathlib import Path
 
 COLUMNS = ("S", "ours us", "eager us", "compile us", "floor us", "ours/floor", "compile/ours")
+CONTEXT_COLUMN = "context"  # inserted after S when any row has a context
 
 
 def _f(v, digits: int = 2) -> str:
     return "n/a" if v is None else f"{v:.{digits}f}"
 
 
+def context_label(ctx) -> str:
+    """4096 -> 4K, 65536 -> 64K; other lengths as they are."""
+    if ctx is None:
+        return "-"
+    return f"{ctx // 1024}K" if ctx % 1024 == 0 else str(ctx)
+
+
+def _has_context(rows: list[dict]) -> bool:
+    return any(r.get("context") is not None for r in rows)
+
+
+def columns(rows: list[dict]) -> tuple[str, ...]:
+    return COLUMNS[:1] + (CONTEXT_COLUMN,) + COLUMNS[1:] if _has_context(rows) else COLUMNS
+
+
 def table_rows(rows: list[dict]) -> list[list[str]]:
-    """One list of cells per case row (see ``COLUMNS``)."""
+    """One list of cells per case row (see ``columns``)."""
+    ctx = _has_context(rows)
     out = []
     for r in rows:
-        ours, comp, floor = r.get("ours_us"), r.get("compile_us"), r["floor_us"]
-        s = str(r["tokens"]) if not r.get("context") else f"{r['tokens']} (ctx {r['context']})"
-        out.append([
-            s, _f(ours), _f(r.get("eager_us")), _f(comp), _f(floor),
-            _f(ours / floor if ours else None), _f(comp / ours if comp and ours else None),
+        ours, comp, floor = r.get("ours_us"), r.get("compile_us"), r.get("floor_us")
+        cells = [str(r["tokens"])] + ([context_label(r.get("context"))] if ctx else [])
+        out.append(cells + [
+            _f(ours), _f(r.get("eager_us")), _f(comp), _f(floor),
+            _f(ours / floor if ours and floor else None), _f(comp / ours if comp and ours else None),
         ])
     return out
 
 
 def format_table(rows: list[dict]) -> str:
-    cells = [list(COLUMNS)] + table_rows(rows)
-    widths = [max(len(c[i]) for c in cells) for i in range(len(COLUMNS))]
+    cols = columns(rows)
+    cells = [list(cols)] + table_rows(rows)
+    widths = [max(len(c[i]) for c in cells) for i in range(len(cols))]
     lines = ["  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in cells]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)
 
 
 def markdown_table(rows: list[dict]) -> str:
-    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "|".join("---:" for _ in COLUMNS) + "|"]
+    cols = columns(rows)
+    lines = ["| " + " | ".join(cols) + " |", "|" + "|".join("---:" for _ in cols) + "|"]
     lines += ["| " + " | ".join(r) + " |" for r in table_rows(rows)]
     return "\n".join(lines)
 
@@ -93,37 +112,40 @@ def plot_title(meta: dict) -> str:
 
 
 def plot(rows: list[dict], path: Path, title: str) -> str | None:
-    """us vs S, one line per contender and the floor, to ``path`` (PNG).
-    Returns None, or why no plot was written (matplotlib missing)."""
+    """us vs S, one line per contender and the floor, to ``path`` (PNG); one
+    panel per context when the rows have several. Returns None, or why no
+    plot was written (matplotlib missing)."""
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
+        from matplotlib.ticker import FuncFormatter
     except ImportError as e:
         return f"no plot: matplotlib is not installed ({e}); later: python -m bench.plot bench.json"
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    ctx = rows[0].get("context") if rows else None
-    if any(r.get("context") != ctx for r in rows):  # several contexts: plot the first one's
-        rows = [r for r in rows if r.get("context") == ctx]
-        title += f", context {ctx}"
-    xs = [r["tokens"] for r in rows]
-    fig, ax = plt.subplots(figsize=(6.4, 4.2), dpi=120)
-    for key, label, style in (("ours_us", "ours (mono kernel)", "o-"), ("eager_us", "eager unfused", "s-"),
-                              ("compile_us", "torch.compile unfused", "^-"),
-                              ("floor_us", "streaming floor", "k--")):
-        pts = [(x, r.get(key)) for x, r in zip(xs, rows) if r.get(key) is not None]
-        if pts:
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], style, label=label)
-    ax.set_xscale("log", base=2)
-    ax.set_xticks(xs, [str(x) for x in xs])
-    ax.set_ylim(bottom=0)
-    ax.set_xlabel("tokens S")
-    ax.set_ylabel("us per call (cold weights, CUDA graph)")
-    ax.set_title(title, fontsize=9)
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=8)
+    contexts = list(dict.fromkeys(r.get("context") for r in rows)) or [None]
+    fig, axes = plt.subplots(1, len(contexts), figsize=(6.4 * len(contexts), 4.2), dpi=120, squeeze=False)
+    for ax, ctx in zip(axes[0], contexts):
+        sub = [r for r in rows if r.get("context") == ctx]
+        xs = [r["tokens"] for r in sub]
+        for key, label, style in (("ours_us", "ours (mono kernel)", "o-"), ("eager_us", "eager unfused", "s-"),
+                                  ("compile_us", "torch.compile unfused", "^-"),
+                                  ("floor_us", "streaming floor", "k--")):
+            pts = [(x, r.get(key)) for x, r in zip(xs, sub) if r.get(key) is not None]
+            if pts:
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], style, label=label)
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(xs, [str(x) for x in xs])
+        ax.set_yscale("log")
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+        ax.yaxis.set_minor_formatter(FuncFormatter(lambda v, _: f"{v:g}" if str(f"{v:g}")[0] in "25" else ""))
+        ax.set_xlabel("tokens S")
+        ax.set_ylabel("us per call (cold weights, CUDA graph)")
+        ax.set_title(title + ("" if ctx is None else f", context {context_label(ctx)}"), fontsize=9)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8, loc="best")
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)

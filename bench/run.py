@@ -1,8 +1,9 @@
-"""``make bench`` = ``python -m bench.run``: MiniMax-M3 pre_attn at S = 1, 4, 16
-and DeepSeek-V4.1 attn_front (TP4, 16 local heads) at S = 1, 6, 16, 48.
+"""``make bench`` = ``python -m bench.run``: MiniMax-M3 pre_attn (K1) at S = 1, 4,
+16 and contexts 4K and 64K (``--contexts``), and DeepSeek-V4.1 attn_front (TP4,
+16 local heads) at S = 1, 6, 16, 48.
 
-For each kernel and S: the correctness guard (every contender once, checked;
-the kernel's timing is skipped if they disagree), then each contender timed
+For each kernel and S (and context): the correctness guard (every contender
+once, checked; the kernel's timing is skipped if they disagree), then each contender timed
 from one CUDA graph over cold weight copies (bench/timing.py), next to the
 streaming floor (the case's bytes / the copy bandwidth measured in this run;
 bench/minimax.py, bench/deepseek.py). Also: JIT cold compile (fresh cache
@@ -44,8 +45,8 @@ from bench.timing import FakeTimer, GpuTimer
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "bench"
-CONTEXTS = ()  # hook: context lengths for context-dependent stages (indexer scores, attention);
-# none: the GPU tests' default launch (seq_lens 100: no block is scored)
+CONTEXTS = (4096, 65536)  # minimax: tokens every row sees (the issue's 4K and 64K); --contexts ""
+# runs the GPU tests' default launch instead (seq_lens 100: no block is scored)
 L2_FALLBACK = 60 << 20
 
 
@@ -55,11 +56,12 @@ class MinimaxBench:
     key = "minimax"
     png = "pre_attn.png"
     takes_contexts = True
-    floor_note = "floor: bytes read + written / copy bandwidth"
+    floor_note = ("floor: bytes read + written (weights, scales, activations, the scored blocks' index keys, "
+                  "the outputs) / copy bandwidth")
 
     def __init__(self, args, dry: bool):
         from bench import minimax
-        from codegen.reference.minimax_m3_unfused import pick_gemm, pre_attn_unfused
+        from codegen.reference.minimax_m3_unfused import k1_unfused, pick_gemm
 
         self._mod = minimax
         self.kernel = minimax.KERNEL
@@ -68,7 +70,7 @@ class MinimaxBench:
         self.flags: dict = {}
         self.per_copy = minimax.QKV_ROWS * minimax.HIDDEN + minimax.QKV_ROWS * 4
         self.gemm = pick_gemm("cpu" if dry else "cuda") if args.gemm == "auto" else args.gemm
-        self.unfused = pre_attn_unfused
+        self.unfused = k1_unfused
         self.args, self.dry = args, dry
 
     def make_case(self, s: int, ctx, *, copies: int, compiled, log):
@@ -233,7 +235,8 @@ def parse_args(argv):
     ap.add_argument("--tokens", default=None,
                     help="token counts S for every kernel (default: minimax 1,4,16; deepseek 1,6,16,48)")
     ap.add_argument("--contexts", default=",".join(map(str, CONTEXTS)),
-                    help="minimax: context lengths for context-dependent stages (default none: seq_lens 100)")
+                    help=f"minimax: tokens every row sees (default {','.join(map(str, CONTEXTS))}; "
+                         "'' = the GPU tests' seq_lens 100, nothing scored)")
     ap.add_argument("--tp", type=int, default=4, choices=(2, 4), help="deepseek: tensor-parallel ranks (default 4)")
     ap.add_argument("--replays", type=int, default=50, help="timed graph replays per contender (median)")
     ap.add_argument("--warmup", type=int, default=10, help="untimed graph replays first")
@@ -294,8 +297,9 @@ def run_kernel(kb, args, run: dict, *, timer, bw: float, dev: dict, common: dict
     tokens = [int(x) for x in args.tokens.split(",") if x] if args.tokens else list(kb.default_tokens)
     contexts = ([int(x) for x in args.contexts.split(",") if x] if kb.takes_contexts else []) or [None]
     ok = True
-    for s in tokens:
-        for ctx in contexts:
+    for ctx in contexts:  # one context's rows together (the table's and the plot's grouping)
+        for s in tokens:
+            lbl = f"S={s}" if ctx is None else f"S={s} ctx={ctx}"
             entry = {"kernel": kb.kernel, "tokens": s, "context": ctx}
             rows.append(entry)
             case = None
@@ -309,38 +313,38 @@ def run_kernel(kb, args, run: dict, *, timer, bw: float, dev: dict, common: dict
                 compiled = case.compiled if compiled is not None else None  # a failed compile is dropped
                 try:
                     entry["guard"] = case.guard()
-                    log(f"S={s}: guard ok ({', '.join(entry['guard'])})")
+                    log(f"{lbl}: guard ok ({', '.join(entry['guard'])})")
                 except GuardError as e:
                     entry["guard_error"] = str(e)
                     ok = False
                     if not args.no_guard:
                         log(f"\n*** GUARD FAILED ***\n{e}\n")
-                        meta["notes"].append(f"S={s}: GUARD FAILED: {kb.kernel} not timed from here on")
+                        meta["notes"].append(f"{lbl}: GUARD FAILED: {kb.kernel} not timed from here on")
                         add_notes(case.notes)
                         return False
-                    meta["notes"].append(f"S={s}: GUARD FAILED (timed anyway, --no-guard)")
+                    meta["notes"].append(f"{lbl}: GUARD FAILED (timed anyway, --no-guard)")
                     log(f"WARNING (--no-guard): {e}")
                 fake = {"ours": 1.6 * floor_us + 2, "eager": 6 * floor_us + 30, "compile": 2.5 * floor_us + 8}
                 for name, calls in case.contenders().items():
                     try:
                         sample = timer.graph(calls, fake_us=fake[name])
                     except Exception as e:  # noqa: BLE001 - reported; the other contenders still run
-                        msg = f"S={s}: timing {name} failed: {_short(e)}"
+                        msg = f"{lbl}: timing {name} failed: {_short(e)}"
                         meta["notes"].append(msg)
                         entry[f"{name}_us"] = None
                         log("ERROR: " + msg)
                         continue
                     entry[f"{name}_us"] = sample.median
                     entry[f"{name}_timing"] = sample.summary()
-                    log(f"S={s}: {name:8s} {sample.median:8.2f} us (median of {len(sample.us)}; "
+                    log(f"{lbl}: {name:8s} {sample.median:8.2f} us (median of {len(sample.us)}; "
                         f"min {min(sample.us):.2f})")
                 add_notes(case.notes)
             except Exception as e:  # noqa: BLE001 - recorded; the next S still runs
                 ok = False
                 entry["error"] = traceback.format_exc()[-4000:]
                 entry.setdefault("floor_us", None)
-                meta["notes"].append(f"S={s}: ERROR {_short(e)}")
-                log(f"ERROR in {kb.kernel} S={s}:\n{entry['error']}")
+                meta["notes"].append(f"{lbl}: ERROR {_short(e)}")
+                log(f"ERROR in {kb.kernel} {lbl}:\n{entry['error']}")
             finally:
                 if case is not None:
                     case.release()

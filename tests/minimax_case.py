@@ -129,22 +129,34 @@ def reference_heads(inp: dict, qkv: torch.Tensor, args: dict, eps: float = 1e-6,
                      inp["index_heads"], index_own)
 
 
-def context_case(tokens: int, q_len: int, contexts: list[int], seed: int, num_blocks: int = 1024) -> dict:
+def context_case(tokens: int, q_len: int, contexts: list[int], seed: int, num_blocks: int = 1024,
+                 distinct: bool = False) -> dict:
     """seq_lens, a block table (one row per token row, the request's table
     repeated) and a random index cache for requests of ``q_len`` rows whose
     last rows see ``contexts`` tokens (row i of a request sees one token less
-    than row i + 1: speculative verify)."""
+    than row i + 1: speculative verify). ``distinct``: no page appears twice
+    in the tables (every request its own keys, as in a real batch; needs
+    ``num_blocks >= NUM_BLOCKS + requests * cols``); otherwise pages are drawn
+    with replacement."""
     g = torch.Generator().manual_seed(seed)
     requests = tokens // q_len
     cols = max(-(-max(contexts) // ref.SPARSE_BLOCK), 1)
     seq = torch.empty(tokens, dtype=torch.int32)
     table = torch.empty(tokens, cols, dtype=torch.int32)
+    if distinct:
+        if num_blocks < NUM_BLOCKS + requests * cols:
+            raise ValueError(f"context_case: {requests} x {cols} distinct pages need num_blocks >= "
+                             f"{NUM_BLOCKS + requests * cols}, got {num_blocks}")
+        pool = (torch.randperm(num_blocks - NUM_BLOCKS, generator=g)[: requests * cols] + NUM_BLOCKS).to(torch.int32)
     for r in range(requests):
         ctx = contexts[r % len(contexts)]
         # pages 0 .. NUM_BLOCKS - 1 take this launch's new keys (make_inputs' slots): a real
         # request's new keys land in its last block, which the scorers wait for; here the
         # tables avoid those pages, so no scored block holds a key written in the launch
-        row_table = torch.randint(NUM_BLOCKS, num_blocks, (cols,), generator=g, dtype=torch.int32)
+        if distinct:
+            row_table = pool[r * cols:(r + 1) * cols]
+        else:
+            row_table = torch.randint(NUM_BLOCKS, num_blocks, (cols,), generator=g, dtype=torch.int32)
         for i in range(q_len):
             seq[r * q_len + i] = max(ctx - (q_len - 1 - i), 1)
             table[r * q_len + i] = row_table

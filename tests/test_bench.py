@@ -1,5 +1,8 @@
 """The benchmark harness on the CPU (``python -m bench.run --dry-run``): every
-code path but the timing, and a guard that fails when a contender is wrong."""
+code path but the timing, the MiniMax K1 cases at the issue's contexts (4K,
+64K) with the whole unfused chain, and a guard that fails when a contender is
+wrong (qkv, h_out, q_out, a cache byte, an iscore value or a stray iscore
+write)."""
 
 from __future__ import annotations
 
@@ -11,14 +14,24 @@ import torch
 from bench import report
 from bench.case import GuardError
 from bench.minimax import PreAttnCase, pre_attn_bytes
-from bench.run import auto_copies, main
+from bench.run import auto_copies, main, parse_args
+from codegen.reference import minimax_m3 as ref
+from codegen.reference.minimax_m3_unfused import k1_unfused
 
 
 def test_bytes():
-    b = pre_attn_bytes(1)
-    assert b["weight"] == 2560 * 6144 and b["weight_scales"] == 2560 * 4
-    assert b["total"] == 15_793_152
-    assert pre_attn_bytes(4)["total"] == 15_919_104 and pre_attn_bytes(16)["total"] == 16_422_912
+    b = pre_attn_bytes(1)  # no context (seq_lens 100): nothing scored
+    assert b["weight"] == 2560 * 6144 and b["weight_scales"] == 2560 * 4 and b["index_keys"] == 0
+    assert b["head_in"] == 4 * 256 + 128 + 16 and b["score_in"] == 4
+    assert b["written"] == 12288 + 2048 * 2 + 128 * 2 + 2 * (128 + 4) + 128
+    assert b["floor"] == b["total"] == b["read"] + b["written"] == 15_793_948
+    b = pre_attn_bytes(1, 4096)
+    assert b["scored_blocks"] == 31 and b["index_keys"] == 31 * 128 * 128 and b["iscore"] == 31 * 8
+    assert b["total"] == 16_302_224
+    b = pre_attn_bytes(16, 65536)
+    assert b["scored_blocks"] == 16 * 511 and b["index_keys"] == 133_955_584 and b["score_in"] == 16 * (511 + 1) * 4
+    assert [pre_attn_bytes(s, c)["total"] for c in (4096, 65536) for s in (1, 4, 16)] == [
+        16_302_224, 17_952_320, 24_552_704, 24_172_304, 49_432_640, 150_473_984]
 
 
 def test_auto_copies():
@@ -33,37 +46,103 @@ def test_dry_run(tmp_path):
     assert main(["--dry-run", "--kernels", "minimax", "--tokens", "1", "--copies", "1", "--no-jit", "--no-generate",
                  "--no-plot", "--out", str(out)]) == 0
     data = json.loads((out / "bench.json").read_text())
-    assert [c["tokens"] for c in data["cases"]] == [1]
+    assert [(c["tokens"], c["context"]) for c in data["cases"]] == [(1, 4096), (1, 65536)]
     for c in data["cases"]:
         assert c["guard"] and all(v["ok"] for v in c["guard"].values())
+        assert {"ours.heads_exact", "ours.iscore", "eager.heads_exact", "eager.iscore", "eager.q_vs_ours",
+                "eager.iscore_vs_ours", "compile.heads_close", "compile.iscore_vs_ours"} <= set(c["guard"])
+        assert c["guard"]["eager.iscore"]["written"] == c["bytes"]["scored_blocks"] == c["context"] // 128 - 1
         assert {"ours_us", "eager_us", "compile_us", "floor_us"} <= set(c)
+        assert c["floor_us"] == pytest.approx(c["bytes"]["total"] / 4.0e12 * 1e6)
     assert data["meta"]["dry_run"] and data["copy_bandwidth"]["fake"]
+    assert not any("not like for like" in n for n in data["kernels"]["minimax_m3/pre_attn"]["meta"]["notes"])
     entry = (out / "RESULTS-entry.md").read_text()
-    assert "DRY RUN" in entry and "| 1 |" in entry
+    assert "DRY RUN" in entry and "| 1 | 4K |" in entry and "| 1 | 64K |" in entry and "| S | context |" in entry
     assert (out / "RESULTS.md").exists()
 
 
-def test_guard_catches_wrong_outputs():
-    """The guard passes on the reference's values and fails on a qkv value 8
-    bf16 ulps off (on its row's largest value) or an h_out 1 ulp off."""
-    case = PreAttnCase(2, copies=1, gemm="dequant", dry_run=True)
-    assert all(v["ok"] for v in case.guard().values())
-    good = case._standin_want
-    bad = good["qkv"].clone()
-    r = int(bad[1].abs().argmax())
-    bad[1, r] = (bad[1, r] * 1.0625).bfloat16().float()
-    case._standin_want = dict(good, qkv=bad)
-    with pytest.raises(GuardError, match="qkv"):
-        case.guard()
-    h = good["h_out"].clone()
-    h.view(torch.int16)[0, 7] += 1
-    case._standin_want = dict(good, h_out=h)
-    with pytest.raises(GuardError, match="h_out"):
-        case.guard()
+def test_contexts_option():
+    assert parse_args([]).contexts == "4096,65536"
+    case = PreAttnCase(1, None, copies=1, gemm="dequant", dry_run=True)  # --contexts "": seq_lens 100
+    assert case.bytes()["scored_blocks"] == 0
+    r = case.guard()
+    assert all(v["ok"] for v in r.values()) and r["eager.iscore"]["written"] == 0
+
+
+@pytest.fixture(scope="module")
+def guard_case():
+    """S = 2 at a 3K context (23 blocks scored per row): distinct pages, the
+    whole chain, one weight copy (no compile contender: the guard's checks of
+    ours and eager)."""
+    return PreAttnCase(2, 3000, copies=1, gemm="dequant", dry_run=True)
+
+
+def test_guard_passes():
+    torch._dynamo.reset()
+    compiled = torch.compile(k1_unfused, backend="eager", dynamic=False)
+    r = PreAttnCase(2, 3000, copies=1, gemm="dequant", compiled=compiled, dry_run=True).guard()
+    assert all(v["ok"] for v in r.values())
+    assert r["ours.iscore"]["written"] == r["eager.iscore"]["written"] == 2 * 23
+    assert r["eager.heads_exact"]["exact"] and r["compile.heads_close"]["exact"]
+    assert r["compile.iscore_vs_ours"]["written"] == 2 * 23
+
+
+@pytest.mark.parametrize("what", ["qkv", "h_out", "q_out", "k_cache", "score", "stray"])
+def test_guard_catches_wrong_outputs(guard_case, what):
+    """The stand-in for our kernel writes a wrong value: a qkv value 8 bf16
+    ulps off (on its row's largest value), h_out 1 ulp off, q_out 8 ulps off,
+    one K cache byte, one score 1 % off, a pair the contract leaves alone."""
+    case = guard_case
+    good = case._standin()
+    bad = dict(good)
+    if what == "qkv":
+        q = good["qkv"].clone()
+        r = int(q[1].abs().argmax())
+        q[1, r] = (q[1, r] * 1.0625).bfloat16().float()
+        bad["qkv"] = q
+    elif what == "h_out":
+        bad["h_out"] = good["h_out"].clone()
+        bad["h_out"].view(torch.int16)[0, 7] += 1
+    elif what == "q_out":
+        bad["q_out"] = good["q_out"].clone()
+        i = int(bad["q_out"][1].float().abs().argmax())
+        bad["q_out"][1, i] = bad["q_out"][1, i] * 1.0625
+    elif what == "k_cache":
+        bad["k_cache"] = good["k_cache"].clone()
+        slot = int(case.cpu["slot_mapping"][0])
+        page = int(ref.page16_of(torch.tensor(slot), 16))
+        bad["k_cache"].view(torch.uint8).view(-1, 2048)[page, (slot % 16) * 16 + 3] ^= 0x10  # token 0's dim 3
+    elif what == "score":
+        s = good["scores"].clone()
+        b = int(good["written"][0].nonzero()[3])
+        s[0, b] *= 1.01
+        bad["scores"] = s
+    else:
+        w = good["written"].clone()
+        w[1, 5000] = True  # a block no row scores
+        bad["written"], bad["scores"] = w, good["scores"].nan_to_num(0.0)
+    names = {"qkv": "qkv", "h_out": "h_out", "q_out": "ours.heads", "k_cache": "ours.heads", "score": "ours.iscore",
+             "stray": "ours.iscore"}
+    case._standin_want = bad
+    try:
+        with pytest.raises(GuardError, match=names[what]):
+            case.guard()
+    finally:
+        case._standin_want = good
 
 
 def test_table_without_compile():
     rows = [{"tokens": 1, "ours_us": 8.0, "eager_us": 40.0, "compile_us": None, "floor_us": 4.0}]
     text = report.format_table(rows)
-    assert "n/a" in text and "2.00" in text
+    assert "n/a" in text and "2.00" in text and "context" not in text
     assert report.markdown_table(rows).count("|") > 10
+
+
+def test_table_and_plot_with_contexts(tmp_path):
+    rows = [{"tokens": s, "context": c, "ours_us": 8.0 * s, "eager_us": 40.0, "compile_us": 20.0, "floor_us": 4.0}
+            for c in (4096, 65536) for s in (1, 4)]
+    md = report.markdown_table(rows)
+    assert md.splitlines()[0].startswith("| S | context | ours us") and "| 4 | 64K | 32.00 |" in md
+    assert "64K" in report.format_table(rows)
+    pytest.importorskip("matplotlib")
+    assert report.plot(rows, tmp_path / "p.png", "t") is None and (tmp_path / "p.png").stat().st_size > 0

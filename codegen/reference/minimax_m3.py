@@ -378,7 +378,7 @@ def index_scores(iq: torch.Tensor, index_cache: torch.Tensor, block_table: torch
     scores = torch.full((s_rows, ISCORE_STRIDE), float("nan"))
     written = torch.zeros(s_rows, ISCORE_STRIDE, dtype=torch.bool)
     bound = torch.zeros(s_rows, ISCORE_STRIDE)
-    cache = index_cache.float().double().reshape(index_cache.shape[0], SPARSE_BLOCK, HEAD_DIM)
+    cache = index_cache.reshape(index_cache.shape[0], SPARSE_BLOCK, HEAD_DIM)  # converted after the gather
     for r in range(s_rows // q_len):
         last = r * q_len + q_len - 1
         n_blk = -(-max(int(seq_lens[last]), 1) // SPARSE_BLOCK)
@@ -390,7 +390,7 @@ def index_scores(iq: torch.Tensor, index_cache: torch.Tensor, block_table: torch
             blocks = [first + index_heads * i for i in range(n_own)]
         if not blocks:
             continue
-        keys = cache[block_table[last, blocks].long()]  # [nb, 128, 128]
+        keys = cache[block_table[last, blocks].long()].float().double()  # [nb, 128, 128]
         pos = torch.tensor(blocks)[:, None] * SPARSE_BLOCK + torch.arange(SPARSE_BLOCK)[None, :]
         for k in range(r * q_len, last + 1):
             live = pos < max(int(seq_lens[k]), 1)
