@@ -91,7 +91,7 @@ def cmd_list(args) -> int:
 def cmd_show(args) -> int:
     from .render import source
 
-    _, text = source(args.spec, args.target, tokens=args.tokens, **_flags(args.flag))
+    _, text = source(args.spec, args.target, tune=_tune(args), tokens=args.tokens, **_flags(args.flag))
     sys.stdout.write(text)
     return 0
 
@@ -154,9 +154,9 @@ def _diff(args) -> int:
 def cmd_rolemap(args) -> int:
     from .lower import lower, make_build
     from .rolemap import plot_rolemap, short_label, summary
-    from .spec import load_spec
+    from .spec import load_spec, tune_items
 
-    loaded = load_spec(args.spec)
+    loaded = load_spec(args.spec, tune_items(_tune(args)))
     ir = lower(loaded, make_build(loaded, args.target, **_build_params(args)))
     out = args.output or f"rolemap-{ir.name}.{ir.target.name}.{short_label(ir)}.png"
     for line in summary(ir):
@@ -194,7 +194,7 @@ def cmd_trace(args) -> int:
         out = f"trace-{loaded.spec.c_name}.{label}"
     try:
         written = trace(args.spec, out, target=args.target, seed=args.seed, make_args=make_args,
-                        dims={k: int(v) for k, v in _flags(args.dim).items()}, **params)
+                        dims={k: int(v) for k, v in _flags(args.dim).items()}, tune=_tune(args), **params)
     except RuntimeError as e:  # no GPU, no matplotlib
         print(f"error: {e}", file=sys.stderr)
         return 1
@@ -216,11 +216,19 @@ def cmd_docs(args) -> int:
 
 
 def _build_arguments(p, target: str | None, target_help: str | None = None) -> None:
-    """The arguments that name one build: SPEC, name=value flags, --target, --tokens."""
+    """The arguments that name one build: SPEC, name=value flags, --target, --tokens, --tune."""
     p.add_argument("spec")
     p.add_argument("flag", nargs="*", help="build parameters as name=value")
     p.add_argument("--target", default=target, help=target_help)
     p.add_argument("--tokens", type=int, default=1)
+    p.add_argument("--tune", action="append", default=[], metavar="STAGE.FIELD=VALUE",
+                   help="override a stage field of the spec (a tuning knob) for this build, e.g. "
+                        "qkv.bulk_copies=0 or 'qkv.token_tile={default: 8}'; repeatable")
+
+
+def _tune(args) -> dict | None:
+    """The --tune overrides of a command, values parsed as YAML (scalars or flow mappings)."""
+    return _flags(getattr(args, "tune", None) or []) or None
 
 
 def main(argv: list[str] | None = None) -> int:

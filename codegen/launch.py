@@ -27,7 +27,7 @@ from typing import Any
 
 from .lower import HANG_REGION, REGION_BYTES, SCALAR_RANGES, Arg, KernelIR, lower, make_build
 from .render import render
-from .spec import load_spec
+from .spec import load_spec, tune_items
 from .targets import Target, get_target
 
 ALIGN = 16  # every tensor argument: 16-byte loads and stores
@@ -304,17 +304,20 @@ def _compute_units() -> int:
 
 
 @functools.lru_cache(maxsize=None)
-def _kernel(name: str, target: str, params: tuple, backend: str | None, cooperative: bool) -> Kernel:
-    loaded = load_spec(name)
+def _kernel(name: str, target: str, params: tuple, backend: str | None, cooperative: bool, tune: tuple = ()) -> Kernel:
+    loaded = load_spec(name, tune)
     build = make_build(loaded, target, **dict(params))
     ir = lower(loaded, build)
     return Kernel(ir, render(ir), backend, cooperative)
 
 
 def load(name: str, tokens: int = 1, target: str | None = None, backend: str | None = None,
-         cooperative: bool = True, **flags) -> Kernel:
+         cooperative: bool = True, tune: dict | None = None, **flags) -> Kernel:
     """The kernel of spec ``name`` for ``tokens`` rows and build ``flags`` on
     ``target`` (default: torch's current GPU). Compiles on first launch (or
-    ``kernel.compile()``); the same build is returned from an in-process cache."""
+    ``kernel.compile()``); the same build is returned from an in-process cache.
+    ``tune``: overrides of the spec's stage fields for a tuning sweep, e.g.
+    ``{"qkv.bulk_copies": 0}`` (checked like the file's values)."""
     target = target or detect_target()
-    return _kernel(name, target, tuple(sorted(dict(tokens=tokens, **flags).items())), backend, cooperative)
+    return _kernel(name, target, tuple(sorted(dict(tokens=tokens, **flags).items())), backend, cooperative,
+                   tune_items(tune))

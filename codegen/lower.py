@@ -208,6 +208,13 @@ class KernelIR:
     layer_arg: str | None  # i32 scalar mixed into the tag
     tag_stride: int
     timeline_arg: str | None  # i64 [BLOCKS, TL_POINTS] stamps
+    tune: tuple = ()  # the spec's tuning overrides (LoadedSpec.tune)
+
+    @property
+    def tune_label(self) -> str:
+        """The tuning overrides as ``stage.field=value`` pairs (the generated header's tune line)."""
+        show = lambda v: "{" + ", ".join(f"{k}: {x}" for k, x in v) + "}" if isinstance(v, tuple) else str(v)  # noqa: E731
+        return " ".join(f"{k}={show(v)}" for k, v in self.tune)
 
     @property
     def waves(self) -> int:
@@ -544,4 +551,5 @@ def _lower(loaded: LoadedSpec, build: Build) -> KernelIR:
         counter_arg=spec.mailbox.counter, layer_arg=spec.mailbox.layer,
         tag_stride=tag_stride,
         timeline_arg=next((a.name for a in spec.abi if a.workspace == "timeline"), None),
+        tune=loaded.tune,
     )

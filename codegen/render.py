@@ -12,7 +12,7 @@ from pathlib import Path
 import jinja2
 
 from .lower import Build, KernelIR, lower, make_build
-from .spec import load_spec
+from .spec import load_spec, tune_items
 
 TEMPLATES_DIR = Path(__file__).resolve().parents[1] / "templates"
 
@@ -37,9 +37,10 @@ def render(ir: KernelIR) -> str:
     return "\n".join(line.rstrip() for line in text.splitlines()).rstrip() + "\n"
 
 
-def source(kernel: str, target: str = "sm90", **params) -> tuple[KernelIR, str]:
-    """Lower and render spec ``kernel`` for ``target`` and build ``params``."""
-    loaded = load_spec(kernel)
+def source(kernel: str, target: str = "sm90", tune: dict | None = None, **params) -> tuple[KernelIR, str]:
+    """Lower and render spec ``kernel`` for ``target`` and build ``params``
+    (``tune``: overrides of stage fields, ``{"stage.field": value}``)."""
+    loaded = load_spec(kernel, tune_items(tune))
     build: Build = make_build(loaded, target, **params)
     ir = lower(loaded, build)
     return ir, render(ir)

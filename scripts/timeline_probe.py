@@ -6,11 +6,13 @@ launches rotate over enough copies of w_qkv to overflow the L2, and the stamps
 are the last launch's.
 
 Usage: python scripts/timeline_probe.py [tokens ...] [flag=value ...]
-(flags: build parameters, e.g. early_weights=0)"""
+(flags: build parameters, e.g. timeline-free ones like static_kv_scale=true, or
+spec knobs as stage.field=value, e.g. qkv.bulk_copies=1: codegen.load's tune)"""
 
 import sys
 
 import torch
+import yaml
 
 import codegen
 from bench.timing import GpuTimer
@@ -28,8 +30,8 @@ def setup(kernel, tokens: int, contexts) -> tuple[dict, list]:
     return args, [args["w_qkv"].clone() for _ in range(copies)]
 
 
-def probe(tokens: int, contexts=(4096,), reps: int = 20, **flags) -> None:
-    kernel = codegen.load("minimax_m3/pre_attn", tokens=tokens, timeline=True, **flags)
+def probe(tokens: int, contexts=(4096,), reps: int = 20, tune: dict | None = None, **flags) -> None:
+    kernel = codegen.load("minimax_m3/pre_attn", tokens=tokens, timeline=True, tune=tune, **flags)
     args, weights = setup(kernel, tokens, contexts)
     for i in range(max(reps, 2 * len(weights))):  # the last launch's stamps are read; its weights cold
         args["w_qkv"] = weights[i % len(weights)]
@@ -38,14 +40,14 @@ def probe(tokens: int, contexts=(4096,), reps: int = 20, **flags) -> None:
     tl = args["tl"].cpu().double()
     pts = kernel.ir.timeline_points
     t0 = tl[:, 0][tl[:, 0] > 0].min()
-    print(f"S={tokens} contexts={list(contexts)} {flags or ''}, cold weights ({len(weights)} copies): "
+    print(f"S={tokens} contexts={list(contexts)} {flags or ''} {tune or ''}, cold weights ({len(weights)} copies): "
           "us from the first CTA's start, median / max over CTAs that stamp")
     for i, p in enumerate(pts):
         col = tl[:, i]
         col = (col[col > 0] - t0) / 1000.0
         if col.numel():
             print(f"  {p:14s} n={col.numel():4d}  median {col.median().item():7.2f}  max {col.max().item():7.2f}")
-    plain = codegen.load("minimax_m3/pre_attn", tokens=tokens, **flags)
+    plain = codegen.load("minimax_m3/pre_attn", tokens=tokens, tune=tune, **flags)
     args, weights = setup(plain, tokens, contexts)
     calls = [lambda i=i: plain(**dict(args, w_qkv=weights[i], layer=i)) for i in range(len(weights))]
     sample = GpuTimer(replays=30).graph(calls)
@@ -54,8 +56,9 @@ def probe(tokens: int, contexts=(4096,), reps: int = 20, **flags) -> None:
 
 if __name__ == "__main__":
     tokens = [int(a) for a in sys.argv[1:] if "=" not in a] or [1, 16]
-    flags = dict(a.split("=", 1) for a in sys.argv[1:] if "=" in a)
-    flags = {k: int(v) if v.lstrip("-").isdigit() else v for k, v in flags.items()}
+    pairs = {k: yaml.safe_load(v) for k, v in (a.split("=", 1) for a in sys.argv[1:] if "=" in a)}
+    flags = {k: v for k, v in pairs.items() if "." not in k}
+    tune = {k: v for k, v in pairs.items() if "." in k} or None
     for s in tokens:
-        probe(s, **flags)
-        probe(s, contexts=(65536,), **flags)
+        probe(s, tune=tune, **flags)
+        probe(s, contexts=(65536,), tune=tune, **flags)

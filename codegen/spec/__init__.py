@@ -16,6 +16,7 @@ _EXPORTS = {
     "parse_spec": ".load",
     "spec_names": ".load",
     "spec_path": ".load",
+    "tune_items": ".load",
 }
 __all__ = list(_EXPORTS)
 

@@ -41,6 +41,7 @@ class LoadedSpec:
     path: str
     positions: Positions
     text: str
+    tune: tuple = ()  # (("stage.field", value), ...): overrides applied over the file (tuning sweeps)
 
     def comment(self, loc: tuple) -> str:
         """The ``# comment`` on the line of ``loc`` (a symbol's doc, for example)."""
@@ -64,8 +65,12 @@ def _clean_loc(loc: tuple) -> tuple:
     return tuple(p for p in loc if not (isinstance(p, str) and (p in skip or p.startswith(("function-", "list[", "tuple[", "PerTarget")))))
 
 
-def parse_spec(text: str, path: str) -> LoadedSpec:
-    """Validate spec ``text`` read from ``path``; raise SpecError with every issue."""
+def parse_spec(text: str, path: str, tune: tuple = ()) -> LoadedSpec:
+    """Validate spec ``text`` read from ``path``; raise SpecError with every issue.
+    ``tune``: ``("stage.field", value)`` pairs that replace those stage fields
+    before validation (a knob's value for every target, or a per-target mapping),
+    so that a tuning sweep needs no edit of the file; they are checked like the
+    file's own values and named in the generated source's header."""
     try:
         data, pos = load(text, path)
     except YamlSyntaxError as e:
@@ -73,6 +78,7 @@ def parse_spec(text: str, path: str) -> LoadedSpec:
     if not isinstance(data, dict):
         raise SpecError([SpecIssue(path, pos.line_of(()), (), f"a spec must be a YAML mapping, not a {type(data).__name__}",
                                    "start with 'kernel: model/name'")])
+    _apply_tune(data, tune, path, pos)
     try:
         spec = KernelSpec.model_validate(data)
     except ValidationError as e:
@@ -89,7 +95,23 @@ def parse_spec(text: str, path: str) -> LoadedSpec:
     issues = semantic_issues(spec, path, pos)
     if issues:
         raise SpecError(issues)
-    return LoadedSpec(spec, path, pos, text)
+    return LoadedSpec(spec, path, pos, text, tuple(tune))
+
+
+def _apply_tune(data: dict, tune: tuple, path: str, pos: Positions) -> None:
+    stages = data.get("stages") if isinstance(data.get("stages"), list) else []
+    names = [st.get("name") for st in stages if isinstance(st, dict)]
+    for key, value in tune:
+        stage, dot, field = str(key).partition(".")
+        if not dot or not field or "." in field:
+            raise SpecError([SpecIssue(path, pos.line_of(("stages",)), ("stages",), f"tune key {key!r} is not STAGE.FIELD",
+                                       "name a stage and one of its fields, e.g. qkv.bulk_copies")])
+        if stage not in names:
+            raise SpecError([SpecIssue(path, pos.line_of(("stages",)), ("stages",), f"tune {key!r}: no stage {stage!r}",
+                                       f"use one of {', '.join(map(str, names))}")])
+        if isinstance(value, tuple):  # tune_items froze it for the cache key
+            value = dict(value) if all(isinstance(v, tuple) and len(v) == 2 for v in value) else list(value)
+        stages[names.index(stage)][field] = value
 
 
 def _dedupe(issues: list[SpecIssue]) -> list[SpecIssue]:
@@ -134,9 +156,18 @@ def spec_names() -> list[str]:
 
 
 @lru_cache(maxsize=None)
-def load_spec(name: str) -> LoadedSpec:
-    """The spec called ``name`` (cached; specs are immutable while running)."""
+def load_spec(name: str, tune: tuple = ()) -> LoadedSpec:
+    """The spec called ``name`` (cached; specs are immutable while running),
+    with ``tune`` overrides (see ``parse_spec``) if any."""
     path = spec_path(name)
     if not path.exists():
         raise ValueError(f"no spec {name!r}: expected {path}; known: {', '.join(spec_names()) or 'none'}")
-    return load_spec_file(path)
+    if not tune:
+        return load_spec_file(path)
+    return parse_spec(path.read_text(), _display(path), tune)
+
+
+def tune_items(tune: dict | None) -> tuple:
+    """A tune mapping as load_spec's cache key: sorted (key, value) pairs, mappings frozen."""
+    freeze = lambda v: tuple(sorted(v.items())) if isinstance(v, dict) else tuple(v) if isinstance(v, list) else v  # noqa: E731
+    return tuple(sorted((k, freeze(v)) for k, v in (tune or {}).items()))

@@ -1,0 +1,84 @@
+"""Tuning overrides (``tune``): a stage field of a spec replaced for one build
+without editing the file, checked like the file's own values, named in the
+generated header, and kept apart from the untuned build in every cache."""
+
+from __future__ import annotations
+
+import pytest
+
+from codegen.__main__ import main
+from codegen.errors import SpecError
+from codegen.launch import load
+from codegen.render import source
+from codegen.spec import load_spec, tune_items
+
+SPEC = "minimax_m3/pre_attn"
+BULK_CALL = "stage_weights_bulk(a, lo"  # the sm90 GEMV's bulk-copy issue (bulk_copies on)
+
+
+def test_override_changes_the_build_and_names_itself():
+    _, plain = source(SPEC, "sm90", tokens=1)
+    _, tuned = source(SPEC, "sm90", tune={"qkv.bulk_copies": 0}, tokens=1)
+    assert BULK_CALL in plain and BULK_CALL not in tuned  # the spec turns bulk copies on at S = 1
+    assert "// tune:" not in plain
+    assert "// tune:   qkv.bulk_copies=0  (overrides of the spec's knobs)" in tuned.splitlines()[3]
+    # everything else is the same kernel: one knob, one difference in the header
+    assert plain.splitlines()[:3] == tuned.splitlines()[:3]
+
+
+def test_per_target_mapping_override():
+    _, tuned = source(SPEC, "sm90", tune={"qkv.bulk_copies": {"default": 0, "sm90": 1}}, tokens=4)
+    _, plain = source(SPEC, "sm90", tokens=4)
+    assert BULK_CALL in tuned and BULK_CALL not in plain  # the spec leaves them off at S = 4
+    assert "qkv.bulk_copies={default: 0, sm90: 1}" in tuned
+
+
+def test_the_untuned_spec_is_not_touched():
+    tuned = load_spec(SPEC, tune_items({"qkv.bulk_copies": 0}))
+    plain = load_spec(SPEC)
+    assert tuned is not plain and tuned.tune and not plain.tune
+    qkv = next(s for s in plain.spec.stages if s.name == "qkv")
+    assert qkv.bulk_copies.for_target("sm90") != 0
+
+
+def test_loaded_kernels_are_cached_apart():
+    a = load(SPEC, tokens=1, target="sm90")
+    b = load(SPEC, tokens=1, target="sm90", tune={"qkv.bulk_copies": 0})
+    c = load(SPEC, tokens=1, target="sm90", tune={"qkv.bulk_copies": 0})
+    assert a is not b and b is c
+    assert BULK_CALL in a.source and BULK_CALL not in b.source
+
+
+@pytest.mark.parametrize("tune, line, fragment", [
+    ({"nope.x": 1}, "stages", "no stage 'nope'"),
+    ({"qkv": 1}, "stages", "is not STAGE.FIELD"),
+    ({"qkv.a.b": 1}, "stages", "is not STAGE.FIELD"),
+    ({"qkv.no_such_field": 1}, "qkv", "Extra inputs are not permitted"),
+    ({"qkv.bulk_copies": 2}, "bulk_copies", "must be true / false or 1 / 0"),
+    ({"qkv.lds_prefetch": 0}, "bulk_copies", "bulk_copies is how lds_prefetch moves"),  # the knob that needs it
+])
+def test_bad_overrides_are_located_errors(tune, line, fragment):
+    with pytest.raises(SpecError) as e:
+        source(SPEC, "sm90", tune=tune, tokens=1)
+    text = str(e.value)
+    assert text.startswith("specs/minimax_m3/pre_attn.yaml:") and fragment in text, text
+    where = int(text.split(":")[1])
+    spec_lines = load_spec(SPEC).text.splitlines()
+    if line == "stages":
+        assert spec_lines[where - 1].startswith("stages:")
+    elif line == "qkv":
+        assert spec_lines[where - 1].strip() == "- name: qkv"
+    else:  # the error points at the knob's own line in the file
+        assert spec_lines[where - 1].strip().startswith(f"{line}:"), spec_lines[where - 1]
+
+
+def test_cli_show_tune(capsys):
+    assert main(["show", SPEC, "--tokens", "4", "--tune", "qkv.bulk_copies=1"]) == 0
+    out = capsys.readouterr().out
+    assert "// tune:   qkv.bulk_copies=1" in out and BULK_CALL in out
+
+
+def test_cli_bad_tune_is_a_located_error(capsys):
+    assert main(["show", SPEC, "--tune", "nope.x=1"]) == 1
+    err = capsys.readouterr().err
+    assert "pre_attn.yaml:" in err and "no stage 'nope'" in err and "fix: use one of norm, qkv" in err
