@@ -595,10 +595,10 @@ MONO_DEVICE void load_weights(const Args& a, int row0, int first_chunk, int n, i
 // The CTA of task t0 writes (and, inline, publishes) token tk's residual.
 MONO_DEVICE bool writes_token(int tk, int t0) { return WRITES_RESIDUAL && tk < TASKS && tk % CTAS == t0; }
 
-// Task t: rows 16t .. 16t + 15 for every token. Each wave streams its 12 weight
-// chunks into registers first, then runs the MMAs against the LDS token rows; the
-// waves' partial tiles are summed in wave order, scaled by x_scale then w_scale,
-// rounded to bf16 and put into qkv (pair token * ROWS + row).
+// Task t: rows 16t .. 16t + 15 for every token. Each wave streams its weight chunks
+// (up to 12 a task) into registers, then runs the MMAs
+// against the LDS token rows; the waves' partial tiles are summed in wave order, scaled
+// by x_scale then w_scale, rounded to bf16 and put into qkv (pair token * ROWS + row).
 MONO_DEVICE void run(const Args& a, const Mailbox& mb, u8* lds) {
     const int t0 = block_id() - FIRST;
     if (t0 < 0 || t0 >= CTAS) return;

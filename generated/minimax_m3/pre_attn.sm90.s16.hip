@@ -740,10 +740,10 @@ struct StagedChunks {
     MONO_DEVICE u32x4 operator[](int c) const { return *reinterpret_cast<const u32x4*>(p + c * CHUNK_WORDS); }
 };
 
-// Task t: rows 16t .. 16t + 15 for every token. Each wave streams its 12 weight
-// chunks into registers first, then runs the MMAs against the LDS token rows; the
-// waves' partial tiles are summed in wave order, scaled by x_scale then w_scale,
-// rounded to bf16 and put into qkv (pair token * ROWS + row).
+// Task t: rows 16t .. 16t + 15 for every token. Each wave streams its weight chunks
+// (up to 12 a task) into registers, or finds them staged in LDS, then runs the MMAs
+// against the LDS token rows; the waves' partial tiles are summed in wave order, scaled
+// by x_scale then w_scale, rounded to bf16 and put into qkv (pair token * ROWS + row).
 MONO_DEVICE void run(const Args& a, const Mailbox& mb, u8* lds) {
     const int t0 = block_id() - FIRST;
     if (t0 < 0 || t0 >= CTAS) return;
