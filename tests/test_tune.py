@@ -82,3 +82,15 @@ def test_cli_bad_tune_is_a_located_error(capsys):
     assert main(["show", SPEC, "--tune", "nope.x=1"]) == 1
     err = capsys.readouterr().err
     assert "pre_attn.yaml:" in err and "no stage 'nope'" in err and "fix: use one of norm, qkv" in err
+
+
+def test_a_diagnostic_stamp_by_override():
+    """qkv.staged_point (off in the spec) stamps the spare point once the staged weights landed."""
+    _, plain = source(SPEC, "sm90", tokens=1, timeline=True)
+    _, tuned = source(SPEC, "sm90", tune={"qkv.staged_point": "spare"}, tokens=1, timeline=True)
+    assert "stamp(lds, TL_SPARE);" not in plain
+    lines = tuned.splitlines()
+    at = lines.index("    stamp(lds, TL_SPARE);")
+    assert "bulk_wait(wbar, 0);" in "\n".join(lines[at - 3:at])  # right after the wait for the bulk copies
+    with pytest.raises(SpecError, match="no timeline point 'landed'"):
+        source(SPEC, "sm90", tune={"qkv.staged_point": "landed"}, tokens=1)

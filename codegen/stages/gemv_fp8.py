@@ -41,6 +41,7 @@ class Model(StageBase):
     kind: Literal["gemv_fp8"]
     ready_point: Name | None = "x8_ready"  # timeline point: the token rows in LDS
     done_point: Name | None = "gemv_done"  # timeline point: the CTA's rows put
+    staged_point: Name | None = None  # timeline point: the weights staged in LDS have landed (lds_prefetch)
     weight: Name  # ABI fp8 [rows, K], preshuffled for the target (codegen.weights)
     weight_scale: Name  # ABI f32 [rows]
     rows: Expr  # output rows of the whole projection
