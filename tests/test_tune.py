@@ -94,3 +94,12 @@ def test_a_diagnostic_stamp_by_override():
     assert "bulk_wait(wbar, 0);" in "\n".join(lines[at - 3:at])  # right after the wait for the bulk copies
     with pytest.raises(SpecError, match="no timeline point 'landed'"):
         source(SPEC, "sm90", tune={"qkv.staged_point": "landed"}, tokens=1)
+
+
+def test_bulk_copies_in_pieces():
+    """qkv.bulk_chunks=32: the staged segments go as 16 KiB bulk copies (a sweep knob, 0 in the spec)."""
+    _, plain = source(SPEC, "sm90", tokens=1)
+    _, tuned = source(SPEC, "sm90", tune={"qkv.bulk_chunks": 32}, tokens=1)
+    assert "c += 32" not in plain and "for (int c = sg.k0; c < sg.k1; c += 32)" in tuned
+    with pytest.raises(SpecError, match="bulk_chunks sizes the bulk copies"):
+        source(SPEC, "sm90", tune={"qkv.bulk_chunks": 32}, tokens=4)  # bulk copies are off at S = 4
