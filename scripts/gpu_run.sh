@@ -2,7 +2,9 @@
 # On the lent GPU machine: install the carried wheels, then run the steps asked for
 # (default: tests), logs under $OUT:
 #   tests     pytest -m gpu (TEST_ARGS picks files, e.g. TEST_ARGS=tests/test_ops_gpu.py)
-#   bench     python -m bench.run (its options in BENCH_ARGS, e.g. "--kernels deepseek")
+#   bench     python -m bench.run (its options in BENCH_ARGS, e.g. "--kernels deepseek"); give it
+#             BENCH_COMMIT=<this checkout's HEAD, written out> for RESULTS.md: the lent
+#             machine's own git checkout may be an older one
 #   timeline  both kernels' per-stage timelines (scripts/timeline_*.py)
 #   tp        scripts/tp_run.py on every GPU of the machine
 set -uo pipefail
