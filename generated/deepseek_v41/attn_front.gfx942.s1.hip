@@ -151,21 +151,6 @@ MONO_DEVICE float shfl_xor(float v, int mask) {
     int src = (lane_id() ^ mask) << 2;
     return __builtin_bit_cast(float, __builtin_amdgcn_ds_bpermute(src, __builtin_bit_cast(int, v)));
 }
-// xor butterfly over offsets 16, 8, 4, 2, 1: every lane of each aligned 32-lane group
-// ends with the group's sum, added in the original all-reduce's order
-MONO_DEVICE float sum32(float v) {
-    for (int o = 16; o > 0; o >>= 1) v = v + shfl_xor(v, o);
-    return v;
-}
-// the max over each aligned 32-lane group (xor butterfly 16..1), in every lane
-MONO_DEVICE float max32(float v) {
-    for (int o = 16; o > 0; o >>= 1) v = fmax_f32(v, shfl_xor(v, o));
-    return v;
-}
-MONO_DEVICE float wave_max(float v) {
-    for (int o = WAVE / 2; o > 0; o >>= 1) v = fmax_f32(v, shfl_xor(v, o));
-    return v;
-}
 
 // ---- bf16 / fp8 conversions (round to nearest even) ----------------------------------
 MONO_DEVICE float bf16_to_f32(bf16_t h) { return u32_as_float(u32(h) << 16); }
@@ -174,8 +159,6 @@ MONO_DEVICE bf16_t f32_to_bf16(float f) {
     if ((u & 0x7fffffffu) > 0x7f800000u) return bf16_t((u >> 16) | 0x40);  // quiet NaN
     return bf16_t((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
-MONO_DEVICE float bf16_round(float f) { return bf16_to_f32(f32_to_bf16(f)); }
-MONO_DEVICE u32 pack_bf16x2(float lo, float hi) { return u32(f32_to_bf16(lo)) | (u32(f32_to_bf16(hi)) << 16); }
 // four f32 -> four e4m3 FNUZ bytes (v_cvt_pk_fp8_f32, RNE), byte i = value i
 MONO_DEVICE u32 fp8x4(float a, float b, float c, float d) {
     int w = __builtin_amdgcn_cvt_pk_fp8_f32(a, b, 0, false);
@@ -205,31 +188,6 @@ MONO_DEVICE void mailbox_load(const u64* pair, u32& value, u32& tag) {
     tag = u32(v >> 32);
 }
 MONO_DEVICE void pause() { __builtin_amdgcn_s_sleep(1); }
-// Spin (with a pause between polls) until the pair carries `tag`; its value.
-MONO_DEVICE u32 mailbox_wait(const u64* pair, u32 tag) {
-    u32 value, seen;
-    mailbox_load(pair, value, seen);
-    while (seen != tag) {
-        pause();
-        mailbox_load(pair, value, seen);
-    }
-    return value;
-}
-// Spin until all N pairs carry `tag`; their values. Each round sends the N loads out
-// together, so waiting on many pairs costs one memory round trip, not N.
-template <int N>
-MONO_DEVICE void mailbox_wait_all(const u64* const (&pair)[N], u32 tag, u32 (&value)[N]) {
-    for (;;) {
-        u32 seen[N];
-#pragma unroll
-        for (int i = 0; i < N; ++i) mailbox_load(pair[i], value[i], seen[i]);
-        bool all = true;
-#pragma unroll
-        for (int i = 0; i < N; ++i) all = all && seen[i] == tag;
-        if (all) return;
-        pause();
-    }
-}
 
 // ---- timer --------------------------------------------------------------------------
 // s_memrealtime: a 100 MHz device-wide clock (NVIDIA: %globaltimer in ns)
@@ -322,13 +280,6 @@ MONO_DEVICE int mx_quant8f(const float (&v)[8], float fp8_max, u32& w0, u32& w1)
     w1 = fp8x4(q[4], q[5], q[6], q[7]);
     return code;
 }
-// the same for 8 bf16 values (one 16-byte load, value e in bits 16(e % 2) of word e / 2)
-MONO_DEVICE int mx_quant8(u32x4 raw, float fp8_max, u32& w0, u32& w1) {
-    const u32 r[4] = {raw.x, raw.y, raw.z, raw.w};
-    float v[8];
-    for (int e = 0; e < 8; ++e) v[e] = bf16_to_f32(bf16_t(r[e / 2] >> (16 * (e % 2))));
-    return mx_quant8f(v, fp8_max, w0, w1);
-}
 MONO_DEVICE void st4(void* p, u32 v) { *static_cast<u32*>(p) = v; }
 
 // ---- MXFP8 GEMV inner loop: one wave's share of a 16-row unit ----------------------------
@@ -367,6 +318,63 @@ MONO_DEVICE void mx_gemv16_partial(const u32x4 (&w)[CPW], const float (&sw)[CPW]
     for (int r = 0; r < 4; ++r) part[(4 * kq + r) * 16 + lane % 16] = acc[r];
 }
 
+
+// ---- shared by every target, on the primitives of its library above -------------------
+// xor butterfly over offsets 16, 8, 4, 2, 1: every lane of each aligned 32-lane group
+// ends with the group's sum, added in the original all-reduce's order
+MONO_DEVICE float sum32(float v) {
+    for (int o = 16; o > 0; o >>= 1) v = v + shfl_xor(v, o);
+    return v;
+}
+// the max over each aligned 32-lane group (xor butterfly 16..1), in every lane
+MONO_DEVICE float max32(float v) {
+    for (int o = 16; o > 0; o >>= 1) v = fmax_f32(v, shfl_xor(v, o));
+    return v;
+}
+MONO_DEVICE float wave_max(float v) {
+    for (int o = WAVE / 2; o > 0; o >>= 1) v = fmax_f32(v, shfl_xor(v, o));
+    return v;
+}
+
+// ---- bf16 --------------------------------------------------------------------------------
+MONO_DEVICE float bf16_round(float f) { return bf16_to_f32(f32_to_bf16(f)); }
+MONO_DEVICE u32 pack_bf16x2(float lo, float hi) { return u32(f32_to_bf16(lo)) | (u32(f32_to_bf16(hi)) << 16); }
+
+// ---- mailbox waits (debug builds overload them with bounded ones: templates/kernel.hip.j2)
+// Spin (with a pause between polls) until the pair carries `tag`; its value.
+MONO_DEVICE u32 mailbox_wait(const u64* pair, u32 tag) {
+    u32 value, seen;
+    mailbox_load(pair, value, seen);
+    while (seen != tag) {
+        pause();
+        mailbox_load(pair, value, seen);
+    }
+    return value;
+}
+// Spin until all N pairs carry `tag`; their values. Each round sends the N loads out
+// together, so waiting on many pairs costs one memory round trip, not N.
+template <int N>
+MONO_DEVICE void mailbox_wait_all(const u64* const (&pair)[N], u32 tag, u32 (&value)[N]) {
+    for (;;) {
+        u32 seen[N];
+#pragma unroll
+        for (int i = 0; i < N; ++i) mailbox_load(pair[i], value[i], seen[i]);
+        bool all = true;
+#pragma unroll
+        for (int i = 0; i < N; ++i) all = all && seen[i] == tag;
+        if (all) return;
+        pause();
+    }
+}
+
+// ---- MXFP8 ----------------------------------------------------------------------------------
+// mx_quant8f for 8 bf16 values (one 16-byte load, value e in bits 16(e % 2) of word e / 2)
+MONO_DEVICE int mx_quant8(u32x4 raw, float fp8_max, u32& w0, u32& w1) {
+    const u32 r[4] = {raw.x, raw.y, raw.z, raw.w};
+    float v[8];
+    for (int e = 0; e < 8; ++e) v[e] = bf16_to_f32(bf16_t(r[e / 2] >> (16 * (e % 2))));
+    return mx_quant8f(v, fp8_max, w0, w1);
+}
 
 
 // ---- arguments and mailboxes ------------------------------------------------------------

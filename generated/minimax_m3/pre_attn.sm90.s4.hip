@@ -142,21 +142,6 @@ MONO_DEVICE float fabs_f32(float a) { return fabsf(a); }
 
 // ---- lane exchange ------------------------------------------------------------------
 MONO_DEVICE float shfl_xor(float v, int mask) { return __shfl_xor_sync(0xffffffffu, v, mask); }
-// xor butterfly over offsets 16, 8, 4, 2, 1: every lane of each aligned 32-lane group
-// ends with the group's sum, added in the original all-reduce's order
-MONO_DEVICE float sum32(float v) {
-    for (int o = 16; o > 0; o >>= 1) v = v + shfl_xor(v, o);
-    return v;
-}
-// the max over each aligned 32-lane group (xor butterfly 16..1), in every lane
-MONO_DEVICE float max32(float v) {
-    for (int o = 16; o > 0; o >>= 1) v = fmax_f32(v, shfl_xor(v, o));
-    return v;
-}
-MONO_DEVICE float wave_max(float v) {
-    for (int o = WAVE / 2; o > 0; o >>= 1) v = fmax_f32(v, shfl_xor(v, o));
-    return v;
-}
 
 // ---- bf16 / fp8 conversions (round to nearest even) ----------------------------------
 MONO_DEVICE float bf16_to_f32(bf16_t h) { return __uint_as_float(u32(h) << 16); }
@@ -165,8 +150,6 @@ MONO_DEVICE bf16_t f32_to_bf16(float f) {
     if ((u & 0x7fffffffu) > 0x7f800000u) return bf16_t((u >> 16) | 0x40);  // quiet NaN
     return bf16_t((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
-MONO_DEVICE float bf16_round(float f) { return bf16_to_f32(f32_to_bf16(f)); }
-MONO_DEVICE u32 pack_bf16x2(float lo, float hi) { return u32(f32_to_bf16(lo)) | (u32(f32_to_bf16(hi)) << 16); }
 // four f32 -> four OCP e4m3fn bytes (RNE), byte i = value i. satfinite clamps
 // beyond +-448 where torch would give NaN; callers only convert in-range values.
 MONO_DEVICE u32 fp8x4(float a, float b, float c, float d) {
@@ -212,31 +195,6 @@ MONO_DEVICE void mailbox_load(const u64* pair, u32& value, u32& tag) {
     asm volatile("ld.relaxed.gpu.global.v2.u32 {%0, %1}, [%2];" : "=r"(value), "=r"(tag) : "l"(pair) : "memory");
 }
 MONO_DEVICE void pause() { __nanosleep(64); }
-// Spin (with a pause between polls) until the pair carries `tag`; its value.
-MONO_DEVICE u32 mailbox_wait(const u64* pair, u32 tag) {
-    u32 value, seen;
-    mailbox_load(pair, value, seen);
-    while (seen != tag) {
-        pause();
-        mailbox_load(pair, value, seen);
-    }
-    return value;
-}
-// Spin until all N pairs carry `tag`; their values. Each round sends the N loads out
-// together, so waiting on many pairs costs one memory round trip, not N.
-template <int N>
-MONO_DEVICE void mailbox_wait_all(const u64* const (&pair)[N], u32 tag, u32 (&value)[N]) {
-    for (;;) {
-        u32 seen[N];
-#pragma unroll
-        for (int i = 0; i < N; ++i) mailbox_load(pair[i], value[i], seen[i]);
-        bool all = true;
-#pragma unroll
-        for (int i = 0; i < N; ++i) all = all && seen[i] == tag;
-        if (all) return;
-        pause();
-    }
-}
 
 // ---- asynchronous global -> LDS copies (cp.async, sm80+) --------------------------------
 // 16 bytes from global memory into LDS without passing through registers; the thread
@@ -389,13 +347,6 @@ MONO_DEVICE int mx_quant8f(const float (&v)[8], float fp8_max, u32& w0, u32& w1)
     w1 = fp8x4(q[4], q[5], q[6], q[7]);
     return code;
 }
-// the same for 8 bf16 values (one 16-byte load, value e in bits 16(e % 2) of word e / 2)
-MONO_DEVICE int mx_quant8(u32x4 raw, float fp8_max, u32& w0, u32& w1) {
-    const u32 r[4] = {raw.x, raw.y, raw.z, raw.w};
-    float v[8];
-    for (int e = 0; e < 8; ++e) v[e] = bf16_to_f32(bf16_t(r[e / 2] >> (16 * (e % 2))));
-    return mx_quant8f(v, fp8_max, w0, w1);
-}
 MONO_DEVICE void st4(void* p, u32 v) { asm volatile("st.global.u32 [%0], %1;" :: "l"(p), "r"(v) : "memory"); }
 
 // ---- MXFP8 GEMV inner loop: one warp's share of a 16-row unit ----------------------------
@@ -440,6 +391,63 @@ MONO_DEVICE void mx_gemv16_partial(const u32x4 (&w)[CPW], const float (&sw)[CPW]
         part[(g + 8) * 16 + 8 * j + 2 * q] = acc[j][2];
         part[(g + 8) * 16 + 8 * j + 2 * q + 1] = acc[j][3];
     }
+}
+
+// ---- shared by every target, on the primitives of its library above -------------------
+// xor butterfly over offsets 16, 8, 4, 2, 1: every lane of each aligned 32-lane group
+// ends with the group's sum, added in the original all-reduce's order
+MONO_DEVICE float sum32(float v) {
+    for (int o = 16; o > 0; o >>= 1) v = v + shfl_xor(v, o);
+    return v;
+}
+// the max over each aligned 32-lane group (xor butterfly 16..1), in every lane
+MONO_DEVICE float max32(float v) {
+    for (int o = 16; o > 0; o >>= 1) v = fmax_f32(v, shfl_xor(v, o));
+    return v;
+}
+MONO_DEVICE float wave_max(float v) {
+    for (int o = WAVE / 2; o > 0; o >>= 1) v = fmax_f32(v, shfl_xor(v, o));
+    return v;
+}
+
+// ---- bf16 --------------------------------------------------------------------------------
+MONO_DEVICE float bf16_round(float f) { return bf16_to_f32(f32_to_bf16(f)); }
+MONO_DEVICE u32 pack_bf16x2(float lo, float hi) { return u32(f32_to_bf16(lo)) | (u32(f32_to_bf16(hi)) << 16); }
+
+// ---- mailbox waits (debug builds overload them with bounded ones: templates/kernel.hip.j2)
+// Spin (with a pause between polls) until the pair carries `tag`; its value.
+MONO_DEVICE u32 mailbox_wait(const u64* pair, u32 tag) {
+    u32 value, seen;
+    mailbox_load(pair, value, seen);
+    while (seen != tag) {
+        pause();
+        mailbox_load(pair, value, seen);
+    }
+    return value;
+}
+// Spin until all N pairs carry `tag`; their values. Each round sends the N loads out
+// together, so waiting on many pairs costs one memory round trip, not N.
+template <int N>
+MONO_DEVICE void mailbox_wait_all(const u64* const (&pair)[N], u32 tag, u32 (&value)[N]) {
+    for (;;) {
+        u32 seen[N];
+#pragma unroll
+        for (int i = 0; i < N; ++i) mailbox_load(pair[i], value[i], seen[i]);
+        bool all = true;
+#pragma unroll
+        for (int i = 0; i < N; ++i) all = all && seen[i] == tag;
+        if (all) return;
+        pause();
+    }
+}
+
+// ---- MXFP8 ----------------------------------------------------------------------------------
+// mx_quant8f for 8 bf16 values (one 16-byte load, value e in bits 16(e % 2) of word e / 2)
+MONO_DEVICE int mx_quant8(u32x4 raw, float fp8_max, u32& w0, u32& w1) {
+    const u32 r[4] = {raw.x, raw.y, raw.z, raw.w};
+    float v[8];
+    for (int e = 0; e < 8; ++e) v[e] = bf16_to_f32(bf16_t(r[e / 2] >> (16 * (e % 2))));
+    return mx_quant8f(v, fp8_max, w0, w1);
 }
 
 
