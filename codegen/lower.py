@@ -341,6 +341,15 @@ class _Ctx:
     def lds(self, stage: str, name: str, ctype: str, count: int) -> None:
         self.lds_bufs.append((stage, name, ctype, count))
 
+    def lds_left(self, stage: str) -> int:
+        """LDS bytes the target leaves for more buffers of ``stage`` after those it has
+        declared (packed as the layout below packs them), less the timeline stamps'."""
+        used = 0
+        for st, _, ctype, count in self.lds_bufs:
+            if st == stage:
+                used = _align(used + count * LDS_CTYPES[ctype], LDS_ALIGN)
+        return self.target.lds_bytes - used - 8 * len(self.loaded.spec.timeline_points)
+
 
 class _Fail(Exception):
     def __init__(self, issue: SpecIssue):

@@ -23,7 +23,6 @@ KIND = "gemv_fp8"
 ROWS_PER_TASK = 16  # one MMA tile of output rows
 K_CHUNK = {"amd": 64, "nvidia": 32}  # k per 16-byte weight load of a lane
 CHUNK_BYTES = 16 * 32  # one chunk of a 16-row group: 16 bytes a lane (wave 32; lds_prefetch is NVIDIA-only)
-LDS_RESERVE = 256  # LDS kept for the alignment of the stage's buffers and the timeline stamps
 X8_ROW_PAD_WORDS = 4  # LDS row padding: token rows land on different banks
 
 
@@ -140,8 +139,7 @@ def lower(stage: Model, ctx) -> dict:
         "norm": checked_norm_constants(k, ctx, ("k",)),
         "rdone": residual_done(src, ctx) if inline else None,
         "writes_residual": stage.writes_residual,
-        **stream_k(stage, ctx, k // chunk, tasks, tokens, tile,
-                   lds_left=t.lds_bytes - LDS_RESERVE - 4 * (tile * stride_words + waves * ROWS_PER_TASK * 16 + max(tokens, 1) + 64)),
+        **stream_k(stage, ctx, k // chunk, tasks, tokens, tile),
         "ranges": [(first // ROWS_PER_TASK, count // ROWS_PER_TASK) for first, count in ranges],
         "long_step": None if stage.long_step is None else {
             "seq_lens": stage.long_step.seq_lens, "q_len": stage.long_step.q_len,
@@ -152,7 +150,7 @@ def lower(stage: Model, ctx) -> dict:
     }
 
 
-def stream_k(stage: Model, ctx, nchunk: int, tasks: int, tokens: int, tile: int, lds_left: int) -> dict:
+def stream_k(stage: Model, ctx, nchunk: int, tasks: int, tokens: int, tile: int) -> dict:
     """Stream-K values: whether the build splits units evenly over the CTAs, and
     the checks that make it safe (one token tile; no row group over three CTAs:
     a middle piece would need a second hand-off)."""
@@ -199,7 +197,8 @@ def stream_k(stage: Model, ctx, nchunk: int, tasks: int, tokens: int, tile: int,
                      "turn stream_k off for this target: fewer CTAs than a third of the row groups")
         staged = max(staged, sum(lengths) - max(lengths))  # the largest segment stays in registers
         whole = max(whole, sum(lengths))
-    all_staged = bulk and whole * CHUNK_BYTES + 16 <= lds_left  # bulk copies: everything in LDS if it fits
+    # bulk copies: everything in LDS if it fits beside the stage's other buffers and the mbarrier
+    all_staged = bulk and whole * CHUNK_BYTES + 16 <= ctx.lds_left(stage.name)
     if all_staged:
         staged = whole
     if prefetch:
