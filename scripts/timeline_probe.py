@@ -15,6 +15,7 @@ import torch
 import yaml
 
 import codegen
+from bench.run import auto_copies
 from bench.timing import GpuTimer
 from tests.minimax_case import context_case, launch_args, make_inputs
 
@@ -25,8 +26,7 @@ def setup(kernel, tokens: int, contexts) -> tuple[dict, list]:
     args = launch_args(inp, kernel.workspace("cuda"))
     args.update(seq_lens=case["seq_lens"].cuda(), block_table=case["block_table"].cuda(), bt_width=case["bt_cols"],
                 index_cache=case["index_cache_bytes"].cuda().view(inp["fp8"]))
-    l2 = torch.cuda.get_device_properties(0).L2_cache_size
-    copies = max(8, -(-2 * l2 // args["w_qkv"].numel()) + 1)  # together over twice the L2
+    copies = auto_copies(torch.cuda.get_device_properties(0).L2_cache_size, args["w_qkv"].numel())  # the bench's rule
     return args, [args["w_qkv"].clone() for _ in range(copies)]
 
 
