@@ -57,7 +57,6 @@ import hashlib
 import os
 import socket
 import sys
-import time
 import traceback
 import zlib
 from collections import Counter
@@ -76,6 +75,7 @@ from codegen.fp import bf16_rn  # noqa: E402
 from codegen.reference import minimax_m3 as mref  # noqa: E402
 from codegen.targets import get_target  # noqa: E402
 from tests import minimax_case as mc  # noqa: E402
+from tests.launch_guard import launch_and_wait  # noqa: E402
 
 TP = 4  # MiniMax-M3: TP4 ranks, 4 index heads under context parallelism
 HIDDEN = mref.HIDDEN
@@ -438,16 +438,7 @@ def simulate_minimax(ir, inp: dict, args: dict, ws: dict, index_heads: int, own:
 def launch(kernel, args: dict) -> None:
     """Launch and wait; a kernel stuck in a mailbox wait ends the process (the
     other ranks then fail in their next collective) instead of hanging."""
-    kernel(**args)
-    done = torch.cuda.Event()
-    done.record()
-    t0 = time.time()
-    while not done.query():
-        if time.time() - t0 > HANG_S:
-            print(f"HANG: {kernel.ir.kernel} [{kernel.ir.build.label()}] still running after {HANG_S} s",
-                  file=sys.stderr, flush=True)
-            os._exit(3)
-        time.sleep(0.001)
+    launch_and_wait(kernel, args, HANG_S)
     torch.cuda.synchronize()
 
 

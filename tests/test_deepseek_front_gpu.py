@@ -18,6 +18,7 @@ import torch
 import codegen
 
 from . import deepseek_case as dc
+from .launch_guard import launch_and_wait
 
 pytestmark = pytest.mark.gpu
 
@@ -66,18 +67,7 @@ HANG_S = 30.0  # a launch still running after this long waits on a flag that nev
 def launch(kernel, args) -> None:
     """Launch and wait, failing fast on a hang: a kernel stuck in a mailbox wait
     would block every later test, so the process ends with a message."""
-    import sys
-    import time
-
-    kernel(**args)
-    done = torch.cuda.Event()
-    done.record()
-    t0 = time.time()
-    while not done.query():
-        if time.time() - t0 > HANG_S:
-            print(f"HANG: {kernel.ir.kernel} [{kernel.ir.build.label()}] still running after {HANG_S} s", file=sys.stderr, flush=True)
-            os._exit(3)
-        time.sleep(0.001)
+    launch_and_wait(kernel, args, HANG_S)
 
 
 def setup(c, seed=0):

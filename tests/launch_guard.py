@@ -1,0 +1,26 @@
+"""Launching a release build from a test or script that must not hang: a kernel
+stuck in a mailbox wait (a bug, or a build without ``debug``'s bounded waits)
+ends the process with a message instead of blocking everything after it."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+
+def launch_and_wait(kernel, args: dict, hang_s: float) -> None:
+    """Launch ``kernel`` on ``args`` and wait for it; still running after ``hang_s``
+    seconds: print which build hung and exit the process (status 3)."""
+    import torch
+
+    kernel(**args)
+    done = torch.cuda.Event()
+    done.record()
+    t0 = time.time()
+    while not done.query():
+        if time.time() - t0 > hang_s:
+            print(f"HANG: {kernel.ir.kernel} [{kernel.ir.build.label()}] still running after {hang_s} s",
+                  file=sys.stderr, flush=True)
+            os._exit(3)
+        time.sleep(0.001)
