@@ -19,6 +19,7 @@ import codegen
 
 from . import deepseek_case as dc
 from .launch_guard import launch_and_wait
+from .graphs import capture
 
 pytestmark = pytest.mark.gpu
 
@@ -117,11 +118,7 @@ def test_graph_replays():
     kernel, case, args = setup(c, seed=5)
     launch(kernel, args)
     q1 = args["q"].clone()
-    stream = torch.cuda.Stream()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.stream(stream):
-        with torch.cuda.graph(graph, stream=stream):
-            kernel(**args)
+    graph = capture(lambda: kernel(**args))
     torch.cuda.synchronize()
     before = args["epoch"][0].item()
     for _ in range(20):

@@ -15,6 +15,7 @@ import torch
 import codegen
 from codegen.fp import bf16_rn
 from codegen.reference import minimax_m3 as ref
+from tests.graphs import capture
 from tests.minimax_case import (POISON_BF16, context_case, expected_tag, launch_args, make_inputs, read_mailbox,
                                 reference_heads)
 
@@ -83,11 +84,7 @@ def test_pre_attn_graph_replays(tokens):
     single = read_mailbox(kernel, ws["scratch"], tokens)
     h_single = args["h_out"].clone()
 
-    stream = torch.cuda.Stream()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.stream(stream):
-        with torch.cuda.graph(graph, stream=stream):
-            kernel(**args)
+    graph = capture(lambda: kernel(**args))
     torch.cuda.synchronize()
     step_before = ws["step"][0].item()
     for _ in range(100):

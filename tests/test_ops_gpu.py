@@ -12,6 +12,7 @@ import torch
 
 import codegen
 from codegen import ops
+from tests.graphs import capture
 from tests import deepseek_case as dc
 from tests.minimax_case import expected_tag, launch_args, make_inputs, read_mailbox
 
@@ -78,11 +79,7 @@ def test_op_in_cuda_graph(tokens):
     single = read_mailbox(kernel, args["scratch"], tokens)
     h_single = args["h_out"].clone()
 
-    stream = torch.cuda.Stream()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.stream(stream):
-        with torch.cuda.graph(graph, stream=stream):
-            op(**args)
+    graph = capture(lambda: op(**args))
     torch.cuda.synchronize()
     before = args["step"][0].item()
     for _ in range(10):
@@ -113,13 +110,7 @@ def test_compiled_caller_in_cuda_graph():
     torch.cuda.synchronize()
     single = read_mailbox(kernel, args["scratch"], tokens)
 
-    stream = torch.cuda.Stream()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.stream(stream):
-        decode_step(xs)  # warm the compiled code on the capture stream
-        torch.cuda.synchronize()
-        with torch.cuda.graph(graph, stream=stream):
-            decode_step(xs)
+    graph = capture(lambda: decode_step(xs), warm=True)  # warm the compiled code on the capture stream
     torch.cuda.synchronize()
     before = args["step"][0].item()
     for _ in range(5):
@@ -199,11 +190,7 @@ def test_deepseek_op_in_cuda_graph(tokens):
     torch.cuda.synchronize()
     single = ds_written(kernel, args)
 
-    stream = torch.cuda.Stream()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.stream(stream):
-        with torch.cuda.graph(graph, stream=stream):
-            op(**args)
+    graph = capture(lambda: op(**args))
     torch.cuda.synchronize()
     before = args["epoch"][0].item()
     for _ in range(10):
@@ -233,13 +220,7 @@ def test_deepseek_compiled_caller_in_cuda_graph():
     torch.cuda.synchronize()
     q_single = args["q"].clone()
 
-    stream = torch.cuda.Stream()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.stream(stream):
-        decode_step(xs)  # warm the compiled code on the capture stream
-        torch.cuda.synchronize()
-        with torch.cuda.graph(graph, stream=stream):
-            decode_step(xs)
+    graph = capture(lambda: decode_step(xs), warm=True)  # warm the compiled code on the capture stream
     torch.cuda.synchronize()
     before = args["epoch"][0].item()
     for _ in range(5):

@@ -25,6 +25,7 @@ import torch
 import codegen
 from codegen.launch import Kernel, KernelHang
 from codegen.lower import HANG_REGION
+from tests.graphs import capture
 from tests import deepseek_case as dc
 from tests.minimax_case import expected_tag, launch_args, make_inputs, read_mailbox
 
@@ -141,10 +142,7 @@ def test_hang_in_graph_replays_is_reported_by_check_errors():
     broken.compile()
     ws = broken.workspace("cuda")
     args = launch_args(make_inputs(tokens, kernel.target.name, seed=12), ws)
-    stream = torch.cuda.Stream()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
-        broken(**args)
+    graph = capture(lambda: broken(**args))
     graph.replay()
     graph.replay()
     finish(10.0)
@@ -167,11 +165,7 @@ def test_ten_thousand_graph_replays(tokens):
     single_out = outputs(kernel, args)
     single = read_mailbox(kernel, ws["scratch"], tokens)
 
-    stream = torch.cuda.Stream()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
-        for _ in range(100):
-            kernel(**args)
+    graph = capture(lambda: kernel(**args), times=100)
     finish()
     before = ws["step"][0].item()
     t0 = time.perf_counter()
@@ -208,6 +202,38 @@ def embed(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     assert view.is_contiguous() and view.data_ptr() % 16 == 0
     return buf, view
 
+def launch_twice_between_canaries(kernel, args: dict) -> None:
+    """Every tensor argument moved between canary bytes (scratch: after its end), two
+    launches (the second over the first one's NaNs in scratch), then: no canary byte
+    touched, no input written, the launch counter back to 0 after two epochs. ``args``
+    keeps the embedded views, for the caller's checks of the outputs."""
+    n = args[kernel.ir.scratch_arg].numel()
+    scratch_buf = torch.full((n + PAD,), CANARY, dtype=torch.uint8, device="cuda")
+    scratch_buf[:n] = 0
+    args[kernel.ir.scratch_arg] = scratch_buf[:n]
+    bufs = {}
+    for a in kernel.ir.abi:
+        if a.is_tensor and a.name != kernel.ir.scratch_arg and args.get(a.name) is not None:
+            bufs[a.name], args[a.name] = embed(args[a.name])
+    inputs_before = {a.name: bufs[a.name].cpu().clone() for a in kernel.ir.abi if a.name in bufs and a.intent == "in"}
+
+    kernel.compile()
+    torch.cuda.synchronize()
+    kernel(**args)
+    finish(30.0)
+    kernel(**args)  # and a second launch over the first one's NaNs in scratch
+    finish(30.0)
+
+    assert (scratch_buf[-PAD:] == CANARY).all(), "bytes written past the end of scratch"
+    for name, buf in bufs.items():
+        host = buf.cpu()
+        assert (host[:PAD] == CANARY).all(), f"bytes written before {name}"
+        assert (host[-PAD:] == CANARY).all(), f"bytes written after {name}"
+        if name in inputs_before:
+            assert torch.equal(host, inputs_before[name]), f"input {name} was written"
+    assert args[kernel.ir.counter_arg].cpu().tolist() == [2, 0]
+
+
 
 def poison_inputs(inp: dict, tokens: int) -> dict:
     """NaN and +-Inf in the activations, the norm weights and the weight scales."""
@@ -237,34 +263,8 @@ def test_nan_inf_inputs_finish_and_write_only_outputs(tokens):
     kernel = codegen.load(SPEC, tokens=tokens)
     clean = make_inputs(tokens, kernel.target.name, seed=900 + tokens)
     inp = poison_inputs(clean, tokens)
-    ws = kernel.workspace("cuda")
-    args = launch_args(inp, ws)
-
-    # scratch: canaries after its end; every other tensor: canaries on both sides
-    scratch_buf = torch.full((ws["scratch"].numel() + PAD,), CANARY, dtype=torch.uint8, device="cuda")
-    scratch_buf[: ws["scratch"].numel()] = 0
-    args[kernel.ir.scratch_arg] = scratch_buf[: ws["scratch"].numel()]
-    bufs = {}
-    for a in kernel.ir.abi:
-        if a.is_tensor and a.name != kernel.ir.scratch_arg and args.get(a.name) is not None:
-            bufs[a.name], args[a.name] = embed(args[a.name])
-    inputs_before = {a.name: bufs[a.name].cpu().clone() for a in kernel.ir.abi if a.name in bufs and a.intent == "in"}
-
-    kernel.compile()
-    torch.cuda.synchronize()
-    kernel(**args)
-    finish(30.0)
-    kernel(**args)  # and a second launch over the first one's NaNs in scratch
-    finish(30.0)
-
-    assert (scratch_buf[-PAD:] == CANARY).all(), "bytes written past the end of scratch"
-    for name, buf in bufs.items():
-        host = buf.cpu()
-        assert (host[:PAD] == CANARY).all(), f"bytes written before {name}"
-        assert (host[-PAD:] == CANARY).all(), f"bytes written after {name}"
-        if name in inputs_before:
-            assert torch.equal(host, inputs_before[name]), f"input {name} was written"
-    assert args[kernel.ir.counter_arg].cpu().tolist() == [2, 0]
+    args = launch_args(inp, kernel.workspace("cuda"))
+    launch_twice_between_canaries(kernel, args)
 
     # rows without NaN / Inf give what clean inputs give (rows are independent up to the GEMV)
     if tokens > 2:
@@ -390,10 +390,7 @@ def test_deepseek_unsatisfiable_wait_raises_kernel_hang_within_2s(tokens, cut, w
 def test_deepseek_hang_in_graph_replays_is_reported_by_check_errors():
     kernel, case, args = ds_setup(4, seed=12, debug=True)
     broken = ds_broken(kernel, "qkv")
-    stream = torch.cuda.Stream()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
-        broken(**args)
+    graph = capture(lambda: broken(**args))
     graph.replay()
     graph.replay()
     finish(10.0)
@@ -416,11 +413,7 @@ def test_deepseek_ten_thousand_graph_replays(tokens, flags):
     single_out = outputs(kernel, args)
     single = dc.read_scratch(kernel.ir, args["scratch"], tokens)
 
-    stream = torch.cuda.Stream()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
-        for _ in range(100):
-            kernel(**args)
+    graph = capture(lambda: kernel(**args), times=100)
     finish()
     before = args["epoch"][0].item()
     assert before == 1, "capturing launches nothing"
@@ -500,33 +493,7 @@ def test_deepseek_nan_inf_inputs_finish_and_write_only_outputs(tokens, everythin
     clean = dc.make_case(tokens, 4, 1, kernel.target.name, seed=900 + tokens, pad_rows=(3,))
     case = ds_poison(clean, everything)
     args = dc.launch_args(case, kernel.workspace("cuda"))
-
-    # scratch: canaries after its end; every other tensor: canaries on both sides
-    n = args["scratch"].numel()
-    scratch_buf = torch.full((n + PAD,), CANARY, dtype=torch.uint8, device="cuda")
-    scratch_buf[:n] = 0
-    args[kernel.ir.scratch_arg] = scratch_buf[:n]
-    bufs = {}
-    for a in kernel.ir.abi:
-        if a.is_tensor and a.name != kernel.ir.scratch_arg and args.get(a.name) is not None:
-            bufs[a.name], args[a.name] = embed(args[a.name])
-    inputs_before = {a.name: bufs[a.name].cpu().clone() for a in kernel.ir.abi if a.name in bufs and a.intent == "in"}
-
-    kernel.compile()
-    torch.cuda.synchronize()
-    kernel(**args)
-    finish(30.0)
-    kernel(**args)  # and a second launch over the first one's NaNs in scratch
-    finish(30.0)
-
-    assert (scratch_buf[-PAD:] == CANARY).all(), "bytes written past the end of scratch"
-    for name, buf in bufs.items():
-        host = buf.cpu()
-        assert (host[:PAD] == CANARY).all(), f"bytes written before {name}"
-        assert (host[-PAD:] == CANARY).all(), f"bytes written after {name}"
-        if name in inputs_before:
-            assert torch.equal(host, inputs_before[name]), f"input {name} was written"
-    assert args[kernel.ir.counter_arg].cpu().tolist() == [2, 0]
+    launch_twice_between_canaries(kernel, args)
 
     # what clean inputs give: the key table (integers only) always; with only x's rows 0 and 1
     # poisoned, q and the SWA records of the other rows too (rows are independent: the GEMVs'
