@@ -41,6 +41,8 @@ class Model(StageBase):
     ready_point: Name | None = "x8_ready"  # timeline point: the token rows in LDS
     done_point: Name | None = "gemv_done"  # timeline point: the CTA's rows put
     staged_point: Name | None = None  # timeline point: the weights staged in LDS have landed (lds_prefetch)
+    piece_point: Name | None = None  # timeline point: the CTA's head piece put (stream-K)
+    tail_point: Name | None = None  # timeline point: the tail's lower piece arrived from the previous CTA (stream-K)
     weight: Name  # ABI fp8 [rows, K], preshuffled for the target (codegen.weights)
     weight_scale: Name  # ABI f32 [rows]
     rows: Expr  # output rows of the whole projection
