@@ -152,6 +152,7 @@ class LdsBuf:
     ctype: str
     count: int
     offset: int
+    whole_kernel: bool = False  # lds_kernel: beside the union, never reused
 
     @property
     def nbytes(self) -> int:
@@ -235,6 +236,7 @@ class _Ctx:
         self.threads, self.tokens = threads, build.tokens
         self.active = active  # stage name -> bool
         self.lds_bufs: list[tuple[str, str, str, int]] = []
+        self.lds_kernel_bufs: list[tuple[str, str, str, int]] = []  # lds_kernel: after the union
         self.issues: list[SpecIssue] = []
         self.loc: tuple = ()
         self.task_count = 0
@@ -341,14 +343,33 @@ class _Ctx:
     def lds(self, stage: str, name: str, ctype: str, count: int) -> None:
         self.lds_bufs.append((stage, name, ctype, count))
 
+    def lds_kernel(self, stage: str, name: str, ctype: str, count: int) -> None:
+        """An LDS buffer of the stage that lives for the whole kernel: placed after the union
+        (no stage's buffers overlap it), e.g. the target of a copy issued at the kernel's start."""
+        self.lds_kernel_bufs.append((stage, name, ctype, count))
+
     def lds_left(self, stage: str) -> int:
         """LDS bytes the target leaves for more buffers of ``stage`` after those it has
-        declared (packed as the layout below packs them), less the timeline stamps'."""
+        declared (packed as the layout below packs them), less the timeline stamps' and the
+        kernel-lifetime buffers'."""
         used = 0
         for st, _, ctype, count in self.lds_bufs:
             if st == stage:
                 used = _align(used + count * LDS_CTYPES[ctype], LDS_ALIGN)
-        return self.target.lds_bytes - used - 8 * len(self.loaded.spec.timeline_points)
+        return self.target.lds_bytes - used - self._kernel_lds() - 8 * len(self.loaded.spec.timeline_points)
+
+    def lds_kernel_left(self) -> int:
+        """LDS bytes left for more kernel-lifetime buffers: beside the union of every stage's
+        buffers declared so far (later stages must still fit), the kernel-lifetime buffers and
+        the timeline stamps."""
+        used: dict[str, int] = {}
+        for st, _, ctype, count in self.lds_bufs:
+            used[st] = _align(used.get(st, 0) + count * LDS_CTYPES[ctype], LDS_ALIGN)
+        return (self.target.lds_bytes - max(used.values(), default=0) - self._kernel_lds()
+                - 8 * len(self.loaded.spec.timeline_points))
+
+    def _kernel_lds(self) -> int:
+        return sum(_align(count * LDS_CTYPES[ctype], LDS_ALIGN) for _, _, ctype, count in self.lds_kernel_bufs)
 
 
 class _Fail(Exception):
@@ -532,6 +553,9 @@ def _lower(loaded: LoadedSpec, build: Build) -> KernelIR:
     timeline = build["timeline"] if "timeline" in dict(build.params) else False
     tl_bytes = len(spec.timeline_points) * 8 if timeline else 0
     lds_bytes = max(by_stage.values(), default=0)
+    for stage, name, ctype, count in ctx.lds_kernel_bufs:  # kernel-lifetime buffers, after the union
+        lds.append(LdsBuf(stage, name, ctype, count, lds_bytes, whole_kernel=True))
+        lds_bytes = _align(lds_bytes + lds[-1].nbytes, LDS_ALIGN)
     if tl_bytes:  # the timeline stamps live beside the union, for the whole kernel
         lds.append(LdsBuf("kernel", "tl", "u64", len(spec.timeline_points), lds_bytes))
         lds_bytes += tl_bytes

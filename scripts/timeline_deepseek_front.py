@@ -2,13 +2,16 @@
 build's per-CTA stamps (%globaltimer, ns), as microseconds after the first
 CTA's start: min / median / max over the CTAs that reached each point.
 
-    PYTHONPATH=. python3 scripts/timeline_deepseek_front.py [out.txt]"""
+    PYTHONPATH=. python3 scripts/timeline_deepseek_front.py [out.txt] [stage.field=value ...]
+
+(stage.field=value: spec knob overrides, codegen.load's tune, e.g. wq_b.bulk_weights=0)"""
 
 from __future__ import annotations
 
 import sys
 
 import torch
+import yaml
 
 import codegen
 from tests import deepseek_case as dc
@@ -18,10 +21,13 @@ BUILDS = [dict(tokens=1, tp=4), dict(tokens=16, tp=4), dict(tokens=48, tp=4), di
 
 
 def main() -> None:
-    out = open(sys.argv[1], "w") if len(sys.argv) > 1 else sys.stdout
-    dc.precompile([dict(b, timeline=True) for b in BUILDS])
+    files = [a for a in sys.argv[1:] if "=" not in a]
+    tune = {k: yaml.safe_load(v) for k, v in (a.split("=", 1) for a in sys.argv[1:] if "=" in a)} or None
+    out = open(files[0], "w") if files else sys.stdout
+    if tune is None:
+        dc.precompile([dict(b, timeline=True) for b in BUILDS])
     for b in BUILDS:
-        k = codegen.load(SPEC, timeline=True, **b)
+        k = codegen.load(SPEC, timeline=True, tune=tune, **b)
         case = dc.make_case(b["tokens"], b["tp"], 1, "sm90", seed=2)
         args = dc.launch_args(case, k.workspace("cuda"))
         for _ in range(5):  # warm: the last of five launches
@@ -29,7 +35,7 @@ def main() -> None:
         torch.cuda.synchronize()
         tl = args["tl"].cpu().double()
         t0 = tl[:, 0].min()
-        print(f"S={b['tokens']} tp={b['tp']}: us after the first CTA's start (min / median / max over CTAs)", file=out)
+        print(f"S={b['tokens']} tp={b['tp']} {tune or ''}: us after the first CTA's start (min / median / max over CTAs)", file=out)
         for p, name in enumerate(k.ir.timeline_points):
             v = tl[:, p]
             v = (v[v > 0] - t0) / 1e3

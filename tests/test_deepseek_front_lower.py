@@ -17,8 +17,9 @@ SPEC = "deepseek_v41/attn_front"
 TEXT = spec_path(SPEC).read_text()
 
 
-def ir_of(target="sm90", **params):
-    loaded = load_spec(SPEC)
+def ir_of(target="sm90", tune=None, **params):
+    from codegen.spec.load import tune_items
+    loaded = load_spec(SPEC, tune_items(tune)) if tune else load_spec(SPEC)
     return lower(loaded, make_build(loaded, target, **params))
 
 
@@ -102,3 +103,51 @@ def test_refusals_are_located(old, new, message):
         lower(loaded, make_build(loaded, "sm90", tokens=4))
     assert message in str(e.value)
     assert "attn_front.yaml:" in str(e.value)
+
+
+# wq_b's sm90 knobs: (tp, tokens) -> (staged units, group); TP4: 4 units a CTA, TP2: 8; at S = 48
+# the wqkv stage's 156 KB of LDS leave room for 3 units' weights (the spec turns the bulk weights
+# off there, measured slower on the H200: turned on here)
+@pytest.mark.parametrize("tp,tokens,staged,group", [
+    (4, 1, 4, 4), (4, 6, 4, 4), (4, 16, 4, 2), (4, 48, 3, 1),
+    (2, 1, 8, 4), (2, 6, 8, 3), (2, 16, 8, 2), (2, 48, 3, 1),
+])
+def test_wqb_bulk_weights_layout(tp, tokens, staged, group):
+    if tokens > 16:
+        assert not next(s for s in ir_of(tokens=tokens, tp=tp).stages if s.name == "wq_b").values["bulk"]
+    ir = ir_of(tokens=tokens, tp=tp, timeline=True, tune={"wq_b.bulk_weights": {"default": 0, "sm90": 1}})
+    v = next(s for s in ir.stages if s.name == "wq_b").values
+    assert v["ilp"] and v["bulk"] and v["prologue"] and (v["staged"], v["group"]) == (staged, group)
+    union = max(b.offset + b.nbytes for b in ir.lds if not b.whole_kernel and b.stage != "kernel")
+    w = next(b for b in ir.lds if b.qualified_name == "stage_wq_b::LDS_W")
+    assert w.whole_kernel and w.offset >= union and w.nbytes == staged * 40 * 512  # beside every stage's LDS
+    assert ir.lds_bytes <= ir.target.lds_bytes
+    text = render(ir)
+    assert "stage_wq_b::prologue(a, mb, lds);" in text and "mx_gemv16_units<GROUP" in text
+
+
+@pytest.mark.parametrize("target", ["gfx942", "gfx950"])
+def test_wqb_knobs_off_on_amd(target):
+    v = next(s for s in ir_of(target, tokens=16).stages if s.name == "wq_b").values
+    assert not v["ilp"] and not v["bulk"] and not any(b.whole_kernel for b in ir_of(target, tokens=16).lds)
+
+
+@pytest.mark.parametrize("tune,message", [
+    ({"wq_b.bulk_weights": {"default": 1}}, "no ILP MXFP8 loop / bulk copies"),
+    ({"wq_b.ilp": 0}, "the staged weights are read by the ILP loop"),
+    ({"wqkv_a.ilp": 1, "wqkv_a.bulk_weights": 1}, "whole rows (k_parts: 1) needed"),
+])
+def test_wqb_knob_refusals(tune, message):
+    from codegen.spec.load import tune_items
+    loaded = load_spec(SPEC, tune_items(tune))
+    target = "gfx942" if "default" in str(tune) else "sm90"
+    with pytest.raises(SpecError) as e:
+        lower(loaded, make_build(loaded, target, tokens=4))
+    assert message in str(e.value)
+
+
+def test_ilp_alone_keeps_the_unit_loop():
+    from codegen.spec.load import tune_items
+    loaded = load_spec(SPEC, tune_items({"wq_b.bulk_weights": 0}))
+    text = render(lower(loaded, make_build(loaded, "sm90", tokens=1)))
+    assert "prologue(a, mb, lds)" not in text and "mx_gemv16_units<1, CPW, NC, XSTRIDE, SSTRIDE, WAVES * 256>" in text

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from codegen.lower import SCRATCH_ALIGN, lower, make_build
-from codegen.spec import SpecError, load_spec, parse_spec
+from codegen.spec import SpecError, load_spec, parse_spec, tune_items
 from codegen.spec.load import spec_path
 from codegen.targets import TARGETS, get_target
 
@@ -221,6 +221,38 @@ def test_timeline_stamps_beside_the_union(target):
     assert tl.offset % 8 == 0 and tl.const_name == "LDS_TL"
 
 
+@pytest.mark.parametrize("target", TARGET_NAMES)
+@pytest.mark.parametrize("tokens", [1, 4, 16])
+def test_key_ring_fills_what_the_stages_leave(target, tokens):
+    """sm90's scorers stream keys through an LDS ring placed after the union (the kernel's start
+    writes it): as many 16 KB slots as fit, at most key_ring; AMD keeps the register path.
+    (The spec leaves it off, measured slower on the H200: here it is turned on.)"""
+    def ring_ir(**flags):
+        on = load_spec(SPEC, tune_items({"scores.key_ring": {"default": 0, "sm90": 8}}))
+        return lower(on, make_build(on, target, tokens=tokens, **flags))
+    ir = ring_ir()
+    scores = stage_named(ir, "scores")
+    slots, own = scores.values["ring"], {b.name: b for b in ir.lds if b.stage == "scores"}
+    if target != "sm90":
+        assert slots == 0 and set(own) == {"iq", "best"} and not scores.values["prologue"]
+        return
+    assert 1 <= slots <= 8 and scores.values["prologue"]
+    ring, bars = own["ring"], own["ring_bar"]
+    assert (ring.count * 4, bars.count) == (slots * 128 * 128, slots)
+    union = max(b.offset + b.nbytes for b in ir.lds if not b.whole_kernel)
+    assert ring.whole_kernel and bars.whole_kernel and ring.offset >= union and ring.offset % 16 == 0
+    assert bars.offset >= ring.offset + ring.nbytes and ir.lds_bytes <= ir.target.lds_bytes
+    # one more slot would not fit beside the stamps a timeline build adds
+    more = ring.offset + (slots + 1) * 128 * 128 + -(-8 * (slots + 1) // 16) * 16 + 8 * len(ir.timeline_points)
+    assert slots == 8 or more > ir.target.lds_bytes
+    assert ring_ir(timeline=True).stages[-1].values["ring"] == slots
+    # key_ring 0: today's register path and LDS
+    off = lower(load_spec(SPEC, tune_items({"scores.key_ring": 0})), make_build(load_spec(SPEC), target, tokens=tokens))
+    off_scores = stage_named(off, "scores")
+    assert off_scores.values["ring"] == 0 and not off_scores.values["prologue"]
+    assert {b.name for b in off.lds if b.stage == "scores"} == {"iq", "best"}
+
+
 def test_constants():
     ir = build_ir("gfx950", 3, timeline=True)
     consts = {c.name: c for c in ir.constants}
@@ -334,6 +366,8 @@ REFUSALS = [
     ("scores-need-head-flags", [("    done: hdone\n", "")], "sm90", 1, "iq_from: heads", "stage 'heads' publishes no done flags"),
     ("scores-unknown-timeline-point", [("start_point: pre_attn_done", "start_point: pre_attn_dome")], "gfx942", 1,
      "start_point: pre_attn_dome", "no timeline point 'pre_attn_dome'"),
+    ("scores-key-ring-on-amd", [("key_ring: {default: 0, sm90: 0}", "key_ring: {default: 8, sm90: 8}")], "gfx950", 4,
+     "key_ring: {default: 8", "gfx950's device library has no bulk copies"),
     # the head tasks: one per q head, then k, v, index q, index k
     ("heads-tasks-vs-q-heads", [("tasks: N_HEAD_TASKS", "tasks: N_HEAD_TASKS - 1")], "gfx950", 3,
      "tasks: N_HEAD_TASKS - 1", "19 tasks != q_heads + 4 = 20"),

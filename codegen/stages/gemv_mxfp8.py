@@ -72,8 +72,23 @@ class Model(StageBase):
     cos_sin: Name = "cos_sin"  # rope_bf16: ABI f32 [positions, 64]
     pos: Name = "pos"  # rope_bf16: ABI i64 [tokens]
     token_tile: PerTarget = PerTarget(default=48)  # token rows resident in LDS
+    # ILP inner loop per target (1 = on; sm90): a warp loads all its chunks' operands first and
+    # keeps the chunks independent until the accumulation (same order: the same bits), so the
+    # emulated fp8 MMAs overlap instead of running one after another
+    ilp: PerTarget = PerTarget(default=0)
+    # kernel-start weights per target (1 = on; sm90, with ilp, k_parts 1): the weights of a CTA's
+    # first units (as many as fit) travel as TMA bulk copies issued at the kernel's start into
+    # LDS no stage reuses, so they land while earlier stages run; those units are computed
+    # `group` at a time (one barrier and one epilogue pass a group)
+    bulk_weights: PerTarget = PerTarget(default=0)
 
-    _tile = field_validator("token_tile", mode="before")(classmethod(lambda cls, v: per_target(v)))
+    _tile = field_validator("token_tile", "ilp", "bulk_weights", mode="before")(
+        classmethod(lambda cls, v: per_target(v)))
+
+
+def _lds_size(words: int) -> int:
+    """LDS bytes of a 4-byte-element buffer as the layout packs it (16-byte aligned)."""
+    return -(-words * 4 // 16) * 16
 
 
 def lower(stage: Model, ctx) -> dict:
@@ -130,16 +145,45 @@ def lower(stage: Model, ctx) -> dict:
         ctx.loc = here
     xstride = kp // 4 + ROW_PAD_WORDS
     sstride = kp // MX_BLOCK + SCALE_PAD
+    head_dim = ctx.integer(stage.head_dim, ("head_dim",)) if stage.epilogue == "rope_bf16" else 0
+    nope = ctx.integer(stage.nope, ("nope",), minimum=0) if stage.epilogue == "rope_bf16" else 0
+    cpw = -(-nc // waves)
+    upc = -(-units // ctx.stage_ctas)
+    ilp, bulk = (ctx.switch(getattr(stage, f).for_target(t.name), (f,)) for f in ("ilp", "bulk_weights"))
+    if (ilp or bulk) and t.vendor != "nvidia":
+        ctx.fail(("ilp" if ilp else "bulk_weights",), f"{t.name}'s device library has no ILP MXFP8 loop / bulk copies",
+                 "turn it off for this target (an sm90 knob)")
+    if bulk and not ilp:
+        ctx.fail(("bulk_weights",), "the staged weights are read by the ILP loop", "turn ilp on for this target")
+    if bulk and parts != 1:
+        ctx.fail(("bulk_weights",), "a group of units shares its activations: whole rows (k_parts: 1) needed",
+                 "turn bulk_weights off for this stage")
+    tile_bytes = waves * ROWS_PER_UNIT * MMA_COLUMNS * 4  # one unit's partial tiles
+    own = [_lds_size(tile * xstride), _lds_size(tile * sstride), 0, _lds_size(tokens * (head_dim - nope))]
+    staged, group, halves = 0, 1, 1
+    if bulk:  # as many units as fit beside the union (this stage's with one part tile) and the mbarrier
+        unit_bytes = nc * ROWS_PER_UNIT * chunk
+        others = ctx.lds_left(stage.name) - ctx.lds_kernel_left()  # the other stages' union so far
+        room = ctx.lds_left(stage.name) - 16  # for the union and the weights, less the mbarrier
+        fits = lambda n, g: max(others, sum(own) + g * tile_bytes) + n * unit_bytes <= room  # noqa: E731
+        staged = max((n for n in range(upc + 1) if fits(n, 1)), default=0)
+        if staged == 0:
+            ctx.fail(("bulk_weights",), f"not one unit's weights ({unit_bytes} B) fit in LDS beside the stages' "
+                     f"union of {max(others, sum(own) + tile_bytes)} B", "turn bulk_weights off for this build")
+        halves = 2 if tile > 8 else 1  # token halves of a pass (an mma each): registers per chunk
+        regs = PREFETCH_LOADS - (cpw if staged < upc else 0)  # less a unit in flight through registers
+        group = max(g for g in range(1, max(1, min(staged, regs // (cpw * halves))) + 1) if fits(staged, g))
     ctx.lds(stage.name, "x", "u32", tile * xstride)
     ctx.lds(stage.name, "xs", "float", tile * sstride)
-    ctx.lds(stage.name, "part", "float", waves * ROWS_PER_UNIT * MMA_COLUMNS)
+    ctx.lds(stage.name, "part", "float", group * waves * ROWS_PER_UNIT * MMA_COLUMNS)
+    if bulk:
+        ctx.lds_kernel(stage.name, "w", "u32", staged * unit_bytes // 4)  # unit i of the CTA at i * UNIT_BYTES
+        ctx.lds_kernel(stage.name, "wbar", "u64", 1)  # the bulk copies' mbarrier
 
     rope = {}
     if stage.epilogue == "partials":
         ctx.region(stage.out, ("out",), kind="pairs", min_count=parts * tokens * rows)
     else:
-        head_dim = ctx.integer(stage.head_dim, ("head_dim",))
-        nope = ctx.integer(stage.nope, ("nope",), minimum=0)
         if rows % head_dim or head_dim % ROWS_PER_UNIT or not 0 <= nope < head_dim or (head_dim - nope) % 2:
             ctx.fail(("head_dim",), f"rows {rows}, head_dim {head_dim}, nope {nope}: heads of whole 16-row units "
                      "with an even number of RoPE dims expected")
@@ -156,8 +200,15 @@ def lower(stage: Model, ctx) -> dict:
         "k_parts": parts,
         "kp": kp,
         "nc": nc,
-        "cpw": -(-nc // waves),
-        "prefetch": max(1, PREFETCH_LOADS // -(-nc // waves)),
+        "cpw": cpw,
+        "prefetch": max(1, PREFETCH_LOADS // cpw),
+        "ilp": ilp,
+        "bulk": bulk,
+        "staged": staged,
+        "group": group,
+        # bulk: units past the staged ones whose weights are in registers while a group computes
+        "rest_prefetch": max(1, (PREFETCH_LOADS - group * cpw * halves) // cpw),
+        "prologue": bulk,  # the kernel calls its prologue() before any stage: the bulk copies
         "tile": tile,
         "n_tiles": -(-tokens // tile),
         "xstride": xstride,

@@ -49,15 +49,17 @@
 //   qx8s     @   571648      2560 B  640 words: its E8M0 codes (int32): token t at t * 40
 //   qrdy     @   574208       128 B  16 flags: ready flag of token t's QX8 (copy c: + c * QRDY_STRIDE)
 //
-// LDS (62976 bytes; stages reuse the same bytes, one after another):
+// LDS (144912 bytes; stages reuse the same bytes, one after another):
 //   stage_wqkv_a::LDS_X    @      0  10304 x u32
 //   stage_wqkv_a::LDS_XS   @  41216  1344 x float
 //   stage_wqkv_a::LDS_PART @  46592  4096 x float
 //   stage_qkv::LDS_RED     @      0  32 x float
 //   stage_wq_b::LDS_X      @      0  5184 x u32
 //   stage_wq_b::LDS_XS     @  20736  704 x float
-//   stage_wq_b::LDS_PART   @  23552  4096 x float
-//   stage_wq_b::LDS_CS     @  39936  1024 x float
+//   stage_wq_b::LDS_PART   @  23552  8192 x float
+//   stage_wq_b::LDS_CS     @  56320  1024 x float
+//   stage_wq_b::LDS_W      @  62976  20480 x u32  (whole kernel: not reused)
+//   stage_wq_b::LDS_WBAR   @ 144896  1 x u64  (whole kernel: not reused)
 //
 // stages (every CTA runs them in this order; a stage waits only on earlier ones):
 //   1. kt     key_table    16 tasks on CTAs 92..131 (round_robin)
@@ -229,6 +231,9 @@ MONO_DEVICE void bulk_wait(u64* bar, u32 phase) {
 MONO_DEVICE void bulk_barrier_inval(u64* bar) {
     asm volatile("mbarrier.inval.shared::cta.b64 [%0];" :: "r"(lds_address(bar)) : "memory");
 }
+// global memory this thread saw written (generic proxy: other CTAs' stores, acquired) ordered
+// before its later bulk copies read it (async proxy)
+MONO_DEVICE void fence_proxy_async() { asm volatile("fence.proxy.async.global;" ::: "memory"); }
 
 // ---- timer --------------------------------------------------------------------------
 // %globaltimer: nanoseconds, device-wide (AMD: s_memrealtime at 100 MHz)
@@ -390,6 +395,91 @@ MONO_DEVICE void mx_gemv16_partial(const u32x4 (&w)[CPW], const float (&sw)[CPW]
     }
 }
 
+// ---- MXFP8 GEMV inner loop, ILP form: G units of a warp at once -------------------------
+// mx_gemv16_partial's arithmetic, per output in the same order (the same bits), laid out for
+// the scheduler: the fp8 mma is emulated on sm90 (F2FP unpacks + 2 HMMA each), so a loop that
+// loads, converts, multiplies and accumulates one chunk at a time waits on each. Here every
+// operand is loaded first (chunk indices clamped to NC - 1: no branch), each chunk's mma and
+// scaling is independent of the others, only the accumulation is a chain, and a chunk past NC
+// is dropped by a select. The G units share their chunks' activations (one K part).
+// w[u][i], sw[u][i][0]: unit u's chunk wave + WAVES i; unit u's tile -> part + u * PART_TILE.
+MONO_DEVICE u32x4 ld16_lds(const void* p) {  // volatile: stays behind the waits that guard it
+    u32x4 v;
+    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(lds_address(p)) : "memory");
+    return v;
+}
+// mma_fp8_16x8x32 without volatile: a register-only op the compiler may interleave
+MONO_DEVICE void mma_fp8_16x8x32_free(float (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {
+    asm("mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 "
+        "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+// J token halves: 1 (tokens <= 8: columns 8.. stay 0, as in mx_gemv16_partial) or 2
+template <int J, int G, int CPW, int NC, int STRIDE, int SSTRIDE, int PART_TILE>
+MONO_DEVICE void mx_gemv16_units_j(const u32x4 (&w)[G][CPW], const float (&sw)[G][CPW][MX_BLOCKS_PER_CHUNK],
+                                   const u32* x8, const float* xs, int tokens, float* part) {
+    constexpr int WAVES_ = THREADS / WAVE;
+    const int lane = lane_id(), wave = wave_id(), g = lane / 4, q = lane % 4;
+    const u32* xr[2] = {x8 + min_i(g, tokens - 1) * STRIDE + q, x8 + min_i(8 + g, tokens - 1) * STRIDE + q};
+    const float* s[4] = {xs + min_i(2 * q, tokens - 1) * SSTRIDE, xs + min_i(2 * q + 1, tokens - 1) * SSTRIDE,
+                         xs + min_i(8 + 2 * q, tokens - 1) * SSTRIDE, xs + min_i(9 + 2 * q, tokens - 1) * SSTRIDE};
+    u32 xb[CPW][J][2];
+    float sx[CPW][J][2];
+#pragma unroll
+    for (int i = 0; i < CPW; ++i) {
+        const int c = min_i(wave + WAVES_ * i, NC - 1);
+#pragma unroll
+        for (int j = 0; j < J; ++j) {
+            xb[i][j][0] = xr[j][8 * c];
+            xb[i][j][1] = xr[j][8 * c + 4];
+            sx[i][j][0] = s[2 * j][c];
+            sx[i][j][1] = s[2 * j + 1][c];
+        }
+    }
+#pragma unroll
+    for (int u = 0; u < G; ++u) {
+        float t[CPW][J][4];
+#pragma unroll
+        for (int i = 0; i < CPW; ++i) {
+            const u32 a[4] = {w[u][i].x, w[u][i].y, w[u][i].z, w[u][i].w};
+#pragma unroll
+            for (int j = 0; j < J; ++j) {
+                float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                mma_fp8_16x8x32_free(d, a, xb[i][j][0], xb[i][j][1]);
+                t[i][j][0] = (d[0] * sx[i][j][0]) * sw[u][i][0];
+                t[i][j][1] = (d[1] * sx[i][j][1]) * sw[u][i][0];
+                t[i][j][2] = (d[2] * sx[i][j][0]) * sw[u][i][0];
+                t[i][j][3] = (d[3] * sx[i][j][1]) * sw[u][i][0];
+            }
+        }
+        float acc[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
+#pragma unroll
+        for (int i = 0; i < CPW; ++i) {
+            const bool live = wave + WAVES_ * i < NC;  // warp-uniform
+#pragma unroll
+            for (int j = 0; j < J; ++j)
+#pragma unroll
+                for (int r = 0; r < 4; ++r) acc[j][r] = live ? acc[j][r] + t[i][j][r] : acc[j][r];
+        }
+        float* pt = part + u * PART_TILE;
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+            pt[g * 16 + 8 * j + 2 * q] = acc[j][0];
+            pt[g * 16 + 8 * j + 2 * q + 1] = acc[j][1];
+            pt[(g + 8) * 16 + 8 * j + 2 * q] = acc[j][2];
+            pt[(g + 8) * 16 + 8 * j + 2 * q + 1] = acc[j][3];
+        }
+    }
+}
+template <int G, int CPW, int NC, int STRIDE, int SSTRIDE, int PART_TILE>
+MONO_DEVICE void mx_gemv16_units(const u32x4 (&w)[G][CPW], const float (&sw)[G][CPW][MX_BLOCKS_PER_CHUNK],
+                                 const u32* x8, const float* xs, int tokens, float* part) {
+    if (tokens > 8) mx_gemv16_units_j<2, G, CPW, NC, STRIDE, SSTRIDE, PART_TILE>(w, sw, x8, xs, tokens, part);
+    else mx_gemv16_units_j<1, G, CPW, NC, STRIDE, SSTRIDE, PART_TILE>(w, sw, x8, xs, tokens, part);
+}
+
 // ---- shared by every target, on the primitives of its library above -------------------
 // xor butterfly over offsets 16, 8, 4, 2, 1: every lane of each aligned 32-lane group
 // ends with the group's sum, added in the original all-reduce's order
@@ -494,7 +584,7 @@ struct Mailbox {
     u64* qrdy;  // 16 flags @ 574208
 };
 
-constexpr int LDS_BYTES = 62976;  // the union of the stages' LDS, plus the stamps
+constexpr int LDS_BYTES = 144912;  // the union of the stages' LDS, plus the stamps
 
 // ---- timeline ---------------------------------------------------------------------------
 constexpr int TL_START = 0;
@@ -834,8 +924,10 @@ constexpr int FIRST = 0;
 constexpr int CTAS = 132;
 constexpr int LDS_X = 0;  // LDS: 5184 x u32
 constexpr int LDS_XS = 20736;  // LDS: 704 x float
-constexpr int LDS_PART = 23552;  // LDS: 4096 x float
-constexpr int LDS_CS = 39936;  // LDS: 1024 x float
+constexpr int LDS_PART = 23552;  // LDS: 8192 x float
+constexpr int LDS_CS = 56320;  // LDS: 1024 x float
+constexpr int LDS_W = 62976;  // LDS: 20480 x u32
+constexpr int LDS_WBAR = 144896;  // LDS: 1 x u64
 
 constexpr int ROWS = 8192;               // rows of wqb
 constexpr int K = 1280;                   // its columns
@@ -856,6 +948,10 @@ constexpr int SRC_PARTS = 1;           // flags per token of the source: index t
 constexpr int COPIES = 1;              // the source's flag copies: CTA b polls copy b % COPIES
 constexpr int FLAG_STRIDE = 16;
 constexpr float MX_FP8_MAX = 448.0f;  // the MX maximum of this target's e4m3 flavour
+constexpr int STAGED = 4;              // a CTA's first units whose weights the kernel's start copies into LDS
+constexpr int GROUP = 2;               // staged units computed at once (their part tiles side by side)
+constexpr int UNIT_BYTES = NC * 16 * GEMV_K_CHUNK;  // one unit's weights: contiguous in the preshuffle
+constexpr int PART_TILE = WAVES * 256;       // floats of one unit's wave tiles
 constexpr int HEAD_DIM = 512;          // rows per head
 constexpr int NOPE = 448;              // head dims before the GPT-J RoPE dims
 constexpr int ROPE = 64;               // cos_sin row: cos[0 .. ROPE / 2), sin[..]
@@ -877,6 +973,33 @@ MONO_DEVICE void load_unit(const Args& a, int u, u32x4 (&w)[CPW], float (&sw)[CP
             w[i] = u32x4{0u, 0u, 0u, 0u};
             for (int b = 0; b < MX_BLOCKS_PER_CHUNK; ++b) sw[i][b] = 0.0f;
         }
+    }
+}
+
+// Unit u's block scales alone (its weights were staged at the kernel's start).
+MONO_DEVICE void load_scales(const Args& a, int u, float (&sw)[CPW][MX_BLOCKS_PER_CHUNK]) {
+    const u8* srow = a.wqb_s + ((u % ROW_TILES) * 16 / 32) * KB;
+#pragma unroll
+    for (int i = 0; i < CPW; ++i) {
+        const int c = min_i(wave_id() + WAVES * i, NC - 1);  // past NC: dropped by the loop
+        for (int b = 0; b < MX_BLOCKS_PER_CHUNK; ++b) sw[i][b] = e8m0_scale(srow[c * MX_BLOCKS_PER_CHUNK + b]);
+    }
+}
+
+// At the kernel's start (it depends on nothing computed): thread 0 copies the weights of the
+// CTA's first STAGED units into LDS that no stage reuses, one bulk copy a unit, so they land
+// while the earlier stages run; run() waits on the mbarrier.
+MONO_DEVICE void prologue(const Args& a, const Mailbox&, u8* lds) {
+    const int b0 = block_id() - FIRST;
+    if (b0 < 0 || b0 >= CTAS || thread_id() != 0) return;
+    u64* bar = reinterpret_cast<u64*>(lds + LDS_WBAR);
+    int n = 0;
+    for (int i = 0; i < STAGED; ++i) n += b0 + CTAS * i < TASKS ? 1 : 0;
+    bulk_barrier_init(bar);
+    bulk_expect(bar, u32(n * UNIT_BYTES));
+    for (int i = 0; i < n; ++i) {
+        const int u = b0 + CTAS * i;
+        bulk_copy(lds + LDS_W + i * UNIT_BYTES, a.wqb + (long long)((u % ROW_TILES) * 16) * K, UNIT_BYTES, bar);
     }
 }
 
@@ -941,43 +1064,114 @@ MONO_DEVICE void epilogue(const Args& a, const Mailbox&, const float* part, cons
     }
 }
 
-// The CTA's units: the first PREFETCH units' weights issued before anything waits, and
-// then always PREFETCH units ahead of the one computing; per LDS tile of tokens, 16 token columns at a time: the
-// waves' partial tiles, then the epilogue.
+// One item of a unit's epilogue (the same arithmetic as epilogue()): row pair rp, column c.
+constexpr int ITEM_ROWS = 8;
+MONO_DEVICE void epilogue_item(const Args& a, const Mailbox&, const float* part, const u8* lds, int row0, int tok0, int rp, int c) {
+    const int t = tok0 + c;
+    float v0 = 0.0f, v1 = 0.0f;
+    for (int wv = 0; wv < WAVES; ++wv) {
+        v0 = v0 + part[wv * 256 + (2 * rp) * 16 + c];
+        v1 = v1 + part[wv * 256 + (2 * rp + 1) * 16 + c];
+    }
+    v0 = bf16_round(v0);
+    v1 = bf16_round(v1);
+    const int row = row0 + 2 * rp, dim = row % HEAD_DIM;
+    if (dim >= NOPE) {
+        const int jj = (dim - NOPE) / 2;
+        const float* cs = reinterpret_cast<const float*>(lds + LDS_CS) + t * ROPE;
+        const float c0 = cs[jj], s0 = cs[ROPE / 2 + jj];
+        const float e0 = v0 * c0 - v1 * s0, e1 = v0 * s0 + v1 * c0;
+        v0 = e0;
+        v1 = e1;
+    }
+    st4(a.q + (long long)t * ROWS + row, pack_bf16x2(v0, v1));
+}
+// The epilogue of staged units i0 .. i0 + GROUP - 1 (tiles side by side in part): one item a
+// thread over the whole group, not one unit after another.
+MONO_DEVICE void epilogue_group(const Args& a, const Mailbox& mb, const float* part, const u8* lds, int b0, int i0, int tok0, int nt) {
+    for (int it = thread_id(); it < GROUP * ITEM_ROWS * nt; it += THREADS) {
+        const int uu = it / (ITEM_ROWS * nt), rem = it % (ITEM_ROWS * nt), u = b0 + CTAS * (i0 + uu);
+        if (i0 + uu < STAGED && u < TASKS)
+            epilogue_item(a, mb, part + uu * PART_TILE, lds, (u % ROW_TILES) * 16, tok0, rem % ITEM_ROWS, rem / ITEM_ROWS);
+    }
+}
+
+// The staged units first, GROUP at a time, per LDS tile of tokens and 16 token columns: their
+// weights from LDS (after the mbarrier), scales from registers (loaded before any wait), one
+// barrier and one epilogue pass a group. Then the units past STAGED (where LDS is short), as
+// without bulk_weights but RP units ahead (their registers live beside a group's), one at a time.
 MONO_DEVICE void run(const Args& a, const Mailbox& mb, u8* lds) {
     const int b0 = block_id() - FIRST;
     if (b0 < 0 || b0 >= CTAS) return;
     u32* xl = reinterpret_cast<u32*>(lds + LDS_X);
     float* xs = reinterpret_cast<float*>(lds + LDS_XS);
     float* part = reinterpret_cast<float*>(lds + LDS_PART);
-    u32x4 w[UPC + PREFETCH][CPW];
-    float sw[UPC + PREFETCH][CPW][MX_BLOCKS_PER_CHUNK];
+    const u8* wl = lds + LDS_W;
+    constexpr int REST = UPC - STAGED;  // units whose weights come through registers
+    constexpr int RP = 1 < REST ? 1 : REST;  // their weights in flight (registers beside a group's)
+    float sws[STAGED][CPW][MX_BLOCKS_PER_CHUNK];
+    u32x4 w[REST > 0 ? REST : 1][CPW];
+    float sw[REST > 0 ? REST : 1][CPW][MX_BLOCKS_PER_CHUNK];
 #pragma unroll
-    for (int i = 0; i < PREFETCH; ++i)
-        if (b0 + CTAS * i < TASKS) load_unit(a, b0 + CTAS * i, w[i], sw[i]);
-    stage_cos_sin(a, reinterpret_cast<float*>(lds + LDS_CS));  // read after the first unit's barriers
+    for (int i = 0; i < STAGED; ++i) load_scales(a, min_i(b0 + CTAS * i, TASKS - 1), sws[i]);  // past TASKS: not stored
 #pragma unroll
-    for (int i = 0; i < UPC; ++i) {
-        const int u = b0 + CTAS * i;
+    for (int i = 0; i < RP; ++i)
+        if (b0 + CTAS * (STAGED + i) < TASKS) load_unit(a, b0 + CTAS * (STAGED + i), w[i], sw[i]);
+    stage_cos_sin(a, reinterpret_cast<float*>(lds + LDS_CS));  // read after the rows' barriers
+    await_rows(mb, 0);
+    for (int tile = 0; tile < N_LDS_TILES; ++tile) {
+        const int tok0 = tile * LDS_TOKENS, nt = min_i(LDS_TOKENS, TOKENS - tok0);
+        barrier();
+        stage_rows(a, mb, 0, tok0, nt, xl, xs);
+        barrier();
+        if (tile == 0) bulk_wait(reinterpret_cast<u64*>(lds + LDS_WBAR), 0);  // the staged weights have landed
+        for (int c0 = 0; c0 < nt; c0 += 16) {
+            const int nc = min_i(16, nt - c0);
+#pragma unroll
+            for (int i0 = 0; i0 < STAGED; i0 += GROUP) {
+                u32x4 wg[GROUP][CPW];
+                float swg[GROUP][CPW][MX_BLOCKS_PER_CHUNK];
+#pragma unroll
+                for (int uu = 0; uu < GROUP; ++uu) {
+                    const int i = min_i(i0 + uu, STAGED - 1);  // past STAGED: a copy, not stored
+#pragma unroll
+                    for (int j = 0; j < CPW; ++j) {
+                        const int c = min_i(wave_id() + WAVES * j, NC - 1);
+                        wg[uu][j] = ld16_lds(wl + i * UNIT_BYTES + c * 16 * GEMV_K_CHUNK + lane_id() * 16);
+                        for (int b = 0; b < MX_BLOCKS_PER_CHUNK; ++b) swg[uu][j][b] = sws[i][j][b];
+                    }
+                }
+                mx_gemv16_units<GROUP, CPW, NC, XSTRIDE, SSTRIDE, PART_TILE>(wg, swg, xl + c0 * XSTRIDE, xs + c0 * SSTRIDE, nc,
+                                                                              part + wave_id() * 256);
+                barrier();
+                epilogue_group(a, mb, part, lds, b0, i0, tok0 + c0, nc);
+                barrier();  // part[] is reused
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < REST; ++r) {
+        const int u = b0 + CTAS * (STAGED + r);
         if (u < TASKS) {
-            const int un = u + CTAS * PREFETCH;  // keep PREFETCH units' weights in flight
-            if (i + PREFETCH < UPC && un < TASKS) load_unit(a, un, w[i + PREFETCH], sw[i + PREFETCH]);
-            const int row0 = (u % ROW_TILES) * 16, kpart = u / ROW_TILES;
-            await_rows(mb, kpart);
+            const int un = u + CTAS * RP;  // keep RP units' weights in flight
+            if (r + RP < REST && un < TASKS) load_unit(a, un, w[r + RP], sw[r + RP]);
+            const int row0 = (u % ROW_TILES) * 16;
             for (int tile = 0; tile < N_LDS_TILES; ++tile) {
                 const int tok0 = tile * LDS_TOKENS, nt = min_i(LDS_TOKENS, TOKENS - tok0);
-                if (N_LDS_TILES > 1 || K_PARTS > 1 || i == 0) {  // rows of this part not in LDS yet
+                if (N_LDS_TILES > 1) {  // the staged units left the last tile in LDS
                     barrier();
-                    stage_rows(a, mb, kpart, tok0, nt, xl, xs);
+                    stage_rows(a, mb, 0, tok0, nt, xl, xs);
                     barrier();
                 }
                 for (int c0 = 0; c0 < nt; c0 += 16) {
                     const int nc = min_i(16, nt - c0);
-                    mx_gemv16_partial<CPW, NC, XSTRIDE, SSTRIDE>(w[i], sw[i], xl + c0 * XSTRIDE, xs + c0 * SSTRIDE, nc,
-                                                                 part + wave_id() * 256);
+                    mx_gemv16_units<1, CPW, NC, XSTRIDE, SSTRIDE, PART_TILE>(
+                        reinterpret_cast<const u32x4(&)[1][CPW]>(w[r]),
+                        reinterpret_cast<const float(&)[1][CPW][MX_BLOCKS_PER_CHUNK]>(sw[r]),
+                        xl + c0 * XSTRIDE, xs + c0 * SSTRIDE, nc, part + wave_id() * 256);
                     barrier();
-                    epilogue(a, mb, part, lds, row0, kpart, tok0 + c0, nc);
-                    barrier();  // part[] is reused
+                    epilogue(a, mb, part, lds, row0, 0, tok0 + c0, nc);
+                    barrier();
                 }
             }
         }
@@ -1034,6 +1228,7 @@ MONO_KERNEL deepseek_v41_attn_front(
     mb.qx8s = reinterpret_cast<u32*>(scratch + 571648);
     mb.qrdy = reinterpret_cast<u64*>(scratch + 574208);
     stamp(lds, TL_START);
+    stage_wq_b::prologue(a, mb, lds);  // before any stage: copies into its kernel-lifetime LDS
 
     stage_kt::run(a, mb, lds);
     barrier();  // the stages share LDS

@@ -232,6 +232,9 @@ MONO_DEVICE void bulk_wait(u64* bar, u32 phase) {
 MONO_DEVICE void bulk_barrier_inval(u64* bar) {
     asm volatile("mbarrier.inval.shared::cta.b64 [%0];" :: "r"(lds_address(bar)) : "memory");
 }
+// global memory this thread saw written (generic proxy: other CTAs' stores, acquired) ordered
+// before its later bulk copies read it (async proxy)
+MONO_DEVICE void fence_proxy_async() { asm volatile("fence.proxy.async.global;" ::: "memory"); }
 
 // ---- timer --------------------------------------------------------------------------
 // %globaltimer: nanoseconds, device-wide (AMD: s_memrealtime at 100 MHz)
@@ -391,6 +394,91 @@ MONO_DEVICE void mx_gemv16_partial(const u32x4 (&w)[CPW], const float (&sw)[CPW]
         part[(g + 8) * 16 + 8 * j + 2 * q] = acc[j][2];
         part[(g + 8) * 16 + 8 * j + 2 * q + 1] = acc[j][3];
     }
+}
+
+// ---- MXFP8 GEMV inner loop, ILP form: G units of a warp at once -------------------------
+// mx_gemv16_partial's arithmetic, per output in the same order (the same bits), laid out for
+// the scheduler: the fp8 mma is emulated on sm90 (F2FP unpacks + 2 HMMA each), so a loop that
+// loads, converts, multiplies and accumulates one chunk at a time waits on each. Here every
+// operand is loaded first (chunk indices clamped to NC - 1: no branch), each chunk's mma and
+// scaling is independent of the others, only the accumulation is a chain, and a chunk past NC
+// is dropped by a select. The G units share their chunks' activations (one K part).
+// w[u][i], sw[u][i][0]: unit u's chunk wave + WAVES i; unit u's tile -> part + u * PART_TILE.
+MONO_DEVICE u32x4 ld16_lds(const void* p) {  // volatile: stays behind the waits that guard it
+    u32x4 v;
+    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(lds_address(p)) : "memory");
+    return v;
+}
+// mma_fp8_16x8x32 without volatile: a register-only op the compiler may interleave
+MONO_DEVICE void mma_fp8_16x8x32_free(float (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {
+    asm("mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 "
+        "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+// J token halves: 1 (tokens <= 8: columns 8.. stay 0, as in mx_gemv16_partial) or 2
+template <int J, int G, int CPW, int NC, int STRIDE, int SSTRIDE, int PART_TILE>
+MONO_DEVICE void mx_gemv16_units_j(const u32x4 (&w)[G][CPW], const float (&sw)[G][CPW][MX_BLOCKS_PER_CHUNK],
+                                   const u32* x8, const float* xs, int tokens, float* part) {
+    constexpr int WAVES_ = THREADS / WAVE;
+    const int lane = lane_id(), wave = wave_id(), g = lane / 4, q = lane % 4;
+    const u32* xr[2] = {x8 + min_i(g, tokens - 1) * STRIDE + q, x8 + min_i(8 + g, tokens - 1) * STRIDE + q};
+    const float* s[4] = {xs + min_i(2 * q, tokens - 1) * SSTRIDE, xs + min_i(2 * q + 1, tokens - 1) * SSTRIDE,
+                         xs + min_i(8 + 2 * q, tokens - 1) * SSTRIDE, xs + min_i(9 + 2 * q, tokens - 1) * SSTRIDE};
+    u32 xb[CPW][J][2];
+    float sx[CPW][J][2];
+#pragma unroll
+    for (int i = 0; i < CPW; ++i) {
+        const int c = min_i(wave + WAVES_ * i, NC - 1);
+#pragma unroll
+        for (int j = 0; j < J; ++j) {
+            xb[i][j][0] = xr[j][8 * c];
+            xb[i][j][1] = xr[j][8 * c + 4];
+            sx[i][j][0] = s[2 * j][c];
+            sx[i][j][1] = s[2 * j + 1][c];
+        }
+    }
+#pragma unroll
+    for (int u = 0; u < G; ++u) {
+        float t[CPW][J][4];
+#pragma unroll
+        for (int i = 0; i < CPW; ++i) {
+            const u32 a[4] = {w[u][i].x, w[u][i].y, w[u][i].z, w[u][i].w};
+#pragma unroll
+            for (int j = 0; j < J; ++j) {
+                float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                mma_fp8_16x8x32_free(d, a, xb[i][j][0], xb[i][j][1]);
+                t[i][j][0] = (d[0] * sx[i][j][0]) * sw[u][i][0];
+                t[i][j][1] = (d[1] * sx[i][j][1]) * sw[u][i][0];
+                t[i][j][2] = (d[2] * sx[i][j][0]) * sw[u][i][0];
+                t[i][j][3] = (d[3] * sx[i][j][1]) * sw[u][i][0];
+            }
+        }
+        float acc[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
+#pragma unroll
+        for (int i = 0; i < CPW; ++i) {
+            const bool live = wave + WAVES_ * i < NC;  // warp-uniform
+#pragma unroll
+            for (int j = 0; j < J; ++j)
+#pragma unroll
+                for (int r = 0; r < 4; ++r) acc[j][r] = live ? acc[j][r] + t[i][j][r] : acc[j][r];
+        }
+        float* pt = part + u * PART_TILE;
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+            pt[g * 16 + 8 * j + 2 * q] = acc[j][0];
+            pt[g * 16 + 8 * j + 2 * q + 1] = acc[j][1];
+            pt[(g + 8) * 16 + 8 * j + 2 * q] = acc[j][2];
+            pt[(g + 8) * 16 + 8 * j + 2 * q + 1] = acc[j][3];
+        }
+    }
+}
+template <int G, int CPW, int NC, int STRIDE, int SSTRIDE, int PART_TILE>
+MONO_DEVICE void mx_gemv16_units(const u32x4 (&w)[G][CPW], const float (&sw)[G][CPW][MX_BLOCKS_PER_CHUNK],
+                                 const u32* x8, const float* xs, int tokens, float* part) {
+    if (tokens > 8) mx_gemv16_units_j<2, G, CPW, NC, STRIDE, SSTRIDE, PART_TILE>(w, sw, x8, xs, tokens, part);
+    else mx_gemv16_units_j<1, G, CPW, NC, STRIDE, SSTRIDE, PART_TILE>(w, sw, x8, xs, tokens, part);
 }
 
 // ---- shared by every target, on the primitives of its library above -------------------
