@@ -1119,10 +1119,8 @@ MONO_DEVICE void run(const Args& a, const Mailbox& mb, u8* lds) {
                 }
                 for (int c0 = 0; c0 < nt; c0 += 16) {
                     const int nc = min_i(16, nt - c0);
-                    mx_gemv16_units<1, CPW, NC, XSTRIDE, SSTRIDE, WAVES * 256>(
-                        reinterpret_cast<const u32x4(&)[1][CPW]>(w[i]),
-                        reinterpret_cast<const float(&)[1][CPW][MX_BLOCKS_PER_CHUNK]>(sw[i]),
-                        xl + c0 * XSTRIDE, xs + c0 * SSTRIDE, nc, part + wave_id() * 256);
+                    mx_gemv16_partial<CPW, NC, XSTRIDE, SSTRIDE>(w[i], sw[i], xl + c0 * XSTRIDE, xs + c0 * SSTRIDE, nc,
+                                                                 part + wave_id() * 256);
                     barrier();
                     epilogue(a, mb, part, lds, row0, kpart, tok0 + c0, nc);
                     barrier();  // part[] is reused
