@@ -96,10 +96,13 @@ def test_a_diagnostic_stamp_by_override():
         source(SPEC, "sm90", tune={"qkv.staged_point": "landed"}, tokens=1)
 
 
-def test_bulk_copies_in_pieces():
-    """qkv.bulk_chunks=32: the staged segments go as 16 KiB bulk copies (a sweep knob, 0 in the spec)."""
-    _, plain = source(SPEC, "sm90", tokens=1)
-    _, tuned = source(SPEC, "sm90", tune={"qkv.bulk_chunks": 32}, tokens=1)
-    assert "c += 32" not in plain and "for (int c = sg.k0; c < sg.k1; c += 32)" in tuned
-    with pytest.raises(SpecError, match="bulk_chunks sizes the bulk copies"):
-        source(SPEC, "sm90", tune={"qkv.bulk_chunks": 32}, tokens=4)  # bulk copies are off at S = 4
+def test_stream_k_hand_off_stamps():
+    """qkv.piece_point / qkv.tail_point (analysis stamps, off in the spec): the head piece put,
+    the tail's lower piece seen; both name timeline points like the kinds' own."""
+    _, plain = source(SPEC, "sm90", tokens=1, timeline=True)
+    _, tuned = source(SPEC, "sm90", tokens=1, timeline=True, tune={
+        "qkv.piece_point": "spare", "qkv.tail_point": "head_got_qkv", "heads.got_point": None})
+    assert "stamp(lds, TL_SPARE);" not in plain and "stamp(lds, TL_SPARE);" in tuned
+    assert "if (seg.k0 > 0) stamp(lds, TL_HEAD_GOT_QKV);" in tuned
+    with pytest.raises(SpecError, match="no timeline point 'landed'"):
+        source(SPEC, "sm90", tune={"qkv.piece_point": "landed"}, tokens=1)

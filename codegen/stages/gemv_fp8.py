@@ -75,11 +75,7 @@ class Model(StageBase):
     # TMA bulk copy each, issued by one thread (no warp waits to issue 16-byte loads, no
     # per-SM limit of outstanding loads); the whole share goes to LDS when it fits
     bulk_copies: PerTarget = PerTarget(default=0)
-    # with bulk_copies: 32-k chunks (512 bytes) per bulk copy, 0 = one copy a whole segment;
-    # smaller copies put more requests in flight per SM (not yet measured: a sweep knob)
-    bulk_chunks: PerTarget = PerTarget(default=0)
-
-    _tile = field_validator("token_tile", "stream_k", "lds_prefetch", "early_weights", "bulk_copies", "bulk_chunks",
+    _tile = field_validator("token_tile", "stream_k", "lds_prefetch", "early_weights", "bulk_copies",
                             mode="before")(classmethod(lambda cls, v: per_target(v)))
 
 
@@ -168,9 +164,6 @@ def stream_k(stage: Model, ctx, nchunk: int, tasks: int, tokens: int, tile: int)
     if bulk and not prefetch:
         ctx.fail(("bulk_copies",), "bulk_copies is how lds_prefetch moves the staged segments",
                  "turn lds_prefetch on for this target, or bulk_copies off")
-    bulk_chunks = ctx.integer(stage.bulk_chunks.for_target(ctx.target.name), ("bulk_chunks",), minimum=0)
-    if bulk_chunks and not bulk:
-        ctx.fail(("bulk_chunks",), "bulk_chunks sizes the bulk copies", "turn bulk_copies on, or bulk_chunks back to 0")
     early = ctx.switch(stage.early_weights.for_target(ctx.target.name), ("early_weights",))
     if not early and not on:
         ctx.fail(("early_weights",), "a late weight stream is built for stream-K CTAs only",
@@ -209,4 +202,4 @@ def stream_k(stage: Model, ctx, nchunk: int, tasks: int, tokens: int, tile: int)
         ctx.lds(stage.name, "wbar", "u64", 1)  # the bulk copies' mbarrier
     return {"split": True, "partials": stage.partials, "tasks": tasks, "ctas": ctas, "nchunk": nchunk,
             "prefetch": prefetch, "staged_chunks": staged, "early_weights": early,
-            "bulk": bulk, "all_staged": all_staged, "bulk_chunks": bulk_chunks}
+            "bulk": bulk, "all_staged": all_staged}
