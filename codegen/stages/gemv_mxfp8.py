@@ -207,7 +207,7 @@ def lower(stage: Model, ctx) -> dict:
         "staged": staged,
         "group": group,
         # bulk: units past the staged ones whose weights are in registers while a group computes
-        "rest_prefetch": max(1, (PREFETCH_LOADS - group * cpw * halves) // cpw),
+        "rest_prefetch": min(max(1, (PREFETCH_LOADS - group * cpw * halves) // cpw), upc - staged),
         "prologue": bulk,  # the kernel calls its prologue() before any stage: the bulk copies
         "tile": tile,
         "n_tiles": -(-tokens // tile),

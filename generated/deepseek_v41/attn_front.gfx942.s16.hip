@@ -551,16 +551,18 @@ MONO_DEVICE void stage_rows(const Args& a, const Mailbox&, int part, int tok0, i
     }
 }
 
-// Columns c < nt of the waves' tiles: thread (row r, column c) sums them in wave order and
-// puts the f32 partial of K part `part` at qkvp[(part * TOKENS + tok0 + c) * ROWS + row0 + r].
-MONO_DEVICE void epilogue(const Args&, const Mailbox& mb, const float* part, const u8*, int row0, int kpart, int tok0, int nt) {
+// One item of a unit's epilogue: row r, column c of the waves' tiles summed in wave order, the
+// f32 partial of K part `kpart` put at qkvp[(kpart * TOKENS + tok0 + c) * ROWS + row0 + r].
+constexpr int ITEM_ROWS = 16;
+MONO_DEVICE void epilogue_item(const Args&, const Mailbox& mb, const float* part, const u8*, int row0, int kpart, int tok0, int r, int c) {
+    float tot = 0.0f;
+    for (int wv = 0; wv < WAVES; ++wv) tot = tot + part[wv * 256 + r * 16 + c];
+    mailbox_put(mb.qkvp + (kpart * TOKENS + tok0 + c) * ROWS + row0 + r, float_as_u32(tot), mb.tag);
+}
+// A unit's epilogue: columns c < nt of its tiles, one item a thread.
+MONO_DEVICE void epilogue(const Args& a, const Mailbox& mb, const float* part, const u8* lds, int row0, int kpart, int tok0, int nt) {
     const int tid = thread_id();
-    if (tid < 16 * nt) {
-        const int r = tid % 16, c = tid / 16;
-        float tot = 0.0f;
-        for (int wv = 0; wv < WAVES; ++wv) tot = tot + part[wv * 256 + r * 16 + c];
-        mailbox_put(mb.qkvp + (kpart * TOKENS + tok0 + c) * ROWS + row0 + r, float_as_u32(tot), mb.tag);
-    }
+    if (tid < ITEM_ROWS * nt) epilogue_item(a, mb, part, lds, row0, kpart, tok0, tid % ITEM_ROWS, tid / ITEM_ROWS);
 }
 
 // The CTA's units: the first PREFETCH units' weights issued before anything waits, and
@@ -837,37 +839,40 @@ MONO_DEVICE void await_rows(const Mailbox& mb, int part) {
     fence_acquire();
 }
 
-// Columns c < nt of the waves' tiles: thread (row pair rp, column c) sums rows 2rp, 2rp + 1 in
-// wave order -> bf16; at head dims >= NOPE the pair gets GPT-J RoPE (f32, no fma) -> bf16;
-// the pair word goes to q[t * ROWS + row0 + 2rp].
 // Every token's cos / sin row into LDS (cs[t * ROPE ..]) at the start, behind the wait for
 // the rows: the epilogue then reads no global memory but its output.
 MONO_DEVICE void stage_cos_sin(const Args& a, float* cs) {
     for (int i = thread_id(); i < TOKENS * ROPE; i += THREADS)
         cs[i] = a.cos_sin[(long long)int(a.pos[i / ROPE]) * ROPE + i % ROPE];
 }
-MONO_DEVICE void epilogue(const Args& a, const Mailbox&, const float* part, const u8* lds, int row0, int, int tok0, int nt) {
-    const int tid = thread_id();
-    if (tid < 8 * nt) {
-        const int rp = tid % 8, c = tid / 8, t = tok0 + c;
-        float v0 = 0.0f, v1 = 0.0f;
-        for (int wv = 0; wv < WAVES; ++wv) {
-            v0 = v0 + part[wv * 256 + (2 * rp) * 16 + c];
-            v1 = v1 + part[wv * 256 + (2 * rp + 1) * 16 + c];
-        }
-        v0 = bf16_round(v0);
-        v1 = bf16_round(v1);
-        const int row = row0 + 2 * rp, dim = row % HEAD_DIM;
-        if (dim >= NOPE) {
-            const int jj = (dim - NOPE) / 2;
-            const float* cs = reinterpret_cast<const float*>(lds + LDS_CS) + t * ROPE;
-            const float c0 = cs[jj], s0 = cs[ROPE / 2 + jj];
-            const float e0 = v0 * c0 - v1 * s0, e1 = v0 * s0 + v1 * c0;
-            v0 = e0;
-            v1 = e1;
-        }
-        st4(a.q + (long long)t * ROWS + row, pack_bf16x2(v0, v1));
+// One item of a unit's epilogue: row pair rp, column c: rows 2rp, 2rp + 1 of the waves' tiles
+// summed in wave order -> bf16; at head dims >= NOPE the pair gets GPT-J RoPE (f32, no fma)
+// -> bf16; the pair word goes to q[t * ROWS + row0 + 2rp].
+constexpr int ITEM_ROWS = 8;
+MONO_DEVICE void epilogue_item(const Args& a, const Mailbox&, const float* part, const u8* lds, int row0, int, int tok0, int rp, int c) {
+    const int t = tok0 + c;
+    float v0 = 0.0f, v1 = 0.0f;
+    for (int wv = 0; wv < WAVES; ++wv) {
+        v0 = v0 + part[wv * 256 + (2 * rp) * 16 + c];
+        v1 = v1 + part[wv * 256 + (2 * rp + 1) * 16 + c];
     }
+    v0 = bf16_round(v0);
+    v1 = bf16_round(v1);
+    const int row = row0 + 2 * rp, dim = row % HEAD_DIM;
+    if (dim >= NOPE) {
+        const int jj = (dim - NOPE) / 2;
+        const float* cs = reinterpret_cast<const float*>(lds + LDS_CS) + t * ROPE;
+        const float c0 = cs[jj], s0 = cs[ROPE / 2 + jj];
+        const float e0 = v0 * c0 - v1 * s0, e1 = v0 * s0 + v1 * c0;
+        v0 = e0;
+        v1 = e1;
+    }
+    st4(a.q + (long long)t * ROWS + row, pack_bf16x2(v0, v1));
+}
+// A unit's epilogue: columns c < nt of its tiles, one item a thread.
+MONO_DEVICE void epilogue(const Args& a, const Mailbox& mb, const float* part, const u8* lds, int row0, int kpart, int tok0, int nt) {
+    const int tid = thread_id();
+    if (tid < ITEM_ROWS * nt) epilogue_item(a, mb, part, lds, row0, kpart, tok0, tid % ITEM_ROWS, tid / ITEM_ROWS);
 }
 
 // The CTA's units: the first PREFETCH units' weights issued before anything waits, and
