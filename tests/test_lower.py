@@ -223,34 +223,20 @@ def test_timeline_stamps_beside_the_union(target):
 
 @pytest.mark.parametrize("target", TARGET_NAMES)
 @pytest.mark.parametrize("tokens", [1, 4, 16])
-def test_key_ring_fills_what_the_stages_leave(target, tokens):
-    """sm90's scorers stream keys through an LDS ring placed after the union (the kernel's start
-    writes it): as many 16 KB slots as fit, at most key_ring; AMD keeps the register path.
-    (The spec leaves it off, measured slower on the H200: here it is turned on.)"""
-    def ring_ir(**flags):
-        on = load_spec(SPEC, tune_items({"scores.key_ring": {"default": 0, "sm90": 8}}))
-        return lower(on, make_build(on, target, tokens=tokens, **flags))
-    ir = ring_ir()
+def test_scorer_tables_and_keys_ahead(target, tokens):
+    """The scorers' LDS: index q of every (token, head), two items' per-wave maxima, the
+    requests, the rows' context lengths and a block-table entry per thread; keys_ahead comes
+    from the spec per target (sm90 2, AMD 1) and a tune overrides it."""
+    ir = build_ir(target, tokens)
     scores = stage_named(ir, "scores")
-    slots, own = scores.values["ring"], {b.name: b for b in ir.lds if b.stage == "scores"}
-    if target != "sm90":
-        assert slots == 0 and set(own) == {"iq", "best"} and not scores.values["prologue"]
-        return
-    assert 1 <= slots <= 8 and scores.values["prologue"]
-    ring, bars = own["ring"], own["ring_bar"]
-    assert (ring.count * 4, bars.count) == (slots * 128 * 128, slots)
-    union = max(b.offset + b.nbytes for b in ir.lds if not b.whole_kernel)
-    assert ring.whole_kernel and bars.whole_kernel and ring.offset >= union and ring.offset % 16 == 0
-    assert bars.offset >= ring.offset + ring.nbytes and ir.lds_bytes <= ir.target.lds_bytes
-    # one more slot would not fit beside the stamps a timeline build adds
-    more = ring.offset + (slots + 1) * 128 * 128 + -(-8 * (slots + 1) // 16) * 16 + 8 * len(ir.timeline_points)
-    assert slots == 8 or more > ir.target.lds_bytes
-    assert ring_ir(timeline=True).stages[-1].values["ring"] == slots
-    # key_ring 0: today's register path and LDS
-    off = lower(load_spec(SPEC, tune_items({"scores.key_ring": 0})), make_build(load_spec(SPEC), target, tokens=tokens))
-    off_scores = stage_named(off, "scores")
-    assert off_scores.values["ring"] == 0 and not off_scores.values["prologue"]
-    assert {b.name for b in off.lds if b.stage == "scores"} == {"iq", "best"}
+    own = {b.name: b for b in ir.lds if b.stage == "scores"}
+    waves = ir.threads // ir.target.wave_size
+    assert {n: (b.ctype, b.count) for n, b in own.items()} == {
+        "iq": ("float", tokens * 4 * 36), "best": ("float", 2 * tokens * waves),
+        "reqs": ("u32", 5 * tokens), "seq": ("u32", tokens), "pages": ("u32", ir.threads)}
+    assert scores.values["ahead"] == (2 if target == "sm90" else 1)
+    tuned = load_spec(SPEC, tune_items({"scores.keys_ahead": 3}))
+    assert stage_named(lower(tuned, make_build(tuned, target, tokens=tokens)), "scores").values["ahead"] == 3
 
 
 def test_constants():
@@ -366,8 +352,8 @@ REFUSALS = [
     ("scores-need-head-flags", [("    done: hdone\n", "")], "sm90", 1, "iq_from: heads", "stage 'heads' publishes no done flags"),
     ("scores-unknown-timeline-point", [("start_point: pre_attn_done", "start_point: pre_attn_dome")], "gfx942", 1,
      "start_point: pre_attn_dome", "no timeline point 'pre_attn_dome'"),
-    ("scores-key-ring-on-amd", [("key_ring: {default: 0, sm90: 0}", "key_ring: {default: 8, sm90: 8}")], "gfx950", 4,
-     "key_ring: {default: 8", "gfx950's device library has no bulk copies"),
+    ("scores-keys-ahead-too-deep", [("keys_ahead: {default: 1, sm90: 2}", "keys_ahead: {default: 9, sm90: 2}")], "gfx950", 4,
+     "keys_ahead: {default: 9, sm90: 2}", "keep 80 key registers a thread, more than the 72 allowed"),
     # the head tasks: one per q head, then k, v, index q, index k
     ("heads-tasks-vs-q-heads", [("tasks: N_HEAD_TASKS", "tasks: N_HEAD_TASKS - 1")], "gfx950", 3,
      "tasks: N_HEAD_TASKS - 1", "19 tasks != q_heads + 4 = 20"),

@@ -217,6 +217,7 @@ SCORE_CASES = [  # (tokens, q_len, contexts of the requests' last rows[, init_bl
     (16, 1, [4096 + 7 * i for i in range(16)]),
     (4, 2, [5000, 70000], 1, 2),   # pinned first block, two local blocks
     (2, 1, [2200, 3000], 2, 1),
+    (9, 1, [1 << 20]),          # 73719 items: past the block-table entries a CTA keeps in LDS (512 an sm90 CTA)
 ]
 
 

@@ -21,11 +21,13 @@ request whose last row sees more than ``cp_from_blocks`` blocks is long: it
 scores only this rank's blocks ``b = first_own + 4 i`` for all four index
 heads, into pair ``k * stride + h * stride / 4 + b / 4``.
 
-Key ring (``key_ring``, sm90): a block's keys travel as one TMA bulk copy into an
-LDS ring of as many 16 KB slots as fit beside the other stages' LDS (kernel
-lifetime: the kernel's start copies the CTA's first items while the earlier
-stages run, except blocks that may hold a new key); the same arithmetic on the
-same bytes, so the same scores."""
+Keys in flight (``keys_ahead``): while a CTA scores its j-th item, the keys of its
+next ``keys_ahead`` items are being loaded into registers. The stage's start puts the
+requests, the rows' context lengths, the block-table entries of the CTA's first items
+and every index q into LDS, so that no key load waits for a block-table read and no
+item for its index q. The scoring issues only the rows an item has (whole chunks of
+ROW_CHUNK, then one at a time): on the H200 the scorer was bound by issued
+instructions, not by the key stream (bench/NOTES.md, session 4)."""
 
 from __future__ import annotations
 
@@ -39,7 +41,9 @@ from ..spec.models import Expr, Name, PerTarget, StageBase, per_target
 
 KIND = "index_scores"
 LOG2E = 1.4426950408889634
-RING_IQ_PAD = 4  # key ring: index-q quarters 36 floats apart, 16-byte LDS reads on distinct banks
+REQUEST_WORDS = 5  # the template's struct Request: count, first, step, heads, new_from
+MAX_AHEAD = 8  # keys_ahead: 8 registers a thread an item
+IQ_PAD = 4  # index-q quarters 36 floats apart: 16-byte LDS reads, the four quarters on distinct banks
 
 
 class Model(StageBase):
@@ -57,11 +61,10 @@ class Model(StageBase):
     index_own: Expr = "index_own"  # this rank's index-q head
     cp_from_blocks: Expr = "INDEX_CP_FROM_BLOCKS"  # longer requests are scored head-parallel
 
-    # keys per target through an LDS ring of TMA bulk copies (sm90), one block's keys a slot,
-    # issued from the kernel's start; 0 = through registers, one item ahead
-    key_ring: PerTarget = PerTarget(default=0)  # most ring slots (as many as fit beside the stages' LDS); 0: off
+    # items whose keys are loaded while one is scored (per target: registers, 8 a thread an item)
+    keys_ahead: PerTarget = PerTarget(default=1)
 
-    _lead = field_validator("lead_cta", "key_ring", mode="before")(classmethod(lambda cls, v: per_target(v)))
+    _per_target = field_validator("lead_cta", "keys_ahead", mode="before")(classmethod(lambda cls, v: per_target(v)))
     index_cache: Name = "index_cache"
     block_table: Name = "block_table"
     seq_lens: Name = "seq_lens"
@@ -73,27 +76,6 @@ class Model(StageBase):
 def score_scale(sm_scale: float) -> float:
     """``f32(f32(sm_scale) * f32(log2 e))``: the factor applied after the max."""
     return float(np.float32(np.float32(sm_scale) * np.float32(LOG2E)))
-
-
-def ring_slots(stage: Model, ctx, slot_bytes: int, own_words: list[int]) -> int:
-    """The key ring's slots: at most ``key_ring``, as many as fit (with their mbarriers) beside
-    the union of the stages lowered so far, this one's own buffers with a ring (``own_words``:
-    4-byte elements each) and the timeline stamps; 0 where none fits."""
-    want = ctx.integer(stage.key_ring.for_target(ctx.target.name), ("key_ring",), minimum=0)
-    if want and ctx.target.vendor != "nvidia":
-        ctx.fail(("key_ring",), f"{ctx.target.name}'s device library has no bulk copies",
-                 "turn key_ring off for this target (it is an sm90 knob)")
-    if slot_bytes % 16:
-        ctx.fail(("key_ring",), f"a block's keys ({slot_bytes} B) are not whole 16-byte bulk-copy units",
-                 "turn key_ring off for this build")
-    own = sum(_aligned(4 * n) for n in own_words)
-    room = min(ctx.lds_kernel_left(), ctx.lds_left(stage.name) - own)  # ctx.lds_left: nothing declared yet
-    return max((n for n in range(want + 1) if n * slot_bytes + _aligned(8 * n) <= room), default=0)
-
-
-def _aligned(nbytes: int) -> int:
-    """Bytes of an LDS buffer as the layout packs it (16-byte aligned)."""
-    return -(-nbytes // 16) * 16
 
 
 def lower(stage: Model, ctx) -> dict:
@@ -113,19 +95,17 @@ def lower(stage: Model, ctx) -> dict:
     if heads not in (1, 4) or not 0 <= own < heads:
         ctx.fail(("index_own",), f"index heads {heads} with own head {own}: need 1 head, or 4 with own in 0..3")
     iq_base = ev(src.iq_off, ("iq_from",)) - own * head_dim
-    rows = ctx.tokens * heads  # (row, head) pairs of a request's index q
+    rows = ctx.tokens * heads  # (token, head) rows of index q
     quarters = ctx.threads // block  # threads per key
-    best = rows * (ctx.threads // ctx.target.wave_size)
-    slots = ring_slots(stage, ctx, block * head_dim,
-                       [rows * quarters * (head_dim // quarters + RING_IQ_PAD), 2 * best, ctx.threads])
-    pad = RING_IQ_PAD if slots else 1
-    ctx.lds(stage.name, "iq", "float", rows * quarters * (head_dim // quarters + pad))  # index q, quarters padded
-    ctx.lds(stage.name, "best", "float", best * (2 if slots else 1))  # per-wave maxima (ring: two items' halves)
-    if slots:
-        ctx.lds(stage.name, "pages", "u32", ctx.threads)  # the block-table entries of a CTA's first items
-        # written from the kernel's start: LDS no stage reuses
-        ctx.lds_kernel(stage.name, "ring", "u32", slots * block * head_dim // 4)  # slot s at s * SLOT_BYTES
-        ctx.lds_kernel(stage.name, "ring_bar", "u64", slots)  # slot s's mbarrier
+    ahead = ctx.integer(stage.keys_ahead.for_target(ctx.target.name), ("keys_ahead",), minimum=0)
+    if ahead > MAX_AHEAD:
+        ctx.fail(("keys_ahead",), f"{ahead} items ahead keep {8 * (ahead + 1)} key registers a thread, "
+                 f"more than the {8 * (MAX_AHEAD + 1)} allowed", f"give keys_ahead at most {MAX_AHEAD}")
+    ctx.lds(stage.name, "iq", "float", rows * quarters * (head_dim // quarters + IQ_PAD))  # index q, quarters padded
+    ctx.lds(stage.name, "best", "float", 2 * rows * (ctx.threads // ctx.target.wave_size))  # per-wave maxima, two items
+    ctx.lds(stage.name, "reqs", "u32", REQUEST_WORDS * ctx.tokens)  # each request's work (the template's Request)
+    ctx.lds(stage.name, "seq", "u32", ctx.tokens)  # each row's context length
+    ctx.lds(stage.name, "pages", "u32", ctx.threads)  # the block-table entries of a CTA's first items
     return {
         "topk_blocks": ev(stage.topk_blocks, ("topk_blocks",)),
         "init_blocks": ev(stage.init_blocks, ("init_blocks",)),
@@ -147,9 +127,7 @@ def lower(stage: Model, ctx) -> dict:
         "heads": heads,
         "own": own,
         "cp_from": ev(stage.cp_from_blocks, ("cp_from_blocks",)),
-        "ring": slots,
-        "iq_pad": pad,
-        "prologue": slots > 0,  # the kernel's start issues the first copies (kernel.hip.j2)
+        "ahead": ahead,
         "done": src.done,
         "src": src,
         "start_point": stage.start_point,  # checked by the lowering for every stage

@@ -172,6 +172,7 @@ MONO_DEVICE u32x4 ld16(const void* p) { return *static_cast<const u32x4*>(p); }
 // fence_acquire() (agent scope) has invalidated this CU's vector L1
 MONO_DEVICE u32x4 ld16_coherent(const void* p) { return *static_cast<const u32x4*>(p); }
 MONO_DEVICE void st16(void* p, u32x4 v) { *static_cast<u32x4*>(p) = v; }
+MONO_DEVICE u32x4 ld16_lds(const void* p) { return *static_cast<const u32x4*>(p); }  // 16 bytes of LDS
 MONO_DEVICE void st8(void* p, u32 a, u32 b) { *static_cast<u64*>(p) = u64(a) | (u64(b) << 32); }
 // a workgroup release fence does not drain vector stores on AMDGPU: agent scope
 MONO_DEVICE void fence_release() { __builtin_amdgcn_fence(__ATOMIC_RELEASE, "agent"); }

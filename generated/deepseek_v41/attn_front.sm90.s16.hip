@@ -203,6 +203,13 @@ MONO_DEVICE void copy16_async(void* lds_dst, const void* src) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(dst), "l"(src) : "memory");
 }
 MONO_DEVICE void copy_async_wait() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+// 16 bytes of LDS (volatile: stays behind the waits that guard it)
+MONO_DEVICE u32x4 ld16_lds(const void* p) {
+    u32x4 v;
+    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(u32(__cvta_generic_to_shared(p))) : "memory");
+    return v;
+}
 
 // ---- bulk copies (TMA, sm90): one thread moves a contiguous global range into LDS ---------
 // An mbarrier in LDS counts the bytes: bulk_expect(bar, n) by the issuing thread, then its
@@ -396,19 +403,6 @@ MONO_DEVICE void mx_gemv16_partial(const u32x4 (&w)[CPW], const float (&sw)[CPW]
 }
 
 // ---- MXFP8 GEMV inner loop, ILP form: G units of a warp at once -------------------------
-// mx_gemv16_partial's arithmetic, per output in the same order (the same bits), laid out for
-// the scheduler: the fp8 mma is emulated on sm90 (F2FP unpacks + 2 HMMA each), so a loop that
-// loads, converts, multiplies and accumulates one chunk at a time waits on each. Here every
-// operand is loaded first (chunk indices clamped to NC - 1: no branch), each chunk's mma and
-// scaling is independent of the others, only the accumulation is a chain, and a chunk past NC
-// is dropped by a select. The G units share their chunks' activations (one K part).
-// w[u][i], sw[u][i][0]: unit u's chunk wave + WAVES i; unit u's tile -> part + u * PART_TILE.
-MONO_DEVICE u32x4 ld16_lds(const void* p) {  // volatile: stays behind the waits that guard it
-    u32x4 v;
-    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(lds_address(p)) : "memory");
-    return v;
-}
 // mma_fp8_16x8x32 without volatile: a register-only op the compiler may interleave
 MONO_DEVICE void mma_fp8_16x8x32_free(float (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {
     asm("mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 "
@@ -416,6 +410,13 @@ MONO_DEVICE void mma_fp8_16x8x32_free(float (&d)[4], const u32 (&a)[4], u32 b0, 
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
+// mx_gemv16_partial's arithmetic, per output in the same order (the same bits), laid out for
+// the scheduler: the fp8 mma is emulated on sm90 (F2FP unpacks + 2 HMMA each), so a loop that
+// loads, converts, multiplies and accumulates one chunk at a time waits on each. Here every
+// operand is loaded first (chunk indices clamped to NC - 1: no branch), each chunk's mma and
+// scaling is independent of the others, only the accumulation is a chain, and a chunk past NC
+// is dropped by a select. The G units share their chunks' activations (one K part).
+// w[u][i], sw[u][i][0]: unit u's chunk wave + WAVES i; unit u's tile -> part + u * PART_TILE.
 // J token halves: 1 (tokens <= 8: columns 8.. stay 0, as in mx_gemv16_partial) or 2
 template <int J, int G, int CPW, int NC, int STRIDE, int SSTRIDE, int PART_TILE>
 MONO_DEVICE void mx_gemv16_units_j(const u32x4 (&w)[G][CPW], const float (&sw)[G][CPW][MX_BLOCKS_PER_CHUNK],

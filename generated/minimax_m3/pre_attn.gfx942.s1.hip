@@ -54,8 +54,11 @@
 //   stage_qkv::LDS_PART    @   6160  2048 x float
 //   stage_qkv::LDS_XS      @  14352  1 x float
 //   stage_qkv::LDS_RED     @  14368  64 x float
-//   stage_scores::LDS_IQ   @      0  132 x float
-//   stage_scores::LDS_BEST @    528  8 x float
+//   stage_scores::LDS_IQ   @      0  144 x float
+//   stage_scores::LDS_BEST @    576  16 x float
+//   stage_scores::LDS_REQS @    640  5 x u32
+//   stage_scores::LDS_SEQ  @    672  1 x u32
+//   stage_scores::LDS_PAGES @    688  512 x u32
 //
 // stages (every CTA runs them in this order; a stage waits only on earlier ones):
 //   1. qkv    gemv_fp8     160 tasks on CTAs 0..255 (round_robin)
@@ -172,6 +175,7 @@ MONO_DEVICE u32x4 ld16(const void* p) { return *static_cast<const u32x4*>(p); }
 // fence_acquire() (agent scope) has invalidated this CU's vector L1
 MONO_DEVICE u32x4 ld16_coherent(const void* p) { return *static_cast<const u32x4*>(p); }
 MONO_DEVICE void st16(void* p, u32x4 v) { *static_cast<u32x4*>(p) = v; }
+MONO_DEVICE u32x4 ld16_lds(const void* p) { return *static_cast<const u32x4*>(p); }  // 16 bytes of LDS
 MONO_DEVICE void st8(void* p, u32 a, u32 b) { *static_cast<u64*>(p) = u64(a) | (u64(b) << 32); }
 // a workgroup release fence does not drain vector stores on AMDGPU: agent scope
 MONO_DEVICE void fence_release() { __builtin_amdgcn_fence(__ATOMIC_RELEASE, "agent"); }
@@ -796,8 +800,11 @@ namespace stage_scores {
 constexpr int TASKS = 256;  // task t runs on CTA FIRST + t % CTAS
 constexpr int FIRST = 0;
 constexpr int CTAS = 256;
-constexpr int LDS_IQ = 0;  // LDS: 132 x float
-constexpr int LDS_BEST = 528;  // LDS: 8 x float
+constexpr int LDS_IQ = 0;  // LDS: 144 x float
+constexpr int LDS_BEST = 576;  // LDS: 16 x float
+constexpr int LDS_REQS = 640;  // LDS: 5 x u32
+constexpr int LDS_SEQ = 672;  // LDS: 1 x u32
+constexpr int LDS_PAGES = 688;  // LDS: 512 x u32
 
 constexpr int DIM = 128;
 constexpr int ROPE = 64;        // partial NeoX RoPE over dims 0 .. ROPE - 1
@@ -861,71 +868,85 @@ constexpr int CP_FROM = 288;    // a request is long above this many blocks (HEA
 constexpr float SCALE = 0.127517431974411f;  // f32(f32(sm_scale) * f32(log2 e)), applied after the max
 constexpr int QUARTERS = THREADS / BLOCK;    // threads per key: each holds DIM / QUARTERS dims
 constexpr int QDIMS = DIM / QUARTERS;          // 32 dims = 32 bytes = two 16-byte loads
-constexpr int QSTRIDE = QDIMS + 1;             // LDS floats per quarter row: quarters on distinct banks
+constexpr int QSTRIDE = QDIMS + 4;             // LDS floats per quarter row: 16-byte reads, quarters on distinct banks
 constexpr int ROW_STRIDE = QUARTERS * QSTRIDE;
 constexpr int MAX_ROWS = TOKENS * HEADS;       // (row, head)s of one request at most
-constexpr int ROW_CHUNK = 8;                   // rows accumulated at once (registers)
+constexpr int ROW_CHUNK = 2;                   // rows accumulated at once (registers) while that many remain
+constexpr int AHEAD = 1;           // items whose keys are in flight while one is scored
+constexpr int SLOTS = AHEAD + 1;               // key registers: item j in slot j % SLOTS
+constexpr int PAGES = THREADS;                 // a CTA's first PAGES items find their cache page in LDS
 static_assert(THREADS % BLOCK == 0 && QDIMS == 32 && BLOCK % (WAVE / QUARTERS) == 0, "4 threads a key, 32 dims each");
 
 MONO_DEVICE int blocks_of(int seq) { return ((seq < 1 ? 1 : seq) + BLOCK - 1) / BLOCK; }
 
 // Request r's work (A.9): `count` items, item i scoring block first + step * i for
-// `heads` index heads (head own only when heads == 1).
+// `heads` index heads (head own only when heads == 1); a block b with (b + 1) * BLOCK >
+// new_from may hold a key this launch inserts.
 struct Request {
-    int count, first, step, heads;
+    int count, first, step, heads, new_from;
 };
 MONO_DEVICE Request request_of(const Args& a, int r, int q_len) {
-    const int n_blk = blocks_of(a.seq_lens[r * q_len + q_len - 1]);
+    const int seq = a.seq_lens[r * q_len + q_len - 1], n_blk = blocks_of(seq);
     const int scored = n_blk > TOPK_BLOCKS && n_blk - LOCAL > INIT ? n_blk - LOCAL - INIT : 0;
     if (HEADS > 1 && n_blk > CP_FROM) {  // long: this rank's blocks, every head
         const int first = INIT + ((OWN - INIT) % HEADS + HEADS) % HEADS;
         const int n_own = INIT + scored - first + HEADS - 1;
-        return Request{n_own > 0 ? n_own / HEADS : 0, first, HEADS, HEADS};
+        return Request{n_own > 0 ? n_own / HEADS : 0, first, HEADS, HEADS, seq - NEW_KEYS};
     }
-    return Request{scored, INIT, 1, 1};
+    return Request{scored, INIT, 1, 1, seq - NEW_KEYS};
 }
 
-// Index q of (row i, head) of the request at row0, bf16-rounded, into LDS row i * nh + j
-// (quarters padded): the head stage's math on the qkv mailbox, one 32-lane group a row.
-MONO_DEVICE void make_index_q(const Args& a, const Mailbox& mb, float* iq, int row0, int q_len, int nh) {
+// The index q of every scored request, bf16-rounded, into LDS: request r's (row i, head j) at
+// row r * q_len * HEADS + i * heads + j (quarters padded), as its scoring walks them. The head
+// stage's math on the qkv mailbox, one 32-lane group a (token, head), the requests' jobs
+// numbered in order and dealt to the groups.
+MONO_DEVICE void make_index_q(const Args& a, const Mailbox& mb, const Request* reqs, float* iq, int requests, int q_len) {
     const int tid = thread_id(), group = tid / LANES, l32 = tid % LANES, d0 = ELEMS * l32;
-    for (int job = group; job < q_len * nh; job += THREADS / LANES) {  // uniform per 32 lanes
-        const int tk = row0 + job / nh, head = nh == 1 ? OWN : job % nh;
-        float g[ELEMS], c[ELEMS], sn[ELEMS], e[ELEMS], out[ELEMS];
-        head_inputs(a.g_iq, a.cos_sin + (long long)int(a.positions[tk]) * ROPE, d0, g, c, sn);
-        head_values(mb.qkv + tk * QKV_ROWS + IQ_BASE + head * DIM + d0, mb.tag, e);
-        norm_rope(e, g, c, sn, d0, out);
-        for (int j = 0; j < ELEMS; ++j) iq[job * ROW_STRIDE + (d0 + j) / QDIMS * QSTRIDE + (d0 + j) % QDIMS] = bf16_round(out[j]);
+    constexpr int GROUPS = THREADS / LANES;
+    for (int r = 0, base = 0; r < requests; ++r) {
+        const Request req = reqs[r];
+        const int jobs = req.count > 0 ? q_len * req.heads : 0;
+        for (int n = base + (group - base % GROUPS + GROUPS) % GROUPS; n < base + jobs; n += GROUPS) {  // uniform per 32 lanes
+            const int tk = r * q_len + (n - base) / req.heads, j = (n - base) % req.heads;
+            const int head = req.heads == 1 ? OWN : j;
+            float g[ELEMS], c[ELEMS], sn[ELEMS], e[ELEMS], out[ELEMS];
+            head_inputs(a.g_iq, a.cos_sin + (long long)int(a.positions[tk]) * ROPE, d0, g, c, sn);
+            head_values(mb.qkv + tk * QKV_ROWS + IQ_BASE + head * DIM + d0, mb.tag, e);
+            norm_rope(e, g, c, sn, d0, out);
+            float* row = iq + (r * q_len * HEADS + n - base) * ROW_STRIDE;
+            for (int i = 0; i < ELEMS; ++i) row[(d0 + i) / QDIMS * QSTRIDE + (d0 + i) % QDIMS] = bf16_round(out[i]);
+        }
+        base += jobs;
     }
 }
 
 // A position in the work list: request r, whose items start at first_item.
 struct Cursor {
     int r, first_item;
-    Request req;
 };
 struct Item {
     bool valid;
     int r, b, heads;
+    bool new_keys;  // its block may hold a key this launch inserts
 };
-// Item u (items only grow along a cursor): its request and block.
-MONO_DEVICE Item advance(const Args& a, Cursor& cur, int u, int requests, int q_len) {
-    while (cur.r < requests && u >= cur.first_item + cur.req.count) {
-        cur.first_item += cur.req.count;
-        if (++cur.r < requests) cur.req = request_of(a, cur.r, q_len);
-    }
-    if (cur.r >= requests) return Item{false, 0, 0, 1};
-    return Item{true, cur.r, cur.req.first + cur.req.step * (u - cur.first_item), cur.req.heads};
+// Item u (items only grow along a cursor): its request and block, from the LDS requests.
+MONO_DEVICE Item advance(const Request* reqs, Cursor& cur, int u, int requests) {
+    while (cur.r < requests && u >= cur.first_item + reqs[cur.r].count) cur.first_item += reqs[cur.r++].count;
+    if (cur.r >= requests) return Item{false, 0, 0, 1, false};
+    const Request req = reqs[cur.r];
+    const int b = req.first + req.step * (u - cur.first_item);
+    return Item{true, cur.r, b, req.heads, (b + 1) * BLOCK > req.new_from};
 }
 
-// This thread's 32 bytes (quarter q) of key `key` of item it's block; the index-K head
-// tasks first when the block may hold a key this launch inserted (coherent loads then).
-MONO_DEVICE void load_key(const Args& a, const Mailbox& mb, const Item& it, int q_len, int key, int q,
-                          bool& new_keys_seen, u32x4& k0, u32x4& k1) {
-    const int last = it.r * q_len + q_len - 1;
-    const long long page = a.block_table[(long long)last * a.bt_width + it.b];
+// This thread's 32 bytes (quarter q) of key `key` of the CTA's j-th item (its block's cache
+// page from LDS for the first PAGES items); the index-K head tasks first when the block may
+// hold a key this launch inserted (coherent loads then).
+MONO_DEVICE void load_key(const Args& a, const Mailbox& mb, const int* pages, const Item& it, int j, int q_len,
+                          int key, int q, bool& new_keys_seen, u32x4& k0, u32x4& k1) {
+    const long long page = j < PAGES ? pages[j]
+                                     : a.block_table[(long long)(it.r * q_len + q_len - 1) * a.bt_width + it.b];
     const u8* kp = a.index_cache + (page * BLOCK + key) * DIM + q * QDIMS;
-    if ((it.b + 1) * BLOCK > a.seq_lens[last] - NEW_KEYS) {  // uniform over the CTA
+    if (it.new_keys) {  // uniform over the CTA
         if (!new_keys_seen) {
             for (int i = thread_id(); i < TOKENS; i += THREADS) mailbox_wait(mb.hdone + i * HEAD_TASKS + TASK_IK, mb.tag);
             barrier();
@@ -940,75 +961,121 @@ MONO_DEVICE void load_key(const Args& a, const Mailbox& mb, const Item& it, int 
     }
 }
 
-// Work item u = (request r, its item i), requests in order; CTA c takes the items u
-// with u % CTAS == its rank from LEAD, loading item u + CTAS's keys while scoring u.
-// Thread (key, q) holds dims 32q .. 32q + 31 of its key: a warp reads whole keys.
+// Rows r0 .. r0 + N - 1 of an item: each row's dot with this thread's 32 key dims (in dim
+// order, 16-byte index-q reads), the key's four quarters summed, masked past the row's
+// context, the wave's maximum into `best`.
+template <int N>
+MONO_DEVICE void score_rows(const float* iq_r, const int* seq, float* best, const Item& it, int row0, int nh, int r0,
+                            int key, const float (&kf)[QDIMS]) {
+    float acc[N];
+#pragma unroll
+    for (int m = 0; m < N; ++m) {
+        acc[m] = 0.0f;
+        const float* qr = iq_r + (r0 + m) * ROW_STRIDE;
+#pragma unroll
+        for (int e = 0; e < QDIMS; e += 4) {
+            const u32x4 x = ld16_lds(qr + e);
+            acc[m] = fma_rn(kf[e], u32_as_float(x.x), acc[m]);
+            acc[m] = fma_rn(kf[e + 1], u32_as_float(x.y), acc[m]);
+            acc[m] = fma_rn(kf[e + 2], u32_as_float(x.z), acc[m]);
+            acc[m] = fma_rn(kf[e + 3], u32_as_float(x.w), acc[m]);
+        }
+    }
+    for (int m = 0; m < N; ++m) {
+        const int row = r0 + m;
+        float d = acc[m];
+        d = d + shfl_xor(d, 1);  // the key's four quarters: (q0 + q1) + (q2 + q3)
+        d = d + shfl_xor(d, 2);
+        const int s = seq[row0 + row / nh];
+        const float v = it.b * BLOCK + key < (s < 1 ? 1 : s) ? d : neg_inf();
+        const float wm = wave_max(v);
+        if (lane_id() == 0) best[row * (THREADS / WAVE) + wave_id()] = wm;
+    }
+}
+
+// Score one item: its block's maxima for each (row, head) of its request, into iscore. One
+// barrier: `best` is the item's half (items alternate), so the next item's writes never meet
+// this one's reads.
+MONO_DEVICE void score(const Args& a, const Mailbox& mb, const float* iq, const int* seq, float* best, const Item& it,
+                       int q_len, int key, int q, const u32x4& k0, const u32x4& k1) {
+    const int row0 = it.r * q_len, nh = HEADS == 1 ? 1 : it.heads, rows = q_len * nh;
+    const float* iq_r = iq + row0 * HEADS * ROW_STRIDE + q * QSTRIDE;  // the request's rows, this quarter
+    float kf[QDIMS];
+    const u32 words[8] = {k0.x, k0.y, k0.z, k0.w, k1.x, k1.y, k1.z, k1.w};
+    for (int w = 0; w < 8; ++w) {
+        float f4[4];
+        fp8x4_to_f32(words[w], f4);
+        for (int i = 0; i < 4; ++i) kf[4 * w + i] = f4[i];
+    }
+    // whole chunks of ROW_CHUNK rows, then the rest one row at a time: no issue slot spent on
+    // rows that are not there (a decode request has one row, or four with its heads)
+    int r0 = 0;
+    for (; r0 + ROW_CHUNK <= rows; r0 += ROW_CHUNK) score_rows<ROW_CHUNK>(iq_r, seq, best, it, row0, nh, r0, key, kf);
+    for (; r0 < rows; ++r0) score_rows<1>(iq_r, seq, best, it, row0, nh, r0, key, kf);
+    barrier();  // the item's per-wave maxima are in
+    u64* iscore = reinterpret_cast<u64*>(a.iscore);
+    for (int row = thread_id(); row < rows; row += THREADS) {
+        float m = best[row * (THREADS / WAVE)];
+        for (int w = 1; w < THREADS / WAVE; ++w) m = fmax_f32(m, best[row * (THREADS / WAVE) + w]);
+        const int k = row0 + row / nh;
+        const long long pair = nh == 1 ? (long long)k * STRIDE + it.b
+                                       : (long long)k * STRIDE + (row % nh) * (STRIDE / HEADS) + it.b / HEADS;
+        mailbox_put(iscore + pair, float_as_u32(m * SCALE), mb.tag);
+    }
+}
+
+// Work item u = (request r, its item i), requests in order; CTA c takes the items u with
+// u % CTAS == its rank from LEAD, its j-th being u = rank + j * CTAS. The stage's start puts
+// the requests, the rows' context lengths, the cache pages of the CTA's first PAGES items and
+// every index q in LDS; then the keys of AHEAD more items are in flight (registers, slot j % SLOTS)
+// while item j is scored. Thread (key, q) holds dims 32q .. 32q + 31 of its key: a warp reads
+// whole keys.
 MONO_DEVICE void run(const Args& a, const Mailbox& mb, u8* lds) {
     const int c = block_id() - FIRST;
     if (c < 0 || c >= CTAS) return;
     stamp(lds, TL_PRE_ATTN_DONE);
     const int rank = (c - LEAD % CTAS + CTAS) % CTAS;
     const int tid = thread_id(), key = tid / QUARTERS, q = tid % QUARTERS;
-    float* iq = reinterpret_cast<float*>(lds + LDS_IQ);      // [(row, head)][quarter][QSTRIDE]
-    float* best = reinterpret_cast<float*>(lds + LDS_BEST);  // [(row, head)][wave]
-    u64* iscore = reinterpret_cast<u64*>(a.iscore);
+    float* iq = reinterpret_cast<float*>(lds + LDS_IQ);          // [request's (row, head)s from r * q_len * HEADS][quarter][QSTRIDE]
+    float* best = reinterpret_cast<float*>(lds + LDS_BEST);      // [item j % 2][(row, head)][wave]
+    Request* reqs = reinterpret_cast<Request*>(lds + LDS_REQS);  // [request]
+    int* seq = reinterpret_cast<int*>(lds + LDS_SEQ);            // [row]: its context length
+    int* pages = reinterpret_cast<int*>(lds + LDS_PAGES);        // [j < PAGES]: item j's cache page
     const int q_len = a.q_len;
     const int requests = q_len > 0 ? TOKENS / q_len : 0;
-    const Request none{0, 0, 1, 1};
-    Cursor cur{0, 0, requests > 0 ? request_of(a, 0, q_len) : none}, nxt = cur;
+    if (tid < requests) reqs[tid] = request_of(a, tid, q_len);
+    if (tid < TOKENS) seq[tid] = a.seq_lens[tid];
+    barrier();
+    {  // item j = tid's block-table entry: one round trip a stage, not one an item
+        Cursor own{0, 0};
+        const Item mine = advance(reqs, own, rank + tid * CTAS, requests);
+        if (mine.valid && tid < PAGES)
+            pages[tid] = a.block_table[(long long)(mine.r * q_len + q_len - 1) * a.bt_width + mine.b];
+    }
+    barrier();
+    Cursor cur{0, 0};
     bool new_keys_seen = false;
-    int iq_request = -1;
-    Item it = advance(a, cur, rank, requests, q_len);
-    u32x4 k0{}, k1{};
-    if (it.valid) load_key(a, mb, it, q_len, key, q, new_keys_seen, k0, k1);
-    for (int u = rank; it.valid; u += CTAS) {
-        const Item nx = advance(a, nxt, u + CTAS, requests, q_len);
-        u32x4 n0{}, n1{};
-        if (nx.valid) load_key(a, mb, nx, q_len, key, q, new_keys_seen, n0, n1);
-        const int row0 = it.r * q_len, nh = it.heads, rows = q_len * nh;
-        barrier();  // the previous item's LDS reads are done
-        if (iq_request != it.r) {  // this request's index q, once per request on this CTA
-            make_index_q(a, mb, iq, row0, q_len, nh);
-            iq_request = it.r;
-            barrier();
-        }
-        float kf[QDIMS];
-        const u32 words[8] = {k0.x, k0.y, k0.z, k0.w, k1.x, k1.y, k1.z, k1.w};
-        for (int w = 0; w < 8; ++w) {
-            float f4[4];
-            fp8x4_to_f32(words[w], f4);
-            for (int i = 0; i < 4; ++i) kf[4 * w + i] = f4[i];
-        }
-        for (int r0 = 0; r0 < rows; r0 += ROW_CHUNK) {
-            float acc[ROW_CHUNK];
-            for (int m = 0; m < ROW_CHUNK; ++m) {
-                acc[m] = 0.0f;
-                if (r0 + m < rows)
-                    for (int e = 0; e < QDIMS; ++e) acc[m] = fma_rn(kf[e], iq[(r0 + m) * ROW_STRIDE + q * QSTRIDE + e], acc[m]);
-            }
-            for (int m = 0; m < ROW_CHUNK && r0 + m < rows; ++m) {  // uniform
-                const int row = r0 + m;
-                float d = acc[m];
-                d = d + shfl_xor(d, 1);  // the key's four quarters: (q0 + q1) + (q2 + q3)
-                d = d + shfl_xor(d, 2);
-                const int seq = a.seq_lens[row0 + row / nh];
-                const float s = it.b * BLOCK + key < (seq < 1 ? 1 : seq) ? d : neg_inf();
-                const float wm = wave_max(s);
-                if (lane_id() == 0) best[row * (THREADS / WAVE) + wave_id()] = wm;
-            }
-        }
+    Item its[SLOTS];
+    u32x4 k0[SLOTS], k1[SLOTS];
+#pragma unroll
+    for (int s = 0; s < SLOTS; ++s) {  // the first SLOTS items' keys in flight while the index q is made
+        its[s] = advance(reqs, cur, rank + s * CTAS, requests);
+        if (its[s].valid) load_key(a, mb, pages, its[s], s, q_len, key, q, new_keys_seen, k0[s], k1[s]);
+    }
+    if (its[0].valid) {
+        make_index_q(a, mb, reqs, iq, requests, q_len);
         barrier();
-        for (int row = tid; row < rows; row += THREADS) {
-            float m = best[row * (THREADS / WAVE)];
-            for (int w = 1; w < THREADS / WAVE; ++w) m = fmax_f32(m, best[row * (THREADS / WAVE) + w]);
-            const int k = row0 + row / nh;
-            const long long pair = nh == 1 ? (long long)k * STRIDE + it.b
-                                           : (long long)k * STRIDE + (row % nh) * (STRIDE / HEADS) + it.b / HEADS;
-            mailbox_put(iscore + pair, float_as_u32(m * SCALE), mb.tag);
+    }
+    for (int j0 = 0; its[0].valid; j0 += SLOTS) {
+#pragma unroll
+        for (int s = 0; s < SLOTS; ++s) {
+            if (!its[s].valid) break;  // uniform; items are valid up to the CTA's last
+            float* bj = best + ((j0 + s) & 1) * MAX_ROWS * (THREADS / WAVE);
+            const int j = j0 + s + SLOTS;  // the item that takes this slot next
+            score(a, mb, iq, seq, bj, its[s], q_len, key, q, k0[s], k1[s]);
+            its[s] = advance(reqs, cur, rank + j * CTAS, requests);
+            if (its[s].valid) load_key(a, mb, pages, its[s], j, q_len, key, q, new_keys_seen, k0[s], k1[s]);
         }
-        it = nx;
-        k0 = n0;
-        k1 = n1;
     }
     stamp(lds, TL_SCORES_DONE);
 }
