@@ -226,7 +226,7 @@ def test_timeline_stamps_beside_the_union(target):
 def test_scorer_tables_and_keys_ahead(target, tokens):
     """The scorers' LDS: index q of every (token, head), two items' per-wave maxima, the
     requests, the rows' context lengths and a block-table entry per thread; keys_ahead comes
-    from the spec per target (sm90 2, AMD 1) and a tune overrides it."""
+    from the spec (1) and a tune overrides it, per target."""
     ir = build_ir(target, tokens)
     scores = stage_named(ir, "scores")
     own = {b.name: b for b in ir.lds if b.stage == "scores"}
@@ -234,7 +234,7 @@ def test_scorer_tables_and_keys_ahead(target, tokens):
     assert {n: (b.ctype, b.count) for n, b in own.items()} == {
         "iq": ("float", tokens * 4 * 36), "best": ("float", 2 * tokens * waves),
         "reqs": ("u32", 5 * tokens), "seq": ("u32", tokens), "pages": ("u32", ir.threads)}
-    assert scores.values["ahead"] == (2 if target == "sm90" else 1)
+    assert scores.values["ahead"] == 1
     tuned = load_spec(SPEC, tune_items({"scores.keys_ahead": 3}))
     assert stage_named(lower(tuned, make_build(tuned, target, tokens=tokens)), "scores").values["ahead"] == 3
 
@@ -352,8 +352,8 @@ REFUSALS = [
     ("scores-need-head-flags", [("    done: hdone\n", "")], "sm90", 1, "iq_from: heads", "stage 'heads' publishes no done flags"),
     ("scores-unknown-timeline-point", [("start_point: pre_attn_done", "start_point: pre_attn_dome")], "gfx942", 1,
      "start_point: pre_attn_dome", "no timeline point 'pre_attn_dome'"),
-    ("scores-keys-ahead-too-deep", [("keys_ahead: {default: 1, sm90: 2}", "keys_ahead: {default: 9, sm90: 2}")], "gfx950", 4,
-     "keys_ahead: {default: 9, sm90: 2}", "keep 80 key registers a thread, more than the 72 allowed"),
+    ("scores-keys-ahead-too-deep", [("keys_ahead: 1 ", "keys_ahead: {default: 9, sm90: 1} ")], "gfx950", 4,
+     "keys_ahead: {default: 9, sm90: 1}", "keep 80 key registers a thread, more than the 72 allowed"),
     # the head tasks: one per q head, then k, v, index q, index k
     ("heads-tasks-vs-q-heads", [("tasks: N_HEAD_TASKS", "tasks: N_HEAD_TASKS - 1")], "gfx950", 3,
      "tasks: N_HEAD_TASKS - 1", "19 tasks != q_heads + 4 = 20"),

@@ -151,6 +151,11 @@ MONO_DEVICE float shfl_xor(float v, int mask) {
     int src = (lane_id() ^ mask) << 2;
     return __builtin_bit_cast(float, __builtin_amdgcn_ds_bpermute(src, __builtin_bit_cast(int, v)));
 }
+// the max over the wave (xor butterfly), in every lane
+MONO_DEVICE float wave_max(float v) {
+    for (int o = WAVE / 2; o > 0; o >>= 1) v = fmax_f32(v, shfl_xor(v, o));
+    return v;
+}
 
 // ---- bf16 / fp8 conversions (round to nearest even) ----------------------------------
 MONO_DEVICE float bf16_to_f32(bf16_t h) { return u32_as_float(u32(h) << 16); }
@@ -330,10 +335,6 @@ MONO_DEVICE float sum32(float v) {
 // the max over each aligned 32-lane group (xor butterfly 16..1), in every lane
 MONO_DEVICE float max32(float v) {
     for (int o = 16; o > 0; o >>= 1) v = fmax_f32(v, shfl_xor(v, o));
-    return v;
-}
-MONO_DEVICE float wave_max(float v) {
-    for (int o = WAVE / 2; o > 0; o >>= 1) v = fmax_f32(v, shfl_xor(v, o));
     return v;
 }
 

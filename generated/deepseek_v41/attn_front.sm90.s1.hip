@@ -141,6 +141,15 @@ MONO_DEVICE float fabs_f32(float a) { return fabsf(a); }
 
 // ---- lane exchange ------------------------------------------------------------------
 MONO_DEVICE float shfl_xor(float v, int mask) { return __shfl_xor_sync(0xffffffffu, v, mask); }
+// the max over the warp, in every lane: one redux.sync on the floats' order-preserving u32
+// keys (sign bit set for v >= +0, every bit flipped below) instead of five shuffles and maxima
+// (NaN-free inputs; +0 ranks above -0)
+MONO_DEVICE float wave_max(float v) {
+    const u32 b = __float_as_uint(v);
+    u32 key = (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+    asm("redux.sync.max.u32 %0, %0, 0xffffffff;" : "+r"(key));
+    return __uint_as_float((key & 0x80000000u) ? (key & 0x7fffffffu) : ~key);
+}
 
 // ---- bf16 / fp8 conversions (round to nearest even) ----------------------------------
 MONO_DEVICE float bf16_to_f32(bf16_t h) { return __uint_as_float(u32(h) << 16); }
@@ -491,10 +500,6 @@ MONO_DEVICE float sum32(float v) {
 // the max over each aligned 32-lane group (xor butterfly 16..1), in every lane
 MONO_DEVICE float max32(float v) {
     for (int o = 16; o > 0; o >>= 1) v = fmax_f32(v, shfl_xor(v, o));
-    return v;
-}
-MONO_DEVICE float wave_max(float v) {
-    for (int o = WAVE / 2; o > 0; o >>= 1) v = fmax_f32(v, shfl_xor(v, o));
     return v;
 }
 

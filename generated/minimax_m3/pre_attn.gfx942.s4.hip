@@ -156,6 +156,11 @@ MONO_DEVICE float shfl_xor(float v, int mask) {
     int src = (lane_id() ^ mask) << 2;
     return __builtin_bit_cast(float, __builtin_amdgcn_ds_bpermute(src, __builtin_bit_cast(int, v)));
 }
+// the max over the wave (xor butterfly), in every lane
+MONO_DEVICE float wave_max(float v) {
+    for (int o = WAVE / 2; o > 0; o >>= 1) v = fmax_f32(v, shfl_xor(v, o));
+    return v;
+}
 
 // ---- bf16 / fp8 conversions (round to nearest even) ----------------------------------
 MONO_DEVICE float bf16_to_f32(bf16_t h) { return u32_as_float(u32(h) << 16); }
@@ -335,10 +340,6 @@ MONO_DEVICE float sum32(float v) {
 // the max over each aligned 32-lane group (xor butterfly 16..1), in every lane
 MONO_DEVICE float max32(float v) {
     for (int o = 16; o > 0; o >>= 1) v = fmax_f32(v, shfl_xor(v, o));
-    return v;
-}
-MONO_DEVICE float wave_max(float v) {
-    for (int o = WAVE / 2; o > 0; o >>= 1) v = fmax_f32(v, shfl_xor(v, o));
     return v;
 }
 
@@ -971,25 +972,27 @@ MONO_DEVICE void load_key(const Args& a, const Mailbox& mb, const int* pages, co
     }
 }
 
-// Rows r0 .. r0 + N - 1 of an item: each row's dot with this thread's 32 key dims (in dim
-// order, 16-byte index-q reads), the key's four quarters summed, masked past the row's
-// context, the wave's maximum into `best`.
+// Rows r0 .. r0 + N - 1 of an item: each row's dot with this thread's 32 key dims (16-byte
+// index-q reads; four chains over the dims e % 4, summed (c0 + c1) + (c2 + c3): a dependent
+// chain of 8 FMAs, not 32), the key's four quarters summed, masked past the row's context,
+// the wave's maximum into `best`.
 template <int N>
 MONO_DEVICE void score_rows(const float* iq_r, const int* seq, float* best, const Item& it, int row0, int nh, int r0,
                             int key, const float (&kf)[QDIMS]) {
     float acc[N];
 #pragma unroll
     for (int m = 0; m < N; ++m) {
-        acc[m] = 0.0f;
+        float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
         const float* qr = iq_r + (r0 + m) * ROW_STRIDE;
 #pragma unroll
         for (int e = 0; e < QDIMS; e += 4) {
             const u32x4 x = ld16_lds(qr + e);
-            acc[m] = fma_rn(kf[e], u32_as_float(x.x), acc[m]);
-            acc[m] = fma_rn(kf[e + 1], u32_as_float(x.y), acc[m]);
-            acc[m] = fma_rn(kf[e + 2], u32_as_float(x.z), acc[m]);
-            acc[m] = fma_rn(kf[e + 3], u32_as_float(x.w), acc[m]);
+            c[0] = fma_rn(kf[e], u32_as_float(x.x), c[0]);
+            c[1] = fma_rn(kf[e + 1], u32_as_float(x.y), c[1]);
+            c[2] = fma_rn(kf[e + 2], u32_as_float(x.z), c[2]);
+            c[3] = fma_rn(kf[e + 3], u32_as_float(x.w), c[3]);
         }
+        acc[m] = (c[0] + c[1]) + (c[2] + c[3]);
     }
     for (int m = 0; m < N; ++m) {
         const int row = r0 + m;
