@@ -27,8 +27,7 @@ requests, the rows' context lengths, the block-table entries of the CTA's first 
 and every index q into LDS, so that no key load waits for a block-table read and no
 item for its index q (made once per stage, not once per request a CTA meets). The
 scoring issues only the rows an item has (whole chunks of ROW_CHUNK, then one at a
-time): on the H200 the scorer's pace was set by what it issued between its barriers,
-not by the key stream (bench/NOTES.md, session 4)."""
+time). What limits it on the H200 is still open: bench/NOTES.md, session 4."""
 
 from __future__ import annotations
 
