@@ -7,10 +7,12 @@ from __future__ import annotations
 import pytest
 
 from codegen.__main__ import main
+from codegen import jit
 from codegen.errors import SpecError
 from codegen.launch import load
 from codegen.render import source
 from codegen.spec import load_spec, tune_items
+from codegen.targets import get_target
 
 SPEC = "minimax_m3/pre_attn"
 BULK_CALL = "stage_weights_bulk(a, lo"  # the sm90 GEMV's bulk-copy issue (bulk_copies on)
@@ -94,6 +96,27 @@ def test_a_diagnostic_stamp_by_override():
     assert "bulk_wait(wbar, 0);" in "\n".join(lines[at - 3:at])  # right after the wait for the bulk copies
     with pytest.raises(SpecError, match="no timeline point 'landed'"):
         source(SPEC, "sm90", tune={"qkv.staged_point": "landed"}, tokens=1)
+
+
+def test_scorer_item_stamps():
+    """scores.item_point / dots_point / put_point (analysis stamps, off in the spec): one item's
+    phases on every CTA, `stamped_item` picking which; the untuned build has none of it, and the
+    stamped build still compiles for sm90 without spills."""
+    _, plain = source(SPEC, "sm90", tokens=16, timeline=True)
+    tune = {"scores.stamped_item": 3, "scores.item_point": "spare", "scores.dots_point": "x8_ready",
+            "scores.put_point": "head_got_qkv", "qkv.ready_point": None, "heads.got_point": None}
+    _, tuned = source(SPEC, "sm90", tokens=16, timeline=True, tune=tune)
+    assert "STAMPED_ITEM" not in plain and "constexpr int STAMPED_ITEM = 3;" in tuned
+    run = tuned[tuned.index("namespace stage_scores {"):]
+    stamps = [run.index(f"if (j0 + s == STAMPED_ITEM) stamp(lds, TL_{p});") for p in ("SPARE", "X8_READY", "HEAD_GOT_QKV")]
+    calls = [run.index(c) for c in ("item_dots(iq, seq, bj,", "item_put(a, mb, bj,")]
+    assert stamps[0] < calls[0] < stamps[1] < calls[1] < stamps[2]  # start, dots, put: in order around the calls
+    (report,) = jit.resource_report(tuned, "stamped.hip", get_target("sm90"))
+    assert report.spills == 0 and report.scratch_bytes == 0
+    with pytest.raises(SpecError, match="no timeline point 'keys'"):
+        source(SPEC, "sm90", tune={"scores.dots_point": "keys"}, tokens=1)
+    with pytest.raises(SpecError, match=r"stamped_item: .* must be an integer >= 0, got -1"):
+        source(SPEC, "sm90", tune={"scores.stamped_item": -1, "scores.put_point": "spare"}, tokens=1)
 
 
 def test_stream_k_hand_off_stamps():

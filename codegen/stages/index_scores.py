@@ -65,6 +65,12 @@ class Model(StageBase):
     keys_ahead: PerTarget = PerTarget(default=1)
 
     _per_target = field_validator("lead_cta", "keys_ahead", mode="before")(classmethod(lambda cls, v: per_target(v)))
+    # analysis stamps (timeline builds; off in the spec): the phases of each CTA's item
+    # `stamped_item` (its j-th; a CTA with fewer items stamps none)
+    stamped_item: Expr = 0
+    item_point: Name | None = None  # timeline point: its scoring starts (its keys are asked for)
+    dots_point: Name | None = None  # timeline point: warp 0's dots and maxima of it are in (its keys had landed)
+    put_point: Name | None = None  # timeline point: its scores are put (after the item's barrier)
     index_cache: Name = "index_cache"
     block_table: Name = "block_table"
     seq_lens: Name = "seq_lens"
@@ -128,6 +134,7 @@ def lower(stage: Model, ctx) -> dict:
         "own": own,
         "cp_from": ev(stage.cp_from_blocks, ("cp_from_blocks",)),
         "ahead": ahead,
+        "stamped_item": ctx.integer(stage.stamped_item, ("stamped_item",), minimum=0),
         "done": src.done,
         "src": src,
         "start_point": stage.start_point,  # checked by the lowering for every stage

@@ -1258,11 +1258,10 @@ MONO_DEVICE void score_rows(const float* iq_r, const int* seq, float* best, cons
     }
 }
 
-// Score one item: its block's maxima for each (row, head) of its request, into iscore. One
-// barrier: `best` is the item's half (items alternate), so the next item's writes never meet
-// this one's reads.
-MONO_DEVICE void score(const Args& a, const Mailbox& mb, const float* iq, const int* seq, float* best, const Item& it,
-                       int q_len, int key, int q, const u32x4& k0, const u32x4& k1) {
+// One item's dots: each wave's maxima for each (row, head) of its request into `best`, the
+// item's half (items alternate, so the next item's writes never meet this one's reads).
+MONO_DEVICE void item_dots(const float* iq, const int* seq, float* best, const Item& it, int q_len, int key, int q,
+                           const u32x4& k0, const u32x4& k1) {
     const int row0 = it.r * q_len, nh = HEADS == 1 ? 1 : it.heads, rows = q_len * nh;
     const float* iq_r = iq + row0 * HEADS * ROW_STRIDE + q * QSTRIDE;  // the request's rows, this quarter
     float kf[QDIMS];
@@ -1277,6 +1276,12 @@ MONO_DEVICE void score(const Args& a, const Mailbox& mb, const float* iq, const 
     int r0 = 0;
     for (; r0 + ROW_CHUNK <= rows; r0 += ROW_CHUNK) score_rows<ROW_CHUNK>(iq_r, seq, best, it, row0, nh, r0, key, kf);
     for (; r0 < rows; ++r0) score_rows<1>(iq_r, seq, best, it, row0, nh, r0, key, kf);
+}
+
+// One item's scores: once every wave's maxima are in (the item's one barrier), the block's
+// maximum for each (row, head), scaled, into iscore.
+MONO_DEVICE void item_put(const Args& a, const Mailbox& mb, const float* best, const Item& it, int q_len) {
+    const int row0 = it.r * q_len, nh = HEADS == 1 ? 1 : it.heads, rows = q_len * nh;
     barrier();  // the item's per-wave maxima are in
     u64* iscore = reinterpret_cast<u64*>(a.iscore);
     for (int row = thread_id(); row < rows; row += THREADS) {
@@ -1337,7 +1342,8 @@ MONO_DEVICE void run(const Args& a, const Mailbox& mb, u8* lds) {
             if (!its[s].valid) break;  // uniform; items are valid up to the CTA's last
             float* bj = best + ((j0 + s) & 1) * MAX_ROWS * (THREADS / WAVE);
             const int j = j0 + s + SLOTS;  // the item that takes this slot next
-            score(a, mb, iq, seq, bj, its[s], q_len, key, q, k0[s], k1[s]);
+            item_dots(iq, seq, bj, its[s], q_len, key, q, k0[s], k1[s]);
+            item_put(a, mb, bj, its[s], q_len);
             its[s] = advance(reqs, cur, rank + j * CTAS, requests);
             if (its[s].valid) load_key(a, mb, pages, its[s], j, q_len, key, q, new_keys_seen, k0[s], k1[s]);
         }
