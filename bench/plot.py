@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -31,6 +32,12 @@ def main(argv=None) -> int:
     else:  # a single-kernel run (older bench.json)
         runs = [(data["meta"], data["cases"], "pre_attn.png", {})]
     common = {k: v for k, v in data.items() if k not in ("meta", "cases", "kernels")}
+    if args.append_results:
+        for meta, *_ in runs:
+            why = unknown_commit(meta.get("commit", ""))
+            if why:
+                print(f"error: {why}", file=sys.stderr)
+                return 2
     status = 0
     for i, (meta, rows, png, own) in enumerate(runs):
         path = Path(args.png_dir) / png
@@ -44,6 +51,18 @@ def main(argv=None) -> int:
             report.append_results(Path(args.append_results), report.markdown_entry(meta, rows, extras))
             print(f"appended {meta['kernel']} to {args.append_results}")
     return status
+
+
+def unknown_commit(commit: str) -> str | None:
+    """Why a run's commit may not go into RESULTS.md: it must name a commit of this repository
+    (a "+modified" mark, a tree that differed from it, is kept and said)."""
+    rev = commit.removesuffix("+modified")
+    found = subprocess.run(["git", "cat-file", "-e", f"{rev}^{{commit}}"], cwd=ROOT, capture_output=True)
+    if not rev or found.returncode != 0:
+        return (f"the run's commit {commit!r} is not a commit of this repository: run the bench with "
+                "BENCH_COMMIT=<this checkout's HEAD, written out> (the lent machine's git checkout may be "
+                "an older one), or fix meta.commit in the bench.json")
+    return None
 
 
 if __name__ == "__main__":

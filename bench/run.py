@@ -124,13 +124,18 @@ def log(*a) -> None:
 
 
 def git_commit() -> str:
+    """BENCH_COMMIT if set (the lent machine's own git checkout may be an older one than the
+    tree it runs), else this checkout's HEAD, marked "+modified" when tracked files differ
+    from it (the tree benched is then not that commit)."""
     if os.environ.get("BENCH_COMMIT"):
         return os.environ["BENCH_COMMIT"]
     try:
         out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
                              timeout=10)
         if out.returncode == 0 and out.stdout.strip():
-            return out.stdout.strip()
+            dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
+                                   capture_output=True, text=True, timeout=30)
+            return out.stdout.strip() + ("+modified" if dirty.returncode == 0 and dirty.stdout.strip() else "")
     except (OSError, subprocess.SubprocessError):
         pass
     return "unknown"

@@ -7,6 +7,7 @@ contender is wrong."""
 from __future__ import annotations
 
 import json
+import subprocess
 
 import pytest
 
@@ -66,6 +67,27 @@ def test_plot_from_json(dry_run, tmp_path):
                       str(tmp_path / "R.md")]) == 0
     assert (tmp_path / "attn_front.png").exists()
     assert "deepseek_v41/attn_front" in (tmp_path / "R.md").read_text()
+
+
+def test_plot_refuses_an_unknown_commit(dry_run, tmp_path, capsys):
+    """RESULTS.md entries name a commit of this repository: a run whose commit is not one (the
+    lent machine's stale checkout, a hash typed wrong) is refused before anything is appended;
+    a "+modified" mark on a real commit is kept."""
+    _, out = dry_run
+    data = json.loads((out / "bench.json").read_text())
+    for run in data["kernels"].values():
+        run["meta"]["commit"] = "fd2bac2409c7d58c0ad0cbc65b6d0c1e9f5e7f5c"
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(data))
+    assert plot.main([str(bad), "--png-dir", str(tmp_path), "--append-results", str(tmp_path / "R.md")]) == 2
+    assert not (tmp_path / "R.md").exists()
+    assert "is not a commit of this repository" in capsys.readouterr().err
+    head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+    for run in data["kernels"].values():
+        run["meta"]["commit"] = head + "+modified"
+    bad.write_text(json.dumps(data))
+    assert plot.main([str(bad), "--png-dir", str(tmp_path), "--append-results", str(tmp_path / "R.md")]) == 0
+    assert f"commit `{head}+modified`" in (tmp_path / "R.md").read_text()
 
 
 def test_guard_catches_wrong_outputs():
