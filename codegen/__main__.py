@@ -15,8 +15,9 @@ import sys
 from .errors import SpecError
 
 
-def _flags(pairs: list[str]) -> dict:
-    """``name=value`` pairs of build parameters, values parsed as YAML scalars."""
+def name_values(pairs: list[str]) -> dict:
+    """``name=value`` pairs (build parameters, ``stage.field`` tune overrides), values parsed
+    as YAML (scalars or flow mappings); shared with the probe scripts."""
     import yaml
 
     out = {}
@@ -91,7 +92,7 @@ def cmd_list(args) -> int:
 def cmd_show(args) -> int:
     from .render import source
 
-    _, text = source(args.spec, args.target, tune=_tune(args), tokens=args.tokens, **_flags(args.flag))
+    _, text = source(args.spec, args.target, tune=_tune(args), tokens=args.tokens, **name_values(args.flag))
     sys.stdout.write(text)
     return 0
 
@@ -110,8 +111,8 @@ def cmd_report(args) -> int:
 def _build_params(args, extra: list[str] | None = None) -> dict:
     """The build parameters of a command: ``--tokens``, the common flags, then ``extra``."""
     params = {"tokens": args.tokens} if getattr(args, "tokens", None) is not None else {}
-    params.update(_flags(args.flag))
-    params.update(_flags(extra or []))
+    params.update(name_values(args.flag))
+    params.update(name_values(extra or []))
     return params
 
 
@@ -194,7 +195,7 @@ def cmd_trace(args) -> int:
         out = f"trace-{loaded.spec.c_name}.{label}"
     try:
         written = trace(args.spec, out, target=args.target, seed=args.seed, make_args=make_args,
-                        dims={k: int(v) for k, v in _flags(args.dim).items()}, tune=_tune(args), **params)
+                        dims={k: int(v) for k, v in name_values(args.dim).items()}, tune=_tune(args), **params)
     except RuntimeError as e:  # no GPU, no matplotlib
         print(f"error: {e}", file=sys.stderr)
         return 1
@@ -228,7 +229,7 @@ def _build_arguments(p, target: str | None, target_help: str | None = None) -> N
 
 def _tune(args) -> dict | None:
     """The --tune overrides of a command, values parsed as YAML (scalars or flow mappings)."""
-    return _flags(getattr(args, "tune", None) or []) or None
+    return name_values(getattr(args, "tune", None) or []) or None
 
 
 def main(argv: list[str] | None = None) -> int:

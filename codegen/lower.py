@@ -350,26 +350,30 @@ class _Ctx:
 
     def lds_left(self, stage: str) -> int:
         """LDS bytes the target leaves for more buffers of ``stage`` after those it has
-        declared (packed as the layout below packs them), less the timeline stamps' and the
+        declared (packed as the layout packs them), less the timeline stamps' and the
         kernel-lifetime buffers'."""
-        used = 0
-        for st, _, ctype, count in self.lds_bufs:
-            if st == stage:
-                used = _align(used + count * LDS_CTYPES[ctype], LDS_ALIGN)
-        return self.target.lds_bytes - used - self._kernel_lds() - 8 * len(self.loaded.spec.timeline_points)
+        return self.target.lds_bytes - _pack_lds(self.lds_bufs)[1].get(stage, 0) - self._beside_union()
 
     def lds_kernel_left(self) -> int:
         """LDS bytes left for more kernel-lifetime buffers: beside the union of every stage's
         buffers declared so far (later stages must still fit), the kernel-lifetime buffers and
         the timeline stamps."""
-        used: dict[str, int] = {}
-        for st, _, ctype, count in self.lds_bufs:
-            used[st] = _align(used.get(st, 0) + count * LDS_CTYPES[ctype], LDS_ALIGN)
-        return (self.target.lds_bytes - max(used.values(), default=0) - self._kernel_lds()
-                - 8 * len(self.loaded.spec.timeline_points))
+        return self.target.lds_bytes - max(_pack_lds(self.lds_bufs)[1].values(), default=0) - self._beside_union()
 
-    def _kernel_lds(self) -> int:
-        return sum(_align(count * LDS_CTYPES[ctype], LDS_ALIGN) for _, _, ctype, count in self.lds_kernel_bufs)
+    def _beside_union(self) -> int:
+        """LDS bytes outside the stages' union: the kernel-lifetime buffers and the stamps."""
+        kernel = sum(_align(count * LDS_CTYPES[ctype], LDS_ALIGN) for _, _, ctype, count in self.lds_kernel_bufs)
+        return kernel + 8 * len(self.loaded.spec.timeline_points)
+
+
+def _pack_lds(bufs: list[tuple[str, str, str, int]]) -> tuple[list[int], dict[str, int]]:
+    """Each stage's LDS buffers packed from 0, 16-byte aligned: every buffer's offset (in the
+    order given) and every stage's bytes. The layout and the lowering's room checks share it."""
+    offsets, used = [], {}
+    for stage, _, ctype, count in bufs:
+        offsets.append(used.get(stage, 0))
+        used[stage] = _align(offsets[-1] + count * LDS_CTYPES[ctype], LDS_ALIGN)
+    return offsets, used
 
 
 class _Fail(Exception):
@@ -543,13 +547,8 @@ def _lower(loaded: LoadedSpec, build: Build) -> KernelIR:
         stages.append(StageIR(i, s.name, s.kind, s.doc, tasks, kind, first, ctas, waits, values))
 
     # LDS: each stage's buffers packed from 0; stages share the space (union)
-    lds, lds_bytes = [], 0
-    by_stage: dict[str, int] = {}
-    for stage, name, ctype, count in ctx.lds_bufs:
-        off = by_stage.get(stage, 0)
-        buf = LdsBuf(stage, name, ctype, count, off)
-        lds.append(buf)
-        by_stage[stage] = _align(off + buf.nbytes, LDS_ALIGN)
+    offsets, by_stage = _pack_lds(ctx.lds_bufs)
+    lds = [LdsBuf(stage, name, ctype, count, off) for (stage, name, ctype, count), off in zip(ctx.lds_bufs, offsets)]
     timeline = build["timeline"] if "timeline" in dict(build.params) else False
     tl_bytes = len(spec.timeline_points) * 8 if timeline else 0
     lds_bytes = max(by_stage.values(), default=0)

@@ -11,9 +11,9 @@ from __future__ import annotations
 import sys
 
 import torch
-import yaml
 
 import codegen
+from codegen.__main__ import name_values
 from tests import deepseek_case as dc
 
 SPEC = "deepseek_v41/attn_front"
@@ -22,7 +22,7 @@ BUILDS = [dict(tokens=1, tp=4), dict(tokens=16, tp=4), dict(tokens=48, tp=4), di
 
 def main() -> None:
     files = [a for a in sys.argv[1:] if "=" not in a]
-    tune = {k: yaml.safe_load(v) for k, v in (a.split("=", 1) for a in sys.argv[1:] if "=" in a)} or None
+    tune = name_values([a for a in sys.argv[1:] if "=" in a]) or None
     out = open(files[0], "w") if files else sys.stdout
     if tune is None:
         dc.precompile([dict(b, timeline=True) for b in BUILDS])

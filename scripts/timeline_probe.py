@@ -12,9 +12,9 @@ spec knobs as stage.field=value, e.g. qkv.bulk_copies=1: codegen.load's tune)"""
 import sys
 
 import torch
-import yaml
 
 import codegen
+from codegen.__main__ import name_values
 from bench.run import auto_copies
 from bench.timing import GpuTimer
 from tests.minimax_case import context_case, launch_args, make_inputs
@@ -56,7 +56,7 @@ def probe(tokens: int, contexts=(4096,), reps: int = 20, tune: dict | None = Non
 
 if __name__ == "__main__":
     tokens = [int(a) for a in sys.argv[1:] if "=" not in a] or [1, 16]
-    pairs = {k: yaml.safe_load(v) for k, v in (a.split("=", 1) for a in sys.argv[1:] if "=" in a)}
+    pairs = name_values([a for a in sys.argv[1:] if "=" in a])
     flags = {k: v for k, v in pairs.items() if "." not in k}
     tune = {k: v for k, v in pairs.items() if "." in k} or None
     for s in tokens:

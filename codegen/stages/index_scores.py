@@ -134,6 +134,8 @@ def lower(stage: Model, ctx) -> dict:
         "own": own,
         "cp_from": ev(stage.cp_from_blocks, ("cp_from_blocks",)),
         "ahead": ahead,
+        "iq_pad": IQ_PAD,
+        "request_words": REQUEST_WORDS,
         "stamped_item": ctx.integer(stage.stamped_item, ("stamped_item",), minimum=0),
         "done": src.done,
         "src": src,

@@ -906,6 +906,7 @@ MONO_DEVICE Request request_of(const Args& a, int r, int q_len) {
     }
     return Request{scored, INIT, 1, 1, seq - NEW_KEYS};
 }
+static_assert(sizeof(Request) == 5 * 4, "LDS_REQS holds 5 words a request");
 
 // The index q of every scored request, bf16-rounded, into LDS: request r's (row i, head j) at
 // row r * q_len * HEADS + i * heads + j (quarters padded), as its scoring walks them. The head
@@ -949,13 +950,17 @@ MONO_DEVICE Item advance(const Request* reqs, Cursor& cur, int u, int requests) 
     return Item{true, cur.r, b, req.heads, (b + 1) * BLOCK > req.new_from};
 }
 
+// An item's block in the index cache: the block-table entry of its request's last row.
+MONO_DEVICE long long page_of(const Args& a, const Item& it, int q_len) {
+    return a.block_table[(long long)(it.r * q_len + q_len - 1) * a.bt_width + it.b];
+}
+
 // This thread's 32 bytes (quarter q) of key `key` of the CTA's j-th item (its block's cache
 // page from LDS for the first PAGES items); the index-K head tasks first when the block may
 // hold a key this launch inserted (coherent loads then).
 MONO_DEVICE void load_key(const Args& a, const Mailbox& mb, const int* pages, const Item& it, int j, int q_len,
                           int key, int q, bool& new_keys_seen, u32x4& k0, u32x4& k1) {
-    const long long page = j < PAGES ? pages[j]
-                                     : a.block_table[(long long)(it.r * q_len + q_len - 1) * a.bt_width + it.b];
+    const long long page = j < PAGES ? pages[j] : page_of(a, it, q_len);
     const u8* kp = a.index_cache + (page * BLOCK + key) * DIM + q * QDIMS;
     if (it.new_keys) {  // uniform over the CTA
         if (!new_keys_seen) {
@@ -1067,8 +1072,7 @@ MONO_DEVICE void run(const Args& a, const Mailbox& mb, u8* lds) {
     {  // item j = tid's block-table entry: one round trip a stage, not one an item
         Cursor own{0, 0};
         const Item mine = advance(reqs, own, rank + tid * CTAS, requests);
-        if (mine.valid && tid < PAGES)
-            pages[tid] = a.block_table[(long long)(mine.r * q_len + q_len - 1) * a.bt_width + mine.b];
+        if (mine.valid && tid < PAGES) pages[tid] = int(page_of(a, mine, q_len));
     }
     barrier();
     Cursor cur{0, 0};
