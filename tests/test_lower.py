@@ -223,20 +223,28 @@ def test_timeline_stamps_beside_the_union(target):
 
 @pytest.mark.parametrize("target", TARGET_NAMES)
 @pytest.mark.parametrize("tokens", [1, 4, 16])
-def test_scorer_tables_and_keys_ahead(target, tokens):
-    """The scorers' LDS: index q of every (token, head), two items' per-wave maxima, the
-    requests, the rows' context lengths and a block-table entry per thread; keys_ahead comes
-    from the spec (1) and a tune overrides it, per target."""
+def test_scorer_tables_and_batches(target, tokens):
+    """The scorers' LDS: index q of every (token, head), two batches' per-wave maxima, the
+    requests, the rows' context lengths and a block-table entry per thread; batch_items
+    comes from the spec (sm90 2, else 1) and a tune overrides it, per target; a key ring
+    (sm90) adds its slots and their mbarriers."""
     ir = build_ir(target, tokens)
     scores = stage_named(ir, "scores")
     own = {b.name: b for b in ir.lds if b.stage == "scores"}
     waves = ir.threads // ir.target.wave_size
+    batch = 2 if target == "sm90" else 1
     assert {n: (b.ctype, b.count) for n, b in own.items()} == {
-        "iq": ("float", tokens * 4 * 36), "best": ("float", 2 * tokens * waves),
+        "iq": ("float", tokens * 4 * 36), "best": ("float", 2 * batch * tokens * waves),
         "reqs": ("u32", 5 * tokens), "seq": ("u32", tokens), "pages": ("u32", ir.threads)}
-    assert scores.values["ahead"] == 1
-    tuned = load_spec(SPEC, tune_items({"scores.keys_ahead": 3}))
-    assert stage_named(lower(tuned, make_build(tuned, target, tokens=tokens)), "scores").values["ahead"] == 3
+    assert (scores.values["batch"], scores.values["ring"]) == (batch, 0)
+    tuned = load_spec(SPEC, tune_items({"scores.batch_items": 3}))
+    assert stage_named(lower(tuned, make_build(tuned, target, tokens=tokens)), "scores").values["batch"] == 3
+    if target == "sm90":
+        ringed = load_spec(SPEC, tune_items({"scores.key_ring": 6, "scores.batch_items": 3}))
+        ir = lower(ringed, make_build(ringed, target, tokens=tokens))
+        own = {b.name: (b.ctype, b.count) for b in ir.lds if b.stage == "scores"}
+        assert own["ring"] == ("u32", 6 * 128 * 128 // 4) and own["ring_bars"] == ("u64", 6)
+        assert stage_named(ir, "scores").values["ring"] == 6
 
 
 def test_constants():
@@ -352,8 +360,14 @@ REFUSALS = [
     ("scores-need-head-flags", [("    done: hdone\n", "")], "sm90", 1, "iq_from: heads", "stage 'heads' publishes no done flags"),
     ("scores-unknown-timeline-point", [("start_point: pre_attn_done", "start_point: pre_attn_dome")], "gfx942", 1,
      "start_point: pre_attn_dome", "no timeline point 'pre_attn_dome'"),
-    ("scores-keys-ahead-too-deep", [("keys_ahead: 1 ", "keys_ahead: {default: 9, sm90: 1} ")], "gfx950", 4,
-     "keys_ahead: {default: 9, sm90: 1}", "keep 80 key registers a thread, more than the 72 allowed"),
+    ("scores-batch-too-large", [("batch_items: {default: 1, sm90: 2}", "batch_items: {default: 5, sm90: 2}")],
+     "gfx950", 4, "batch_items: {default: 5, sm90: 2}", "batches of 5 keep 80 key registers a thread, more than the 64"),
+    ("scores-key-ring-on-amd", [("key_ring: {default: 0}", "key_ring: {default: 4}")], "gfx942", 1,
+     "key_ring: {default: 4}", "gfx942's device library has no bulk copy into LDS"),
+    ("scores-key-ring-too-small", [("key_ring: {default: 0}", "key_ring: {default: 0, sm90: 3}")], "sm90", 1,
+     "key_ring: {default: 0, sm90: 3}", "a ring of 3 slots cannot hold a batch of 2 in flight while one is scored"),
+    ("scores-key-ring-too-large", [("key_ring: {default: 0}", "key_ring: {default: 0, sm90: 14}")], "sm90", 16,
+     "key_ring: {default: 0, sm90: 14}", "14 slots of 16384 bytes do not fit the"),
     # the head tasks: one per q head, then k, v, index q, index k
     ("heads-tasks-vs-q-heads", [("tasks: N_HEAD_TASKS", "tasks: N_HEAD_TASKS - 1")], "gfx950", 3,
      "tasks: N_HEAD_TASKS - 1", "19 tasks != q_heads + 4 = 20"),

@@ -221,14 +221,28 @@ SCORE_CASES = [  # (tokens, q_len, contexts of the requests' last rows[, init_bl
 ]
 
 
+# the scorer's key paths besides the spec's own (sm90 knobs): registers in batches of two, and
+# the bulk-copy LDS ring; each must write the same scores
+SCORER_TUNES = {"spec": None, "registers-batch2": {"scores.batch_items": 2},
+                "ring4-batch2": {"scores.key_ring": 4, "scores.batch_items": 2}}
+
+
+def scorer_kernel(tune_id: str, tokens: int, **params):
+    tune = SCORER_TUNES[tune_id]
+    if tune and not torch.version.cuda:
+        pytest.skip("the scorer's key-path knobs are sm90's")
+    return codegen.load("minimax_m3/pre_attn", tokens=tokens, tune=tune, **params)
+
+
+@pytest.mark.parametrize("tune_id", SCORER_TUNES)
 @pytest.mark.parametrize("case_args", SCORE_CASES, ids=str)
-def test_index_scores(case_args):
+def test_index_scores(case_args, tune_id):
     """Scores written exactly where the contract says (the current tag), within
     the f32-accumulation bound of a float64 reference on the kernel's own index
     q and index cache; every other iscore byte untouched."""
     tokens, q_len, contexts, *pinned = case_args
     init_blocks, local_blocks = pinned or (0, 1)
-    kernel = codegen.load("minimax_m3/pre_attn", tokens=tokens, init_blocks=init_blocks, local_blocks=local_blocks)
+    kernel = scorer_kernel(tune_id, tokens, init_blocks=init_blocks, local_blocks=local_blocks)
     inp = make_inputs(tokens, kernel.target.name, seed=2000 + tokens + q_len)
     case = context_case(tokens, q_len, contexts, seed=tokens * 10 + q_len)
     ws = kernel.workspace("cuda")
@@ -282,13 +296,14 @@ CP_CASES = [  # (tokens, q_len, contexts): long requests have more than 288 bloc
 ]
 
 
-@pytest.mark.parametrize("own", (0, 1, 2, 3))
+@pytest.mark.parametrize("tune_id,own", [("spec", own) for own in range(4)] +
+                         [(tune_id, 1) for tune_id in SCORER_TUNES if tune_id != "spec"])  # one rank is enough
 @pytest.mark.parametrize("tokens,q_len,contexts", CP_CASES)
-def test_index_context_parallel(own, tokens, q_len, contexts):
+def test_index_context_parallel(tune_id, own, tokens, q_len, contexts):
     """index_heads 4, rank `own`: own-head outputs and caches exact; the other
     heads' GEMV rows only in long steps; long requests score this rank's blocks
     for all 4 heads (pair h * 2048 + b / 4), short ones the own head."""
-    kernel = codegen.load("minimax_m3/pre_attn", tokens=tokens, index_heads=4, index_own=own)
+    kernel = scorer_kernel(tune_id, tokens, index_heads=4, index_own=own)
     inp = make_inputs(tokens, kernel.target.name, seed=3000 + 10 * own + tokens, index_heads=4)
     case = context_case(tokens, q_len, contexts, seed=own + tokens)
     ws = kernel.workspace("cuda")
@@ -320,13 +335,14 @@ def test_index_context_parallel(own, tokens, q_len, contexts):
     assert_iscore(args["iscore"], tokens, scores, want, bound)
 
 
-def test_index_scores_read_this_launchs_keys():
+@pytest.mark.parametrize("tune_id", SCORER_TUNES)
+def test_index_scores_read_this_launchs_keys(tune_id):
     """Each row's new key at its own slot (position seq - 1 through its block
     table), some in scored blocks (q_len 4 just past a block boundary): the
     scorers read them only after the index-K head tasks, so the scores match the
     reference on the cache as the launch leaves it."""
     tokens, q_len, num_blocks = 16, 4, 1024
-    kernel = codegen.load("minimax_m3/pre_attn", tokens=tokens)
+    kernel = scorer_kernel(tune_id, tokens)
     inp = make_inputs(tokens, kernel.target.name, seed=99, negative_slots=False)
     case = context_case(tokens, q_len, [128 * 20 + 1, 128 * 40 + 2, 5000, 128 * 17 + 3], seed=4,
                         num_blocks=num_blocks)

@@ -99,8 +99,8 @@ def test_a_diagnostic_stamp_by_override():
 
 
 def test_scorer_item_stamps():
-    """scores.item_point / dots_point / put_point (analysis stamps, off in the spec): one item's
-    phases on every CTA, `stamped_item` picking which; the untuned build has none of it, and the
+    """scores.item_point / dots_point / put_point (analysis stamps, off in the spec): the phases
+    of one item's batch on every CTA, `stamped_item` picking which; the untuned build has none of it, and the
     stamped build still compiles for sm90 without spills."""
     _, plain = source(SPEC, "sm90", tokens=16, timeline=True)
     tune = {"scores.stamped_item": 3, "scores.item_point": "spare", "scores.dots_point": "x8_ready",
@@ -108,8 +108,9 @@ def test_scorer_item_stamps():
     _, tuned = source(SPEC, "sm90", tokens=16, timeline=True, tune=tune)
     assert "STAMPED_ITEM" not in plain and "constexpr int STAMPED_ITEM = 3;" in tuned
     run = tuned[tuned.index("namespace stage_scores {"):]
-    stamps = [run.index(f"if (j0 + s == STAMPED_ITEM) stamp(lds, TL_{p});") for p in ("SPARE", "X8_READY", "HEAD_GOT_QKV")]
-    calls = [run.index(c) for c in ("item_dots(iq, seq, bj,", "item_put(a, mb, bj,")]
+    stamps = [run.index(f"if (j <= STAMPED_ITEM && STAMPED_ITEM < j + BATCH) stamp(lds, TL_{p});")
+              for p in ("SPARE", "X8_READY", "HEAD_GOT_QKV")]
+    calls = [run.index(c) for c in ("item_dots(iq, seq, bp + i", "item_put(a, mb, bp + i")]
     assert stamps[0] < calls[0] < stamps[1] < calls[1] < stamps[2]  # start, dots, put: in order around the calls
     (report,) = jit.resource_report(tuned, "stamped.hip", get_target("sm90"))
     assert report.spills == 0 and report.scratch_bytes == 0

@@ -21,8 +21,10 @@ request whose last row sees more than ``cp_from_blocks`` blocks is long: it
 scores only this rank's blocks ``b = first_own + 4 i`` for all four index
 heads, into pair ``k * stride + h * stride / 4 + b / 4``.
 
-Keys in flight (``keys_ahead``): while a CTA scores its j-th item, the keys of its
-next ``keys_ahead`` items are being loaded into registers. The stage's start puts the
+Batches (``batch_items``): a CTA scores its items ``batch_items`` at a time, with one
+CTA barrier a batch, while the next batch's keys are being loaded into registers
+(8 a thread an item, two batches), or, with ``key_ring`` slots (sm90), each item's block
+goes into an LDS ring as one bulk copy, ``key_ring`` items ahead. The stage's start puts the
 requests, the rows' context lengths, the block-table entries of the CTA's first items
 and every index q into LDS, so that no key load waits for a block-table read and no
 item for its index q (made once per stage, not once per request a CTA meets). The
@@ -42,7 +44,7 @@ from ..spec.models import Expr, Name, PerTarget, StageBase, per_target
 KIND = "index_scores"
 LOG2E = 1.4426950408889634
 REQUEST_WORDS = 5  # the template's struct Request: count, first, step, heads, new_from
-MAX_AHEAD = 8  # keys_ahead: 8 registers a thread an item
+MAX_BATCH = 4  # batch_items: two batches' keys in registers, 8 a thread an item
 IQ_PAD = 4  # index-q quarters 36 floats apart: 16-byte LDS reads, the four quarters on distinct banks
 
 
@@ -61,12 +63,15 @@ class Model(StageBase):
     index_own: Expr = "index_own"  # this rank's index-q head
     cp_from_blocks: Expr = "INDEX_CP_FROM_BLOCKS"  # longer requests are scored head-parallel
 
-    # items whose keys are loaded while one is scored (per target: registers, 8 a thread an item)
-    keys_ahead: PerTarget = PerTarget(default=1)
+    # items scored between two CTA barriers; the next batch's keys load meanwhile (registers)
+    batch_items: PerTarget = PerTarget(default=1)
+    # key ring slots (sm90; 0: keys load into registers): each item's block one bulk copy into LDS
+    key_ring: PerTarget = PerTarget(default=0)
 
-    _per_target = field_validator("lead_cta", "keys_ahead", mode="before")(classmethod(lambda cls, v: per_target(v)))
-    # analysis stamps (timeline builds; off in the spec): the phases of each CTA's item
-    # `stamped_item` (its j-th; a CTA with fewer items stamps none)
+    _per_target = field_validator("lead_cta", "batch_items", "key_ring", mode="before")(
+        classmethod(lambda cls, v: per_target(v)))
+    # analysis stamps (timeline builds; off in the spec): the phases of the batch holding each
+    # CTA's item `stamped_item` (its j-th; a CTA with fewer items stamps none)
     stamped_item: Expr = 0
     item_point: Name | None = None  # timeline point: its scoring starts (its keys are asked for)
     dots_point: Name | None = None  # timeline point: warp 0's dots and maxima of it are in (its keys had landed)
@@ -103,15 +108,29 @@ def lower(stage: Model, ctx) -> dict:
     iq_base = ev(src.iq_off, ("iq_from",)) - own * head_dim
     rows = ctx.tokens * heads  # (token, head) rows of index q
     quarters = ctx.threads // block  # threads per key
-    ahead = ctx.integer(stage.keys_ahead.for_target(ctx.target.name), ("keys_ahead",), minimum=0)
-    if ahead > MAX_AHEAD:
-        ctx.fail(("keys_ahead",), f"{ahead} items ahead keep {8 * (ahead + 1)} key registers a thread, "
-                 f"more than the {8 * (MAX_AHEAD + 1)} allowed", f"give keys_ahead at most {MAX_AHEAD}")
+    batch = ctx.integer(stage.batch_items.for_target(ctx.target.name), ("batch_items",), minimum=1)
+    if batch > MAX_BATCH:
+        ctx.fail(("batch_items",), f"batches of {batch} keep {16 * batch} key registers a thread, "
+                 f"more than the {16 * MAX_BATCH} allowed", f"give batch_items at most {MAX_BATCH}")
+    ring = ctx.integer(stage.key_ring.for_target(ctx.target.name), ("key_ring",), minimum=0)
+    if ring and ctx.target.vendor != "nvidia":
+        ctx.fail(("key_ring",), f"{ctx.target.name}'s device library has no bulk copy into LDS",
+                 "give key_ring 0 for this target (it is an sm90 knob)")
+    if 0 < ring < 2 * batch:
+        ctx.fail(("key_ring",), f"a ring of {ring} slots cannot hold a batch of {batch} in flight while one "
+                 "is scored", f"give key_ring 0, or at least {2 * batch}")
     ctx.lds(stage.name, "iq", "float", rows * quarters * (head_dim // quarters + IQ_PAD))  # index q, quarters padded
-    ctx.lds(stage.name, "best", "float", 2 * rows * (ctx.threads // ctx.target.wave_size))  # per-wave maxima, two items
+    ctx.lds(stage.name, "best", "float", 2 * batch * rows * (ctx.threads // ctx.target.wave_size))  # per-wave maxima, two batches
     ctx.lds(stage.name, "reqs", "u32", REQUEST_WORDS * ctx.tokens)  # each request's work (the template's Request)
     ctx.lds(stage.name, "seq", "u32", ctx.tokens)  # each row's context length
     ctx.lds(stage.name, "pages", "u32", ctx.threads)  # the block-table entries of a CTA's first items
+    if ring:
+        item_bytes = block * head_dim
+        if ring * item_bytes + 8 * ring > ctx.lds_left(stage.name):
+            ctx.fail(("key_ring",), f"{ring} slots of {item_bytes} bytes do not fit the "
+                     f"{ctx.lds_left(stage.name)} bytes of LDS left", "give key_ring fewer slots")
+        ctx.lds(stage.name, "ring", "u32", ring * item_bytes // 4)  # item j's keys in slot j % ring
+        ctx.lds(stage.name, "ring_bars", "u64", ring)  # each slot's bulk copy landed
     return {
         "topk_blocks": ev(stage.topk_blocks, ("topk_blocks",)),
         "init_blocks": ev(stage.init_blocks, ("init_blocks",)),
@@ -133,7 +152,8 @@ def lower(stage: Model, ctx) -> dict:
         "heads": heads,
         "own": own,
         "cp_from": ev(stage.cp_from_blocks, ("cp_from_blocks",)),
-        "ahead": ahead,
+        "batch": batch,
+        "ring": ring,
         "iq_pad": IQ_PAD,
         "request_words": REQUEST_WORDS,
         "stamped_item": ctx.integer(stage.stamped_item, ("stamped_item",), minimum=0),

@@ -247,9 +247,16 @@ MONO_DEVICE void bulk_wait(u64* bar, u32 phase) {
 MONO_DEVICE void bulk_barrier_inval(u64* bar) {
     asm volatile("mbarrier.inval.shared::cta.b64 [%0];" :: "r"(lds_address(bar)) : "memory");
 }
+// `bytes` (a multiple of 16) from `src` asked into the L2: no register or barrier waits on it.
+MONO_DEVICE void l2_prefetch(const void* src, u32 bytes) {
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" :: "l"(src), "r"(bytes) : "memory");
+}
 // global memory this thread saw written (generic proxy: other CTAs' stores, acquired) ordered
 // before its later bulk copies read it (async proxy)
 MONO_DEVICE void fence_proxy_async() { asm volatile("fence.proxy.async.global;" ::: "memory"); }
+// this thread's earlier LDS accesses (generic proxy; the CTA's, after a barrier) ordered before
+// its later bulk copies write the same LDS (async proxy)
+MONO_DEVICE void fence_proxy_async_lds() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
 
 // ---- timer --------------------------------------------------------------------------
 // %globaltimer: nanoseconds, device-wide (AMD: s_memrealtime at 100 MHz)

@@ -883,8 +883,8 @@ constexpr int QSTRIDE = QDIMS + 4;             // LDS floats per quarter row: 16
 constexpr int ROW_STRIDE = QUARTERS * QSTRIDE;
 constexpr int MAX_ROWS = TOKENS * HEADS;       // (row, head)s of one request at most
 constexpr int ROW_CHUNK = 2;                   // rows accumulated at once (registers) while that many remain
-constexpr int AHEAD = 1;           // items whose keys are in flight while one is scored
-constexpr int SLOTS = AHEAD + 1;               // key registers: item j in slot j % SLOTS
+constexpr int BATCH = 1;           // items scored between two CTA barriers; the next BATCH in flight
+constexpr int WAVES = THREADS / WAVE;
 constexpr int PAGES = THREADS;                 // a CTA's first PAGES items find their cache page in LDS
 static_assert(THREADS % BLOCK == 0 && QDIMS == 32 && BLOCK % (WAVE / QUARTERS) == 0, "4 threads a key, 32 dims each");
 
@@ -1007,7 +1007,7 @@ MONO_DEVICE void score_rows(const float* iq_r, const int* seq, float* best, cons
         const int s = seq[row0 + row / nh];
         const float v = it.b * BLOCK + key < (s < 1 ? 1 : s) ? d : neg_inf();
         const float wm = wave_max(v);
-        if (lane_id() == 0) best[row * (THREADS / WAVE) + wave_id()] = wm;
+        if (lane_id() == 0) best[row * WAVES + wave_id()] = wm;
     }
 }
 
@@ -1031,15 +1031,14 @@ MONO_DEVICE void item_dots(const float* iq, const int* seq, float* best, const I
     for (; r0 < rows; ++r0) score_rows<1>(iq_r, seq, best, it, row0, nh, r0, key, kf);
 }
 
-// One item's scores: once every wave's maxima are in (the item's one barrier), the block's
-// maximum for each (row, head), scaled, into iscore.
-MONO_DEVICE void item_put(const Args& a, const Mailbox& mb, const float* best, const Item& it, int q_len) {
+// One item's scores, after the batch's barrier (every wave's maxima are in): the block's
+// maximum for each (row, head), scaled, into iscore; the item's rows start at thread `first`.
+MONO_DEVICE void item_put(const Args& a, const Mailbox& mb, const float* best, const Item& it, int q_len, int first) {
     const int row0 = it.r * q_len, nh = HEADS == 1 ? 1 : it.heads, rows = q_len * nh;
-    barrier();  // the item's per-wave maxima are in
     u64* iscore = reinterpret_cast<u64*>(a.iscore);
-    for (int row = thread_id(); row < rows; row += THREADS) {
-        float m = best[row * (THREADS / WAVE)];
-        for (int w = 1; w < THREADS / WAVE; ++w) m = fmax_f32(m, best[row * (THREADS / WAVE) + w]);
+    for (int row = (thread_id() - first + THREADS) % THREADS; row < rows; row += THREADS) {
+        float m = best[row * WAVES];
+        for (int w = 1; w < WAVES; ++w) m = fmax_f32(m, best[row * WAVES + w]);
         const int k = row0 + row / nh;
         const long long pair = nh == 1 ? (long long)k * STRIDE + it.b
                                        : (long long)k * STRIDE + (row % nh) * (STRIDE / HEADS) + it.b / HEADS;
@@ -1047,12 +1046,38 @@ MONO_DEVICE void item_put(const Args& a, const Mailbox& mb, const float* best, c
     }
 }
 
+// The CTA's items j .. j + BATCH - 1 into `its`, their keys into k0 / k1 (in flight until
+// scored).
+MONO_DEVICE void fetch_batch(const Args& a, const Mailbox& mb, const Request* reqs, const int* pages, Cursor& cur,
+                             int rank, int j, int requests, int q_len, int key, int q, bool& new_keys_seen,
+                             Item (&its)[BATCH], u32x4 (&k0)[BATCH], u32x4 (&k1)[BATCH]) {
+#pragma unroll
+    for (int i = 0; i < BATCH; ++i) {
+        its[i] = advance(reqs, cur, rank + (j + i) * CTAS, requests);
+        if (its[i].valid) load_key(a, mb, pages, its[i], j + i, q_len, key, q, new_keys_seen, k0[i], k1[i]);
+    }
+}
+
+// One batch (its first item the CTA's j-th; keys in k0 / k1): each item's dots, the batch's one
+// barrier (and `best`'s other half free again), each item's scores put.
+MONO_DEVICE void score_batch(const Args& a, const Mailbox& mb, const float* iq, const int* seq, float* bp, u8* lds,
+                             int j, const Item (&its)[BATCH], const u32x4 (&k0)[BATCH], const u32x4 (&k1)[BATCH],
+                             int q_len, int key, int q) {
+#pragma unroll
+    for (int i = 0; i < BATCH; ++i)
+        if (its[i].valid) item_dots(iq, seq, bp + i * MAX_ROWS * WAVES, its[i], q_len, key, q, k0[i], k1[i]);
+    barrier();
+#pragma unroll
+    for (int i = 0; i < BATCH; ++i)
+        if (its[i].valid) item_put(a, mb, bp + i * MAX_ROWS * WAVES, its[i], q_len, i * MAX_ROWS % THREADS);
+}
+
 // Work item u = (request r, its item i), requests in order; CTA c takes the items u with
 // u % CTAS == its rank from LEAD, its j-th being u = rank + j * CTAS. The stage's start puts
 // the requests, the rows' context lengths, the cache pages of the CTA's first PAGES items and
-// every index q in LDS; then the keys of AHEAD more items are in flight (registers, slot j % SLOTS)
-// while item j is scored. Thread (key, q) holds dims 32q .. 32q + 31 of its key: a warp reads
-// whole keys.
+// every index q in LDS. Then the items go in batches of BATCH, one CTA barrier a batch: the
+// next batch's keys are in flight (registers, set b % 2) while one is scored. Thread (key, q)
+// holds dims 32q .. 32q + 31 of its key: a warp reads whole keys.
 MONO_DEVICE void run(const Args& a, const Mailbox& mb, u8* lds) {
     const int c = block_id() - FIRST;
     if (c < 0 || c >= CTAS) return;
@@ -1077,27 +1102,22 @@ MONO_DEVICE void run(const Args& a, const Mailbox& mb, u8* lds) {
     barrier();
     Cursor cur{0, 0};
     bool new_keys_seen = false;
-    Item its[SLOTS];
-    u32x4 k0[SLOTS], k1[SLOTS];
-#pragma unroll
-    for (int s = 0; s < SLOTS; ++s) {  // the first SLOTS items' keys in flight while the index q is made
-        its[s] = advance(reqs, cur, rank + s * CTAS, requests);
-        if (its[s].valid) load_key(a, mb, pages, its[s], s, q_len, key, q, new_keys_seen, k0[s], k1[s]);
-    }
-    if (its[0].valid) {
+    Item its[2][BATCH];  // batch b in set b % 2
+    u32x4 k0[2][BATCH], k1[2][BATCH];
+    // the first batch's keys in flight while the index q is made
+    fetch_batch(a, mb, reqs, pages, cur, rank, 0, requests, q_len, key, q, new_keys_seen, its[0], k0[0], k1[0]);
+    if (its[0][0].valid) {
         make_index_q(a, mb, reqs, iq, requests, q_len);
         barrier();
     }
-    for (int j0 = 0; its[0].valid; j0 += SLOTS) {
+    for (int j0 = 0, more = its[0][0].valid; more; j0 += 2 * BATCH) {
 #pragma unroll
-        for (int s = 0; s < SLOTS; ++s) {
-            if (!its[s].valid) break;  // uniform; items are valid up to the CTA's last
-            float* bj = best + ((j0 + s) & 1) * MAX_ROWS * (THREADS / WAVE);
-            const int j = j0 + s + SLOTS;  // the item that takes this slot next
-            item_dots(iq, seq, bj, its[s], q_len, key, q, k0[s], k1[s]);
-            item_put(a, mb, bj, its[s], q_len);
-            its[s] = advance(reqs, cur, rank + j * CTAS, requests);
-            if (its[s].valid) load_key(a, mb, pages, its[s], j, q_len, key, q, new_keys_seen, k0[s], k1[s]);
+        for (int p = 0; p < 2 && more; ++p) {
+            const int j = j0 + p * BATCH;  // this batch's first item
+            // the next batch's keys in flight while this one is scored
+            fetch_batch(a, mb, reqs, pages, cur, rank, j + BATCH, requests, q_len, key, q, new_keys_seen, its[1 - p], k0[1 - p], k1[1 - p]);
+            score_batch(a, mb, iq, seq, best + p * BATCH * MAX_ROWS * WAVES, lds, j, its[p], k0[p], k1[p], q_len, key, q);
+            more = its[1 - p][0].valid;
         }
     }
     stamp(lds, TL_SCORES_DONE);
