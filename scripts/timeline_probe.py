@@ -5,9 +5,11 @@ replayed from a CUDA graph (bench.timing). Weights cold as in the bench: the
 launches rotate over enough copies of w_qkv to overflow the L2, and the stamps
 are the last launch's.
 
-Usage: python scripts/timeline_probe.py [tokens ...] [flag=value ...]
+Usage: python scripts/timeline_probe.py [--cold-keys] [tokens ...] [flag=value ...]
 (flags: build parameters, e.g. timeline-free ones like static_kv_scale=true, or
-spec knobs as stage.field=value, e.g. qkv.bulk_copies=1: codegen.load's tune)"""
+spec knobs as stage.field=value, e.g. qkv.bulk_copies=1: codegen.load's tune).
+The index cache is 16 MB with pages drawn with replacement (its keys stay in the L2);
+--cold-keys gives every request its own pages, as the bench does (64K: 134 MB at S=16)."""
 
 import sys
 
@@ -17,13 +19,21 @@ import codegen
 from codegen.__main__ import name_values
 from bench.run import auto_copies
 from bench.timing import GpuTimer
-from tests.minimax_case import context_case, launch_args, make_inputs
+from tests.minimax_case import NUM_BLOCKS, context_case, launch_args, make_inputs
+
+
+COLD_KEYS = "--cold-keys" in sys.argv
 
 
 def setup(kernel, tokens: int, contexts) -> tuple[dict, list]:
     inp = make_inputs(tokens, kernel.target.name, seed=1)
-    case = context_case(tokens, 1, list(contexts), seed=2)
-    args = launch_args(inp, kernel.workspace("cuda"))
+    if COLD_KEYS:
+        blocks = NUM_BLOCKS + tokens * -(-max(contexts) // 128)
+        case = context_case(tokens, 1, list(contexts), seed=2, num_blocks=blocks, distinct=True)
+        args = launch_args(inp, kernel.workspace("cuda"), num_blocks=blocks)
+    else:
+        case = context_case(tokens, 1, list(contexts), seed=2)
+        args = launch_args(inp, kernel.workspace("cuda"))
     args.update(seq_lens=case["seq_lens"].cuda(), block_table=case["block_table"].cuda(), bt_width=case["bt_cols"],
                 index_cache=case["index_cache_bytes"].cuda().view(inp["fp8"]))
     copies = auto_copies(torch.cuda.get_device_properties(0).L2_cache_size, args["w_qkv"].numel())  # the bench's rule
@@ -55,8 +65,9 @@ def probe(tokens: int, contexts=(4096,), reps: int = 20, tune: dict | None = Non
 
 
 if __name__ == "__main__":
-    tokens = [int(a) for a in sys.argv[1:] if "=" not in a] or [1, 16]
-    pairs = name_values([a for a in sys.argv[1:] if "=" in a])
+    words = [a for a in sys.argv[1:] if a != "--cold-keys"]
+    tokens = [int(a) for a in words if "=" not in a] or [1, 16]
+    pairs = name_values([a for a in words if "=" in a])
     flags = {k: v for k, v in pairs.items() if "." not in k}
     tune = {k: v for k, v in pairs.items() if "." in k} or None
     for s in tokens:

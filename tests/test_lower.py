@@ -224,27 +224,30 @@ def test_timeline_stamps_beside_the_union(target):
 @pytest.mark.parametrize("target", TARGET_NAMES)
 @pytest.mark.parametrize("tokens", [1, 4, 16])
 def test_scorer_tables_and_batches(target, tokens):
-    """The scorers' LDS: index q of every (token, head), two batches' per-wave maxima, the
-    requests, the rows' context lengths and a block-table entry per thread; batch_items
-    comes from the spec (sm90 2, else 1) and a tune overrides it, per target; a key ring
-    (sm90) adds its slots and their mbarriers."""
+    """The scorers' LDS: index q of every (token, head) (sm90's tensor-core dots: bf16 pairs,
+    rows of 66 words, 8 rows more; else floats, quarters padded), two batches' per-item
+    maxima (one per wave that sees the item), the requests, the rows' context lengths and a
+    block-table entry per thread; batch_items and mma_dots come from the spec (sm90: 2 and
+    on; else 1 and off) and a tune overrides them, per target."""
     ir = build_ir(target, tokens)
     scores = stage_named(ir, "scores")
     own = {b.name: b for b in ir.lds if b.stage == "scores"}
     waves = ir.threads // ir.target.wave_size
-    batch = 2 if target == "sm90" else 1
+    mma = target == "sm90"
+    batch, item_waves = (2, 8) if mma else (1, waves)
+    iq = ("u32", (tokens + 8) * 66) if mma else ("float", tokens * 4 * 36)
+    keys = {"keys": ("u32", 2 * 4 * ir.threads * 4)} if mma else {}  # cp.async slots: the batch scored and the next
     assert {n: (b.ctype, b.count) for n, b in own.items()} == {
-        "iq": ("float", tokens * 4 * 36), "best": ("float", 2 * batch * tokens * waves),
-        "reqs": ("u32", 5 * tokens), "seq": ("u32", tokens), "pages": ("u32", ir.threads)}
-    assert (scores.values["batch"], scores.values["ring"]) == (batch, 0)
-    tuned = load_spec(SPEC, tune_items({"scores.batch_items": 3}))
-    assert stage_named(lower(tuned, make_build(tuned, target, tokens=tokens)), "scores").values["batch"] == 3
-    if target == "sm90":
-        ringed = load_spec(SPEC, tune_items({"scores.key_ring": 6, "scores.batch_items": 3}))
-        ir = lower(ringed, make_build(ringed, target, tokens=tokens))
-        own = {b.name: (b.ctype, b.count) for b in ir.lds if b.stage == "scores"}
-        assert own["ring"] == ("u32", 6 * 128 * 128 // 4) and own["ring_bars"] == ("u64", 6)
-        assert stage_named(ir, "scores").values["ring"] == 6
+        "iq": iq, "best": ("float", 2 * batch * tokens * item_waves),
+        "reqs": ("u32", 5 * tokens), "seq": ("u32", tokens), "pages": ("u32", ir.threads), **keys}
+    assert (scores.values["batch"], scores.values["mma"], scores.values["ahead"]) == (batch, mma, 1)
+    tuned = load_spec(SPEC, tune_items({"scores.batch_items": 3, "scores.mma_dots": 0}))
+    values = stage_named(lower(tuned, make_build(tuned, target, tokens=tokens)), "scores").values
+    assert (values["batch"], values["mma"]) == (3, False)
+    if mma:
+        deeper = load_spec(SPEC, tune_items({"scores.batches_ahead": 3}))
+        ir = lower(deeper, make_build(deeper, target, tokens=tokens))
+        assert {b.name: b.count for b in ir.lds if b.stage == "scores"}["keys"] == 4 * 4 * ir.threads * 4
 
 
 def test_constants():
@@ -362,12 +365,14 @@ REFUSALS = [
      "start_point: pre_attn_dome", "no timeline point 'pre_attn_dome'"),
     ("scores-batch-too-large", [("batch_items: {default: 1, sm90: 2}", "batch_items: {default: 5, sm90: 2}")],
      "gfx950", 4, "batch_items: {default: 5, sm90: 2}", "batches of 5 keep 80 key registers a thread, more than the 64"),
-    ("scores-key-ring-on-amd", [("key_ring: {default: 0}", "key_ring: {default: 4}")], "gfx942", 1,
-     "key_ring: {default: 4}", "gfx942's device library has no bulk copy into LDS"),
-    ("scores-key-ring-too-small", [("key_ring: {default: 0}", "key_ring: {default: 0, sm90: 3}")], "sm90", 1,
-     "key_ring: {default: 0, sm90: 3}", "a ring of 3 slots cannot hold a batch of 2 in flight while one is scored"),
-    ("scores-key-ring-too-large", [("key_ring: {default: 0}", "key_ring: {default: 0, sm90: 14}")], "sm90", 16,
-     "key_ring: {default: 0, sm90: 14}", "14 slots of 16384 bytes do not fit the"),
+    ("scores-mma-on-amd", [("mma_dots: {default: 0, sm90: 1}", "mma_dots: {default: 1, sm90: 1}")], "gfx942", 1,
+     "mma_dots: {default: 1, sm90: 1}", "gfx942's device library has no bf16 m16n8k16 MMA"),
+    ("scores-cuda-cores-ahead", [("batches_ahead: 1 ", "batches_ahead: {default: 2, sm90: 1} ")], "gfx942", 1,
+     "batches_ahead: {default: 2, sm90: 1}", "the CUDA-core dots keep one batch ahead (registers), not 2"),
+    ("scores-ahead-too-deep", [("batches_ahead: 1 ", "batches_ahead: {default: 1, sm90: 5} ")], "sm90", 1,
+     "batches_ahead: {default: 1, sm90: 5}", "5 batches ahead: at most 4"),
+    ("scores-mma-batch", [("batch_items: {default: 1, sm90: 2}", "batch_items: {default: 1, sm90: 1}")], "sm90", 1,
+     "mma_dots: {default: 0, sm90: 1}", "16 waves score 2 items a batch, not 1"),
     # the head tasks: one per q head, then k, v, index q, index k
     ("heads-tasks-vs-q-heads", [("tasks: N_HEAD_TASKS", "tasks: N_HEAD_TASKS - 1")], "gfx950", 3,
      "tasks: N_HEAD_TASKS - 1", "19 tasks != q_heads + 4 = 20"),

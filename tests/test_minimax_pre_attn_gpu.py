@@ -221,16 +221,17 @@ SCORE_CASES = [  # (tokens, q_len, contexts of the requests' last rows[, init_bl
 ]
 
 
-# the scorer's key paths besides the spec's own (sm90 knobs): registers in batches of two, and
-# the bulk-copy LDS ring; each must write the same scores
-SCORER_TUNES = {"spec": None, "registers-batch2": {"scores.batch_items": 2},
-                "ring4-batch2": {"scores.key_ring": 4, "scores.batch_items": 2}}
+# the scorer's dots besides the spec's own (sm90: tensor cores, two items a batch): on the CUDA
+# cores in batches of two and of one; each must write the same scores
+SCORER_TUNES = {"spec": None,
+                "cuda-cores-batch2": {"scores.mma_dots": 0, "scores.batch_items": 2, "scores.batches_ahead": 1},
+                "cuda-cores-batch1": {"scores.mma_dots": 0, "scores.batch_items": 1, "scores.batches_ahead": 1}}
 
 
 def scorer_kernel(tune_id: str, tokens: int, **params):
     tune = SCORER_TUNES[tune_id]
     if tune and not torch.version.cuda:
-        pytest.skip("the scorer's key-path knobs are sm90's")
+        pytest.skip("the scorer's dot knobs are sm90's")
     return codegen.load("minimax_m3/pre_attn", tokens=tokens, tune=tune, **params)
 
 

@@ -110,7 +110,7 @@ def test_scorer_item_stamps():
     run = tuned[tuned.index("namespace stage_scores {"):]
     stamps = [run.index(f"if (j <= STAMPED_ITEM && STAMPED_ITEM < j + BATCH) stamp(lds, TL_{p});")
               for p in ("SPARE", "X8_READY", "HEAD_GOT_QKV")]
-    calls = [run.index(c) for c in ("item_dots(iq, seq, bp + i", "item_put(a, mb, bp + i")]
+    calls = [run.index(c) for c in ("tile_dots(iq, seq, bp + pl.half", "item_put(a, mb, bp + i")]  # sm90: tensor-core dots
     assert stamps[0] < calls[0] < stamps[1] < calls[1] < stamps[2]  # start, dots, put: in order around the calls
     (report,) = jit.resource_report(tuned, "stamped.hip", get_target("sm90"))
     assert report.spills == 0 and report.scratch_bytes == 0

@@ -22,14 +22,24 @@ scores only this rank's blocks ``b = first_own + 4 i`` for all four index
 heads, into pair ``k * stride + h * stride / 4 + b / 4``.
 
 Batches (``batch_items``): a CTA scores its items ``batch_items`` at a time, with one
-CTA barrier a batch, while the next batch's keys are being loaded into registers
-(8 a thread an item, two batches), or, with ``key_ring`` slots (sm90), each item's block
-goes into an LDS ring as one bulk copy, ``key_ring`` items ahead. The stage's start puts the
-requests, the rows' context lengths, the block-table entries of the CTA's first items
-and every index q into LDS, so that no key load waits for a block-table read and no
-item for its index q (made once per stage, not once per request a CTA meets). The
-scoring issues only the rows an item has (whole chunks of ROW_CHUNK, then one at a
-time). What limits it on the H200 is still open: bench/NOTES.md, session 4."""
+CTA barrier a batch, while the keys of the next ``batches_ahead`` batches load.
+The dots (``mma_dots``):
+
+- on the CUDA cores: each thread a quarter of a key, 32 FMAs a row; the next batch's
+  keys in registers (``batches_ahead`` 1);
+- on sm90's tensor cores: each half of the CTA's warps takes an item of a batch of two,
+  each warp a tile of 16 keys as the rows of bf16 m16n8k16 MMAs against 8 index-q rows
+  at a time. The keys enter exactly (their fp8 bits placed as bf16 times 2^-120), the
+  index q times 2^64, and the maxima are scaled back by 2^56, exactly. Each thread
+  copies its own 64 bytes of a batch's keys into LDS (cp.async, counted waits): keys
+  loaded into registers were waited for together with the next batch's, which ptxas
+  counts on the same scoreboard.
+
+The stage's start puts the requests, the rows' context lengths, the block-table
+entries of the CTA's first items and every index q into LDS, so that no key load
+waits for a block-table read and no item for its index q (made once per stage, not
+once per request a CTA meets). On the H200 the tensor-core scorer is bound by its
+instructions and their latency, not by the keys (bench/NOTES.md, session 5)"""
 
 from __future__ import annotations
 
@@ -46,6 +56,9 @@ LOG2E = 1.4426950408889634
 REQUEST_WORDS = 5  # the template's struct Request: count, first, step, heads, new_from
 MAX_BATCH = 4  # batch_items: two batches' keys in registers, 8 a thread an item
 IQ_PAD = 4  # index-q quarters 36 floats apart: 16-byte LDS reads, the four quarters on distinct banks
+MAX_AHEAD = 4  # batches_ahead with mma_dots: 5 slots of 32 KB
+MMA_TILE_KEYS = 16  # mma_dots: keys of a warp's tile (the m16n8k16 rows)
+MMA_IQ_PAD = 2  # mma_dots: index-q rows 66 words apart: a warp's 8-byte B-fragment reads on distinct banks
 
 
 class Model(StageBase):
@@ -65,10 +78,13 @@ class Model(StageBase):
 
     # items scored between two CTA barriers; the next batch's keys load meanwhile (registers)
     batch_items: PerTarget = PerTarget(default=1)
-    # key ring slots (sm90; 0: keys load into registers): each item's block one bulk copy into LDS
-    key_ring: PerTarget = PerTarget(default=0)
+    # the dots on the tensor cores (sm90, 1) or the CUDA cores (0)
+    mma_dots: PerTarget = PerTarget(default=0)
+    # batches whose keys are in flight while one is scored: 1 on the CUDA cores (registers);
+    # with mma_dots up to MAX_AHEAD (cp.async into LDS slots, 32 KB a batch)
+    batches_ahead: PerTarget = PerTarget(default=1)
 
-    _per_target = field_validator("lead_cta", "batch_items", "key_ring", mode="before")(
+    _per_target = field_validator("lead_cta", "batch_items", "mma_dots", "batches_ahead", mode="before")(
         classmethod(lambda cls, v: per_target(v)))
     # analysis stamps (timeline builds; off in the spec): the phases of the batch holding each
     # CTA's item `stamped_item` (its j-th; a CTA with fewer items stamps none)
@@ -112,25 +128,37 @@ def lower(stage: Model, ctx) -> dict:
     if batch > MAX_BATCH:
         ctx.fail(("batch_items",), f"batches of {batch} keep {16 * batch} key registers a thread, "
                  f"more than the {16 * MAX_BATCH} allowed", f"give batch_items at most {MAX_BATCH}")
-    ring = ctx.integer(stage.key_ring.for_target(ctx.target.name), ("key_ring",), minimum=0)
-    if ring and ctx.target.vendor != "nvidia":
-        ctx.fail(("key_ring",), f"{ctx.target.name}'s device library has no bulk copy into LDS",
-                 "give key_ring 0 for this target (it is an sm90 knob)")
-    if 0 < ring < 2 * batch:
-        ctx.fail(("key_ring",), f"a ring of {ring} slots cannot hold a batch of {batch} in flight while one "
-                 "is scored", f"give key_ring 0, or at least {2 * batch}")
-    ctx.lds(stage.name, "iq", "float", rows * quarters * (head_dim // quarters + IQ_PAD))  # index q, quarters padded
-    ctx.lds(stage.name, "best", "float", 2 * batch * rows * (ctx.threads // ctx.target.wave_size))  # per-wave maxima, two batches
+    mma = ctx.switch(stage.mma_dots.for_target(ctx.target.name), ("mma_dots",))
+    waves = ctx.threads // ctx.target.wave_size
+    item_waves = block // MMA_TILE_KEYS if mma else waves  # waves whose maxima make an item's
+    if mma:
+        if ctx.target.vendor != "nvidia":
+            ctx.fail(("mma_dots",), f"{ctx.target.name}'s device library has no bf16 m16n8k16 MMA",
+                     "give mma_dots 0 for this target (it is an sm90 knob)")
+        if batch * item_waves != waves:
+            ctx.fail(("mma_dots",), f"the tensor-core dots take {item_waves} waves an item: {waves} waves score "
+                     f"{waves // item_waves} items a batch, not {batch}",
+                     f"give batch_items {waves // item_waves} where mma_dots is on")
+    ahead = ctx.integer(stage.batches_ahead.for_target(ctx.target.name), ("batches_ahead",), minimum=1)
+    if not mma and ahead != 1:
+        ctx.fail(("batches_ahead",), f"the CUDA-core dots keep one batch ahead (registers), not {ahead}",
+                 "give batches_ahead 1 where mma_dots is off")
+    if ahead > MAX_AHEAD:
+        ctx.fail(("batches_ahead",), f"{ahead} batches ahead: at most {MAX_AHEAD}", f"give batches_ahead 1 .. {MAX_AHEAD}")
+    if mma:  # index q as bf16 pairs, rows padded, 8 rows more: a B fragment may read past the last request's
+        ctx.lds(stage.name, "iq", "u32", (rows + 8) * (head_dim // 2 + MMA_IQ_PAD))
+    else:
+        ctx.lds(stage.name, "iq", "float", rows * quarters * (head_dim // quarters + IQ_PAD))  # index q, quarters padded
+    ctx.lds(stage.name, "best", "float", 2 * batch * rows * item_waves)  # per-wave maxima, two batches
+    if mma:  # each thread's 64 bytes of a batch's keys, in AHEAD + 1 slots
+        slot_bytes = 4 * ctx.threads * 16
+        if (ahead + 1) * slot_bytes > ctx.lds_left(stage.name):
+            ctx.fail(("batches_ahead",), f"{ahead + 1} key slots of {slot_bytes} bytes do not fit the "
+                     f"{ctx.lds_left(stage.name)} bytes of LDS left", "give batches_ahead fewer")
+        ctx.lds(stage.name, "keys", "u32", (ahead + 1) * slot_bytes // 4)
     ctx.lds(stage.name, "reqs", "u32", REQUEST_WORDS * ctx.tokens)  # each request's work (the template's Request)
     ctx.lds(stage.name, "seq", "u32", ctx.tokens)  # each row's context length
     ctx.lds(stage.name, "pages", "u32", ctx.threads)  # the block-table entries of a CTA's first items
-    if ring:
-        item_bytes = block * head_dim
-        if ring * item_bytes + 8 * ring > ctx.lds_left(stage.name):
-            ctx.fail(("key_ring",), f"{ring} slots of {item_bytes} bytes do not fit the "
-                     f"{ctx.lds_left(stage.name)} bytes of LDS left", "give key_ring fewer slots")
-        ctx.lds(stage.name, "ring", "u32", ring * item_bytes // 4)  # item j's keys in slot j % ring
-        ctx.lds(stage.name, "ring_bars", "u64", ring)  # each slot's bulk copy landed
     return {
         "topk_blocks": ev(stage.topk_blocks, ("topk_blocks",)),
         "init_blocks": ev(stage.init_blocks, ("init_blocks",)),
@@ -153,7 +181,9 @@ def lower(stage: Model, ctx) -> dict:
         "own": own,
         "cp_from": ev(stage.cp_from_blocks, ("cp_from_blocks",)),
         "batch": batch,
-        "ring": ring,
+        "mma": mma,
+        "ahead": ahead,
+        "mma_iq_pad": MMA_IQ_PAD,
         "iq_pad": IQ_PAD,
         "request_words": REQUEST_WORDS,
         "stamped_item": ctx.integer(stage.stamped_item, ("stamped_item",), minimum=0),

@@ -211,6 +211,11 @@ MONO_DEVICE void copy16_async(void* lds_dst, const void* src) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(dst), "l"(src) : "memory");
 }
 MONO_DEVICE void copy_async_wait() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+// the copies issued so far close a group (an empty one too); waiting then counts groups
+MONO_DEVICE void copy_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+// this thread's copies landed but for its last `pending` groups
+template <int pending>
+MONO_DEVICE void copy_async_wait_pending() { asm volatile("cp.async.wait_group %0;" :: "n"(pending) : "memory"); }
 // 16 bytes of LDS (volatile: stays behind the waits that guard it)
 MONO_DEVICE u32x4 ld16_lds(const void* p) {
     u32x4 v;
@@ -253,9 +258,6 @@ MONO_DEVICE void l2_prefetch(const void* src, u32 bytes) {
 // global memory this thread saw written (generic proxy: other CTAs' stores, acquired) ordered
 // before its later bulk copies read it (async proxy)
 MONO_DEVICE void fence_proxy_async() { asm volatile("fence.proxy.async.global;" ::: "memory"); }
-// this thread's earlier LDS accesses (generic proxy; the CTA's, after a barrier) ordered before
-// its later bulk copies write the same LDS (async proxy)
-MONO_DEVICE void fence_proxy_async_lds() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
 
 // ---- timer --------------------------------------------------------------------------
 // %globaltimer: nanoseconds, device-wide (AMD: s_memrealtime at 100 MHz)
@@ -275,6 +277,30 @@ MONO_DEVICE void mma_fp8_16x8x32(float (&d)[4], const u32 (&a)[4], u32 b0, u32 b
         "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+// d += a * b, bf16 inputs, f32 accumulation: A 16 x 16 (row), B 16 x 8 (col)
+MONO_DEVICE void mma_bf16_16x8x16(float (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+        "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+// Two e4m3 (OCP) bytes of w, bytes 0 and 1 (`lo`) or 2 and 3 (`hi`), as a bf16x2 of exactly
+// their values times 2^-120, subnormals included: each byte sign-extended to 16 bits (prmt),
+// its 7 magnitude bits moved under bf16's exponent / mantissa split (<< 4), the sign on top.
+MONO_DEVICE u32 e4m3x2_lo_bf16x2_scaled(u32 w) {
+    u32 x;
+    asm("prmt.b32 %0, %1, 0, 0x9180;" : "=r"(x) : "r"(w));
+    return (x << 4) & 0x87f087f0u;
+}
+MONO_DEVICE u32 e4m3x2_hi_bf16x2_scaled(u32 w) {
+    u32 x;
+    asm("prmt.b32 %0, %1, 0, 0xB3A2;" : "=r"(x) : "r"(w));
+    return (x << 4) & 0x87f087f0u;
+}
+MONO_DEVICE void ld8_lds(const void* p, u32& x, u32& y) {
+    asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];" : "=r"(x), "=r"(y) : "r"(lds_address(p)));
 }
 
 // ---- end-of-launch counter ------------------------------------------------------------

@@ -877,15 +877,16 @@ constexpr int HEADS = 1;        // index-q heads; 4: long requests are scored he
 constexpr int OWN = 0;            // this rank's index-q head
 constexpr int CP_FROM = 288;    // a request is long above this many blocks (HEADS > 1)
 constexpr float SCALE = 0.127517431974411f;  // f32(f32(sm_scale) * f32(log2 e)), applied after the max
+constexpr int MAX_ROWS = TOKENS * HEADS;       // (row, head)s of one request at most
+constexpr int BATCH = 1;           // items scored between two CTA barriers; the next BATCH in flight
+constexpr int WAVES = THREADS / WAVE;
+constexpr int PAGES = THREADS;                 // a CTA's first PAGES items find their cache page in LDS
 constexpr int QUARTERS = THREADS / BLOCK;    // threads per key: each holds DIM / QUARTERS dims
 constexpr int QDIMS = DIM / QUARTERS;          // 32 dims = 32 bytes = two 16-byte loads
 constexpr int QSTRIDE = QDIMS + 4;             // LDS floats per quarter row: 16-byte reads, quarters on distinct banks
 constexpr int ROW_STRIDE = QUARTERS * QSTRIDE;
-constexpr int MAX_ROWS = TOKENS * HEADS;       // (row, head)s of one request at most
 constexpr int ROW_CHUNK = 2;                   // rows accumulated at once (registers) while that many remain
-constexpr int BATCH = 1;           // items scored between two CTA barriers; the next BATCH in flight
-constexpr int WAVES = THREADS / WAVE;
-constexpr int PAGES = THREADS;                 // a CTA's first PAGES items find their cache page in LDS
+constexpr int ITEM_WAVES = WAVES;              // waves whose maxima make an item's: all of them
 static_assert(THREADS % BLOCK == 0 && QDIMS == 32 && BLOCK % (WAVE / QUARTERS) == 0, "4 threads a key, 32 dims each");
 
 MONO_DEVICE int blocks_of(int seq) { return ((seq < 1 ? 1 : seq) + BLOCK - 1) / BLOCK; }
@@ -955,25 +956,43 @@ MONO_DEVICE long long page_of(const Args& a, const Item& it, int q_len) {
     return a.block_table[(long long)(it.r * q_len + q_len - 1) * a.bt_width + it.b];
 }
 
-// This thread's 32 bytes (quarter q) of key `key` of the CTA's j-th item (its block's cache
-// page from LDS for the first PAGES items); the index-K head tasks first when the block may
-// hold a key this launch inserted (coherent loads then).
-MONO_DEVICE void load_key(const Args& a, const Mailbox& mb, const int* pages, const Item& it, int j, int q_len,
-                          int key, int q, bool& new_keys_seen, u32x4& k0, u32x4& k1) {
-    const long long page = j < PAGES ? pages[j] : page_of(a, it, q_len);
-    const u8* kp = a.index_cache + (page * BLOCK + key) * DIM + q * QDIMS;
-    if (it.new_keys) {  // uniform over the CTA
-        if (!new_keys_seen) {
-            for (int i = thread_id(); i < TOKENS; i += THREADS) mailbox_wait(mb.hdone + i * HEAD_TASKS + TASK_IK, mb.tag);
-            barrier();
-            fence_acquire();
-            new_keys_seen = true;
-        }
-        k0 = ld16_coherent(kp);
-        k1 = ld16_coherent(kp + 16);
-    } else {
-        k0 = ld16(kp);
-        k1 = ld16(kp + 16);
+// The index-K head tasks of every token done (once a CTA; uniform over the CTA): a block that
+// may hold a key this launch inserted is read only after them, with coherent loads.
+MONO_DEVICE void wait_new_keys(const Mailbox& mb, bool& new_keys_seen) {
+    if (new_keys_seen) return;
+    for (int i = thread_id(); i < TOKENS; i += THREADS) mailbox_wait(mb.hdone + i * HEAD_TASKS + TASK_IK, mb.tag);
+    barrier();
+    fence_acquire();
+    new_keys_seen = true;
+}
+
+// 16 bytes at `p` of the CTA's item `it`'s block (coherent when it may hold a new key).
+MONO_DEVICE u32x4 key_bytes(const Item& it, const u8* p) { return it.new_keys ? ld16_coherent(p) : ld16(p); }
+
+// Where a thread works: dims 32q .. 32q + 31 of key `key` of every item (a warp reads whole keys).
+struct Place {
+    int key, q;
+};
+MONO_DEVICE Place place_of(int tid) { return Place{tid / QUARTERS, tid % QUARTERS}; }
+struct Keys {  // item i of a batch: this thread's 32 bytes in lo[i], hi[i]
+    u32x4 lo[BATCH], hi[BATCH];
+};
+using Operands = Keys;  // what a batch's dots take
+
+// The CTA's items j .. j + BATCH - 1 into `its`, their keys into `keys` (in flight until
+// scored); each block's cache page from LDS for the CTA's first PAGES items.
+MONO_DEVICE void fetch_batch(const Args& a, const Mailbox& mb, const Request* reqs, const int* pages, Cursor& cur,
+                             int rank, int j, int requests, int q_len, const Place& pl, bool& new_keys_seen,
+                             Item (&its)[BATCH], Keys& keys) {
+#pragma unroll
+    for (int i = 0; i < BATCH; ++i) {
+        its[i] = advance(reqs, cur, rank + (j + i) * CTAS, requests);
+        if (!its[i].valid) continue;
+        if (its[i].new_keys) wait_new_keys(mb, new_keys_seen);  // uniform over the CTA
+        const long long page = j + i < PAGES ? pages[j + i] : page_of(a, its[i], q_len);
+        const u8* kp = a.index_cache + (page * BLOCK + pl.key) * DIM + pl.q * QDIMS;
+        keys.lo[i] = key_bytes(its[i], kp);
+        keys.hi[i] = key_bytes(its[i], kp + 16);
     }
 }
 
@@ -1007,16 +1026,15 @@ MONO_DEVICE void score_rows(const float* iq_r, const int* seq, float* best, cons
         const int s = seq[row0 + row / nh];
         const float v = it.b * BLOCK + key < (s < 1 ? 1 : s) ? d : neg_inf();
         const float wm = wave_max(v);
-        if (lane_id() == 0) best[row * WAVES + wave_id()] = wm;
+        if (lane_id() == 0) best[row * ITEM_WAVES + wave_id()] = wm;
     }
 }
 
-// One item's dots: each wave's maxima for each (row, head) of its request into `best`, the
-// item's half (items alternate, so the next item's writes never meet this one's reads).
-MONO_DEVICE void item_dots(const float* iq, const int* seq, float* best, const Item& it, int q_len, int key, int q,
+// One item's dots: each wave's maxima for each (row, head) of its request into `best`.
+MONO_DEVICE void item_dots(const float* iq, const int* seq, float* best, const Item& it, int q_len, const Place& pl,
                            const u32x4& k0, const u32x4& k1) {
     const int row0 = it.r * q_len, nh = HEADS == 1 ? 1 : it.heads, rows = q_len * nh;
-    const float* iq_r = iq + row0 * HEADS * ROW_STRIDE + q * QSTRIDE;  // the request's rows, this quarter
+    const float* iq_r = iq + row0 * HEADS * ROW_STRIDE + pl.q * QSTRIDE;  // the request's rows, this quarter
     float kf[QDIMS];
     const u32 words[8] = {k0.x, k0.y, k0.z, k0.w, k1.x, k1.y, k1.z, k1.w};
     for (int w = 0; w < 8; ++w) {
@@ -1027,8 +1045,8 @@ MONO_DEVICE void item_dots(const float* iq, const int* seq, float* best, const I
     // whole chunks of ROW_CHUNK rows, then the rest one row at a time: no issue slot spent on
     // rows that are not there (a decode request has one row, or four with its heads)
     int r0 = 0;
-    for (; r0 + ROW_CHUNK <= rows; r0 += ROW_CHUNK) score_rows<ROW_CHUNK>(iq_r, seq, best, it, row0, nh, r0, key, kf);
-    for (; r0 < rows; ++r0) score_rows<1>(iq_r, seq, best, it, row0, nh, r0, key, kf);
+    for (; r0 + ROW_CHUNK <= rows; r0 += ROW_CHUNK) score_rows<ROW_CHUNK>(iq_r, seq, best, it, row0, nh, r0, pl.key, kf);
+    for (; r0 < rows; ++r0) score_rows<1>(iq_r, seq, best, it, row0, nh, r0, pl.key, kf);
 }
 
 // One item's scores, after the batch's barrier (every wave's maxima are in): the block's
@@ -1037,8 +1055,8 @@ MONO_DEVICE void item_put(const Args& a, const Mailbox& mb, const float* best, c
     const int row0 = it.r * q_len, nh = HEADS == 1 ? 1 : it.heads, rows = q_len * nh;
     u64* iscore = reinterpret_cast<u64*>(a.iscore);
     for (int row = (thread_id() - first + THREADS) % THREADS; row < rows; row += THREADS) {
-        float m = best[row * WAVES];
-        for (int w = 1; w < WAVES; ++w) m = fmax_f32(m, best[row * WAVES + w]);
+        float m = best[row * ITEM_WAVES];
+        for (int w = 1; w < ITEM_WAVES; ++w) m = fmax_f32(m, best[row * ITEM_WAVES + w]);
         const int k = row0 + row / nh;
         const long long pair = nh == 1 ? (long long)k * STRIDE + it.b
                                        : (long long)k * STRIDE + (row % nh) * (STRIDE / HEADS) + it.b / HEADS;
@@ -1046,46 +1064,33 @@ MONO_DEVICE void item_put(const Args& a, const Mailbox& mb, const float* best, c
     }
 }
 
-// The CTA's items j .. j + BATCH - 1 into `its`, their keys into k0 / k1 (in flight until
-// scored).
-MONO_DEVICE void fetch_batch(const Args& a, const Mailbox& mb, const Request* reqs, const int* pages, Cursor& cur,
-                             int rank, int j, int requests, int q_len, int key, int q, bool& new_keys_seen,
-                             Item (&its)[BATCH], u32x4 (&k0)[BATCH], u32x4 (&k1)[BATCH]) {
-#pragma unroll
-    for (int i = 0; i < BATCH; ++i) {
-        its[i] = advance(reqs, cur, rank + (j + i) * CTAS, requests);
-        if (its[i].valid) load_key(a, mb, pages, its[i], j + i, q_len, key, q, new_keys_seen, k0[i], k1[i]);
-    }
-}
-
-// One batch (its first item the CTA's j-th; keys in k0 / k1): each item's dots, the batch's one
+// One batch (its first item the CTA's j-th): each item's dots, the batch's one
 // barrier (and `best`'s other half free again), each item's scores put.
 MONO_DEVICE void score_batch(const Args& a, const Mailbox& mb, const float* iq, const int* seq, float* bp, u8* lds,
-                             int j, const Item (&its)[BATCH], const u32x4 (&k0)[BATCH], const u32x4 (&k1)[BATCH],
-                             int q_len, int key, int q) {
+                             int j, const Item (&its)[BATCH], const Operands& ops, int q_len, const Place& pl) {
 #pragma unroll
     for (int i = 0; i < BATCH; ++i)
-        if (its[i].valid) item_dots(iq, seq, bp + i * MAX_ROWS * WAVES, its[i], q_len, key, q, k0[i], k1[i]);
+        if (its[i].valid) item_dots(iq, seq, bp + i * MAX_ROWS * ITEM_WAVES, its[i], q_len, pl, ops.lo[i], ops.hi[i]);
     barrier();
 #pragma unroll
     for (int i = 0; i < BATCH; ++i)
-        if (its[i].valid) item_put(a, mb, bp + i * MAX_ROWS * WAVES, its[i], q_len, i * MAX_ROWS % THREADS);
+        if (its[i].valid) item_put(a, mb, bp + i * MAX_ROWS * ITEM_WAVES, its[i], q_len, i * MAX_ROWS % THREADS);
 }
 
 // Work item u = (request r, its item i), requests in order; CTA c takes the items u with
 // u % CTAS == its rank from LEAD, its j-th being u = rank + j * CTAS. The stage's start puts
 // the requests, the rows' context lengths, the cache pages of the CTA's first PAGES items and
-// every index q in LDS. Then the items go in batches of BATCH, one CTA barrier a batch: the
-// next batch's keys are in flight (registers, set b % 2) while one is scored. Thread (key, q)
-// holds dims 32q .. 32q + 31 of its key: a warp reads whole keys.
+// every index q in LDS. Then the items go in batches of BATCH, one CTA barrier a batch: the next batch's keys are in flight
+// (registers, set b % 2) while one is scored.
 MONO_DEVICE void run(const Args& a, const Mailbox& mb, u8* lds) {
     const int c = block_id() - FIRST;
     if (c < 0 || c >= CTAS) return;
     stamp(lds, TL_PRE_ATTN_DONE);
     const int rank = (c - LEAD % CTAS + CTAS) % CTAS;
-    const int tid = thread_id(), key = tid / QUARTERS, q = tid % QUARTERS;
+    const int tid = thread_id();
+    const Place pl = place_of(tid);
     float* iq = reinterpret_cast<float*>(lds + LDS_IQ);          // [request's (row, head)s from r * q_len * HEADS][quarter][QSTRIDE]
-    float* best = reinterpret_cast<float*>(lds + LDS_BEST);      // [item j % 2][(row, head)][wave]
+    float* best = reinterpret_cast<float*>(lds + LDS_BEST);      // [batch b % 2][item][(row, head)][wave]
     Request* reqs = reinterpret_cast<Request*>(lds + LDS_REQS);  // [request]
     int* seq = reinterpret_cast<int*>(lds + LDS_SEQ);            // [row]: its context length
     int* pages = reinterpret_cast<int*>(lds + LDS_PAGES);        // [j < PAGES]: item j's cache page
@@ -1103,9 +1108,9 @@ MONO_DEVICE void run(const Args& a, const Mailbox& mb, u8* lds) {
     Cursor cur{0, 0};
     bool new_keys_seen = false;
     Item its[2][BATCH];  // batch b in set b % 2
-    u32x4 k0[2][BATCH], k1[2][BATCH];
+    Keys keys[2];
     // the first batch's keys in flight while the index q is made
-    fetch_batch(a, mb, reqs, pages, cur, rank, 0, requests, q_len, key, q, new_keys_seen, its[0], k0[0], k1[0]);
+    fetch_batch(a, mb, reqs, pages, cur, rank, 0, requests, q_len, pl, new_keys_seen, its[0], keys[0]);
     if (its[0][0].valid) {
         make_index_q(a, mb, reqs, iq, requests, q_len);
         barrier();
@@ -1115,8 +1120,8 @@ MONO_DEVICE void run(const Args& a, const Mailbox& mb, u8* lds) {
         for (int p = 0; p < 2 && more; ++p) {
             const int j = j0 + p * BATCH;  // this batch's first item
             // the next batch's keys in flight while this one is scored
-            fetch_batch(a, mb, reqs, pages, cur, rank, j + BATCH, requests, q_len, key, q, new_keys_seen, its[1 - p], k0[1 - p], k1[1 - p]);
-            score_batch(a, mb, iq, seq, best + p * BATCH * MAX_ROWS * WAVES, lds, j, its[p], k0[p], k1[p], q_len, key, q);
+            fetch_batch(a, mb, reqs, pages, cur, rank, j + BATCH, requests, q_len, pl, new_keys_seen, its[1 - p], keys[1 - p]);
+            score_batch(a, mb, iq, seq, best + p * BATCH * MAX_ROWS * ITEM_WAVES, lds, j, its[p], keys[p], q_len, pl);
             more = its[1 - p][0].valid;
         }
     }

@@ -56,11 +56,12 @@
 //   stage_qkv::LDS_RED     @  22560  64 x float
 //   stage_qkv::LDS_WSTAGE  @  22816  29824 x u32
 //   stage_qkv::LDS_WBAR    @ 142112  1 x u64
-//   stage_scores::LDS_IQ   @      0  144 x float
-//   stage_scores::LDS_BEST @    576  64 x float
-//   stage_scores::LDS_REQS @    832  5 x u32
-//   stage_scores::LDS_SEQ  @    864  1 x u32
-//   stage_scores::LDS_PAGES @    880  512 x u32
+//   stage_scores::LDS_IQ   @      0  594 x u32
+//   stage_scores::LDS_BEST @   2384  32 x float
+//   stage_scores::LDS_KEYS @   2512  16384 x u32
+//   stage_scores::LDS_REQS @  68048  5 x u32
+//   stage_scores::LDS_SEQ  @  68080  1 x u32
+//   stage_scores::LDS_PAGES @  68096  512 x u32
 //
 // stages (every CTA runs them in this order; a stage waits only on earlier ones):
 //   1. qkv    gemv_fp8     160 tasks on CTAs 0..131 (round_robin)
@@ -215,6 +216,11 @@ MONO_DEVICE void copy16_async(void* lds_dst, const void* src) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(dst), "l"(src) : "memory");
 }
 MONO_DEVICE void copy_async_wait() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+// the copies issued so far close a group (an empty one too); waiting then counts groups
+MONO_DEVICE void copy_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+// this thread's copies landed but for its last `pending` groups
+template <int pending>
+MONO_DEVICE void copy_async_wait_pending() { asm volatile("cp.async.wait_group %0;" :: "n"(pending) : "memory"); }
 // 16 bytes of LDS (volatile: stays behind the waits that guard it)
 MONO_DEVICE u32x4 ld16_lds(const void* p) {
     u32x4 v;
@@ -257,9 +263,6 @@ MONO_DEVICE void l2_prefetch(const void* src, u32 bytes) {
 // global memory this thread saw written (generic proxy: other CTAs' stores, acquired) ordered
 // before its later bulk copies read it (async proxy)
 MONO_DEVICE void fence_proxy_async() { asm volatile("fence.proxy.async.global;" ::: "memory"); }
-// this thread's earlier LDS accesses (generic proxy; the CTA's, after a barrier) ordered before
-// its later bulk copies write the same LDS (async proxy)
-MONO_DEVICE void fence_proxy_async_lds() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
 
 // ---- timer --------------------------------------------------------------------------
 // %globaltimer: nanoseconds, device-wide (AMD: s_memrealtime at 100 MHz)
@@ -279,6 +282,30 @@ MONO_DEVICE void mma_fp8_16x8x32(float (&d)[4], const u32 (&a)[4], u32 b0, u32 b
         "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+// d += a * b, bf16 inputs, f32 accumulation: A 16 x 16 (row), B 16 x 8 (col)
+MONO_DEVICE void mma_bf16_16x8x16(float (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+        "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+// Two e4m3 (OCP) bytes of w, bytes 0 and 1 (`lo`) or 2 and 3 (`hi`), as a bf16x2 of exactly
+// their values times 2^-120, subnormals included: each byte sign-extended to 16 bits (prmt),
+// its 7 magnitude bits moved under bf16's exponent / mantissa split (<< 4), the sign on top.
+MONO_DEVICE u32 e4m3x2_lo_bf16x2_scaled(u32 w) {
+    u32 x;
+    asm("prmt.b32 %0, %1, 0, 0x9180;" : "=r"(x) : "r"(w));
+    return (x << 4) & 0x87f087f0u;
+}
+MONO_DEVICE u32 e4m3x2_hi_bf16x2_scaled(u32 w) {
+    u32 x;
+    asm("prmt.b32 %0, %1, 0, 0xB3A2;" : "=r"(x) : "r"(w));
+    return (x << 4) & 0x87f087f0u;
+}
+MONO_DEVICE void ld8_lds(const void* p, u32& x, u32& y) {
+    asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];" : "=r"(x), "=r"(y) : "r"(lds_address(p)));
 }
 
 // ---- end-of-launch counter ------------------------------------------------------------
@@ -1073,11 +1100,12 @@ namespace stage_scores {
 constexpr int TASKS = 132;  // task t runs on CTA FIRST + t % CTAS
 constexpr int FIRST = 0;
 constexpr int CTAS = 132;
-constexpr int LDS_IQ = 0;  // LDS: 144 x float
-constexpr int LDS_BEST = 576;  // LDS: 64 x float
-constexpr int LDS_REQS = 832;  // LDS: 5 x u32
-constexpr int LDS_SEQ = 864;  // LDS: 1 x u32
-constexpr int LDS_PAGES = 880;  // LDS: 512 x u32
+constexpr int LDS_IQ = 0;  // LDS: 594 x u32
+constexpr int LDS_BEST = 2384;  // LDS: 32 x float
+constexpr int LDS_KEYS = 2512;  // LDS: 16384 x u32
+constexpr int LDS_REQS = 68048;  // LDS: 5 x u32
+constexpr int LDS_SEQ = 68080;  // LDS: 1 x u32
+constexpr int LDS_PAGES = 68096;  // LDS: 512 x u32
 
 constexpr int DIM = 128;
 constexpr int ROPE = 64;        // partial NeoX RoPE over dims 0 .. ROPE - 1
@@ -1139,16 +1167,22 @@ constexpr int HEADS = 1;        // index-q heads; 4: long requests are scored he
 constexpr int OWN = 0;            // this rank's index-q head
 constexpr int CP_FROM = 288;    // a request is long above this many blocks (HEADS > 1)
 constexpr float SCALE = 0.127517431974411f;  // f32(f32(sm_scale) * f32(log2 e)), applied after the max
-constexpr int QUARTERS = THREADS / BLOCK;    // threads per key: each holds DIM / QUARTERS dims
-constexpr int QDIMS = DIM / QUARTERS;          // 32 dims = 32 bytes = two 16-byte loads
-constexpr int QSTRIDE = QDIMS + 4;             // LDS floats per quarter row: 16-byte reads, quarters on distinct banks
-constexpr int ROW_STRIDE = QUARTERS * QSTRIDE;
 constexpr int MAX_ROWS = TOKENS * HEADS;       // (row, head)s of one request at most
-constexpr int ROW_CHUNK = 2;                   // rows accumulated at once (registers) while that many remain
 constexpr int BATCH = 2;           // items scored between two CTA barriers; the next BATCH in flight
 constexpr int WAVES = THREADS / WAVE;
 constexpr int PAGES = THREADS;                 // a CTA's first PAGES items find their cache page in LDS
-static_assert(THREADS % BLOCK == 0 && QDIMS == 32 && BLOCK % (WAVE / QUARTERS) == 0, "4 threads a key, 32 dims each");
+// Dots on the tensor cores: a warp takes a tile of TILE_KEYS keys of an item (the MMA's rows)
+// against 8 index-q rows at a time (its columns), the dims split into 8 k-steps of 16. Keys go
+// in as bf16 times 2^-120 (exact, from their fp8 bits), index q as bf16 times IQ_UP (exact):
+// the dots come out times 2^-56 and are scaled back, exactly, after the max.
+constexpr int TILE_KEYS = 16;
+constexpr int ITEM_WAVES = BLOCK / TILE_KEYS;  // waves an item takes: the CTA scores BATCH items at once
+constexpr int IQ_WORDS = DIM / 2 + 2;          // bf16x2 words a row of index q in LDS (padded: B fragments conflict-free)
+constexpr float IQ_UP = 18446744073709551616.0f;  // 2^64
+constexpr float DOT_UNSCALE = 72057594037927936.0f;  // 2^56 = 2^120 / IQ_UP
+constexpr int AHEAD = 1;           // batches whose keys are in flight (cp.async into LDS) while one is scored
+constexpr int SLOTS = AHEAD + 1;               // key slots: batch b's in slot b % SLOTS, each thread its own 4 x 16 bytes
+static_assert(BATCH * ITEM_WAVES == WAVES && DIM == 128 && WAVE == 32, "one item a half of the CTA's warps");
 
 MONO_DEVICE int blocks_of(int seq) { return ((seq < 1 ? 1 : seq) + BLOCK - 1) / BLOCK; }
 
@@ -1171,7 +1205,7 @@ MONO_DEVICE Request request_of(const Args& a, int r, int q_len) {
 static_assert(sizeof(Request) == 5 * 4, "LDS_REQS holds 5 words a request");
 
 // The index q of every scored request, bf16-rounded, into LDS: request r's (row i, head j) at
-// row r * q_len * HEADS + i * heads + j (quarters padded), as its scoring walks them. The head
+// row r * q_len * HEADS + i * heads + j (bf16 pairs times IQ_UP), as its scoring walks them. The head
 // stage's math on the qkv mailbox, one 32-lane group a (token, head), the requests' jobs
 // numbered in order and dealt to the groups.
 MONO_DEVICE void make_index_q(const Args& a, const Mailbox& mb, const Request* reqs, float* iq, int requests, int q_len) {
@@ -1187,8 +1221,9 @@ MONO_DEVICE void make_index_q(const Args& a, const Mailbox& mb, const Request* r
             head_inputs(a.g_iq, a.cos_sin + (long long)int(a.positions[tk]) * ROPE, d0, g, c, sn);
             head_values(mb.qkv + tk * QKV_ROWS + IQ_BASE + head * DIM + d0, mb.tag, e);
             norm_rope(e, g, c, sn, d0, out);
-            float* row = iq + (r * q_len * HEADS + n - base) * ROW_STRIDE;
-            for (int i = 0; i < ELEMS; ++i) row[(d0 + i) / QDIMS * QSTRIDE + (d0 + i) % QDIMS] = bf16_round(out[i]);
+            u32* row = reinterpret_cast<u32*>(iq) + (r * q_len * HEADS + n - base) * IQ_WORDS;
+            for (int i = 0; i < ELEMS; i += 2)  // bf16 pairs, times IQ_UP (exact)
+                row[(d0 + i) / 2] = u32(f32_to_bf16(bf16_round(out[i]) * IQ_UP)) | u32(f32_to_bf16(bf16_round(out[i + 1]) * IQ_UP)) << 16;
         }
         base += jobs;
     }
@@ -1217,80 +1252,125 @@ MONO_DEVICE long long page_of(const Args& a, const Item& it, int q_len) {
     return a.block_table[(long long)(it.r * q_len + q_len - 1) * a.bt_width + it.b];
 }
 
-// This thread's 32 bytes (quarter q) of key `key` of the CTA's j-th item (its block's cache
-// page from LDS for the first PAGES items); the index-K head tasks first when the block may
-// hold a key this launch inserted (coherent loads then).
-MONO_DEVICE void load_key(const Args& a, const Mailbox& mb, const int* pages, const Item& it, int j, int q_len,
-                          int key, int q, bool& new_keys_seen, u32x4& k0, u32x4& k1) {
-    const long long page = j < PAGES ? pages[j] : page_of(a, it, q_len);
-    const u8* kp = a.index_cache + (page * BLOCK + key) * DIM + q * QDIMS;
-    if (it.new_keys) {  // uniform over the CTA
-        if (!new_keys_seen) {
-            for (int i = thread_id(); i < TOKENS; i += THREADS) mailbox_wait(mb.hdone + i * HEAD_TASKS + TASK_IK, mb.tag);
-            barrier();
-            fence_acquire();
-            new_keys_seen = true;
-        }
-        k0 = ld16_coherent(kp);
-        k1 = ld16_coherent(kp + 16);
-    } else {
-        k0 = ld16(kp);
-        k1 = ld16(kp + 16);
-    }
+// The index-K head tasks of every token done (once a CTA; uniform over the CTA): a block that
+// may hold a key this launch inserted is read only after them, with coherent loads.
+MONO_DEVICE void wait_new_keys(const Mailbox& mb, bool& new_keys_seen) {
+    if (new_keys_seen) return;
+    for (int i = thread_id(); i < TOKENS; i += THREADS) mailbox_wait(mb.hdone + i * HEAD_TASKS + TASK_IK, mb.tag);
+    barrier();
+    fence_acquire();
+    new_keys_seen = true;
 }
 
-// Rows r0 .. r0 + N - 1 of an item: each row's dot with this thread's 32 key dims (16-byte
-// index-q reads; four chains over the dims e % 4, summed (c0 + c1) + (c2 + c3): a dependent
-// chain of 8 FMAs, not 32), the key's four quarters summed, masked past the row's context,
-// the wave's maximum into `best`.
-template <int N>
-MONO_DEVICE void score_rows(const float* iq_r, const int* seq, float* best, const Item& it, int row0, int nh, int r0,
-                            int key, const float (&kf)[QDIMS]) {
-    float acc[N];
+// Where a thread works: its half of the CTA takes item `half` of a batch, its warp the tile
+// of keys 16 tile .. 16 tile + 15; lane (g, t) holds keys g and g + 8 of it, bytes 16t and
+// 64 + 16t (16 each: a warp's load takes 64 whole bytes of 8 keys), which are its dims of
+// every k-step (the same dims of 8 index-q rows make its B fragment).
+struct Place {
+    int half, tile, g, t;
+};
+MONO_DEVICE Place place_of(int tid) {
+    const int w = tid / WAVE, l = tid % WAVE;
+    return Place{w / ITEM_WAVES, w % ITEM_WAVES, l / 4, l % 4};
+}
+struct Keys {  // key g: k[0], k[1]; key g + 8: k[2], k[3] (from the thread's key slot)
+    u32x4 k[4];
+};
+// its[i] by selection: a register array indexed at run time would go to local memory
+MONO_DEVICE Item item_at(const Item (&its)[BATCH], int i) {
+    Item it = its[0];
 #pragma unroll
-    for (int m = 0; m < N; ++m) {
-        float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-        const float* qr = iq_r + (r0 + m) * ROW_STRIDE;
-#pragma unroll
-        for (int e = 0; e < QDIMS; e += 4) {
-            const u32x4 x = ld16_lds(qr + e);
-            c[0] = fma_rn(kf[e], u32_as_float(x.x), c[0]);
-            c[1] = fma_rn(kf[e + 1], u32_as_float(x.y), c[1]);
-            c[2] = fma_rn(kf[e + 2], u32_as_float(x.z), c[2]);
-            c[3] = fma_rn(kf[e + 3], u32_as_float(x.w), c[3]);
-        }
-        acc[m] = (c[0] + c[1]) + (c[2] + c[3]);
-    }
-    for (int m = 0; m < N; ++m) {
-        const int row = r0 + m;
-        float d = acc[m];
-        d = d + shfl_xor(d, 1);  // the key's four quarters: (q0 + q1) + (q2 + q3)
-        d = d + shfl_xor(d, 2);
-        const int s = seq[row0 + row / nh];
-        const float v = it.b * BLOCK + key < (s < 1 ? 1 : s) ? d : neg_inf();
-        const float wm = wave_max(v);
-        if (lane_id() == 0) best[row * WAVES + wave_id()] = wm;
-    }
+    for (int k = 1; k < BATCH; ++k)
+        if (i == k) it = its[k];
+    return it;
 }
 
-// One item's dots: each wave's maxima for each (row, head) of its request into `best`, the
-// item's half (items alternate, so the next item's writes never meet this one's reads).
-MONO_DEVICE void item_dots(const float* iq, const int* seq, float* best, const Item& it, int q_len, int key, int q,
-                           const u32x4& k0, const u32x4& k1) {
+// The CTA's items j .. j + BATCH - 1 into `its`; this thread's 64 bytes of its half's item
+// copied (cp.async, one group a batch) into its own part of key slot `slot`: no other thread
+// reads them, so the thread's own counted wait is all the ordering they need.
+MONO_DEVICE void fetch_batch(const Args& a, const Mailbox& mb, const Request* reqs, const int* pages, Cursor& cur,
+                             int rank, int j, int requests, int q_len, const Place& pl, bool& new_keys_seen,
+                             Item (&its)[BATCH], u32x4* slot) {
+    bool new_keys = false;
+#pragma unroll
+    for (int i = 0; i < BATCH; ++i) {
+        its[i] = advance(reqs, cur, rank + (j + i) * CTAS, requests);
+        new_keys = new_keys || (its[i].valid && its[i].new_keys);
+    }
+    if (new_keys) wait_new_keys(mb, new_keys_seen);  // uniform: every thread sees the batch's items
+    const Item it = item_at(its, pl.half);
+    if (it.valid) {  // (cp.async.cg reads the L2: coherent for the new keys too)
+        const long long page = j + pl.half < PAGES ? pages[j + pl.half] : page_of(a, it, q_len);
+        const u8* kp = a.index_cache + (page * BLOCK + pl.tile * TILE_KEYS + pl.g) * DIM + 16 * pl.t;
+        const int tid = thread_id();
+        copy16_async(slot + tid, kp);  // key g: bytes 16t, 64 + 16t
+        copy16_async(slot + THREADS + tid, kp + 64);
+        copy16_async(slot + 2 * THREADS + tid, kp + 8 * DIM);  // key g + 8
+        copy16_async(slot + 3 * THREADS + tid, kp + 8 * DIM + 64);
+    }
+    copy_async_commit();  // a group every batch, empty or not: the waits count batches
+}
+
+// This thread's keys of the batch in `slot`, once its copies landed (the batches after it may
+// still be in flight).
+MONO_DEVICE Keys slot_keys(const u32x4* slot) {
+    copy_async_wait_pending<AHEAD>();
+    const int tid = thread_id();
+    Keys keys;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) keys.k[k] = ld16_lds(slot + k * THREADS + tid);
+    return keys;
+}
+
+// The A fragments of a warp's tile: k-step s = dims 16t + 4s .. + 3 (64 + 16t + 4(s - 4) ..
+// from s = 4) of keys g and g + 8, as bf16 times 2^-120.
+struct Frags {
+    u32 a[8][4];  // k-step s: (key g, dims +0 +1), (key g + 8, +0 +1), (g, +2 +3), (g + 8, +2 +3)
+};
+using Operands = Frags;  // what a batch's dots take
+MONO_DEVICE Frags key_frags(const Keys& keys) {
+    const u32 wg[8] = {keys.k[0].x, keys.k[0].y, keys.k[0].z, keys.k[0].w, keys.k[1].x, keys.k[1].y, keys.k[1].z, keys.k[1].w};
+    const u32 wh[8] = {keys.k[2].x, keys.k[2].y, keys.k[2].z, keys.k[2].w, keys.k[3].x, keys.k[3].y, keys.k[3].z, keys.k[3].w};
+    Frags f;
+#pragma unroll
+    for (int s = 0; s < 8; ++s) {
+        f.a[s][0] = e4m3x2_lo_bf16x2_scaled(wg[s]);
+        f.a[s][1] = e4m3x2_lo_bf16x2_scaled(wh[s]);
+        f.a[s][2] = e4m3x2_hi_bf16x2_scaled(wg[s]);
+        f.a[s][3] = e4m3x2_hi_bf16x2_scaled(wh[s]);
+    }
+    return f;
+}
+
+// One item's tile: its keys' dots with each (row, head) of the request (8 rows an MMA column
+// block), masked past each row's context, the tile's maximum for each row into `best`
+// (scaled 2^-56).
+MONO_DEVICE void tile_dots(const float* iq, const int* seq, float* best, const Item& it, int q_len, const Place& pl,
+                           const Frags& f) {
     const int row0 = it.r * q_len, nh = HEADS == 1 ? 1 : it.heads, rows = q_len * nh;
-    const float* iq_r = iq + row0 * HEADS * ROW_STRIDE + q * QSTRIDE;  // the request's rows, this quarter
-    float kf[QDIMS];
-    const u32 words[8] = {k0.x, k0.y, k0.z, k0.w, k1.x, k1.y, k1.z, k1.w};
-    for (int w = 0; w < 8; ++w) {
-        float f4[4];
-        fp8x4_to_f32(words[w], f4);
-        for (int i = 0; i < 4; ++i) kf[4 * w + i] = f4[i];
+    const int key = it.b * BLOCK + pl.tile * TILE_KEYS + pl.g;  // position of key g (key g + 8: key + 8)
+    const u32* iq_r = reinterpret_cast<const u32*>(iq) + row0 * HEADS * IQ_WORDS + 8 * pl.t;
+    for (int n0 = 0; n0 < rows; n0 += 8) {  // uniform over the warp
+        const u32* bq = iq_r + (n0 + pl.g) * IQ_WORDS;  // B: row n0 + g (rows past the request's: ignored columns)
+        float c[2][4] = {};  // two chains: even and odd k-steps
+#pragma unroll
+        for (int s = 0; s < 8; ++s) {
+            u32 b0, b1;
+            ld8_lds(bq + (s < 4 ? 2 * s : 32 + 2 * (s - 4)), b0, b1);
+            mma_bf16_16x8x16(c[s & 1], f.a[s], b0, b1);
+        }
+#pragma unroll
+        for (int m = 0; m < 2; ++m) {  // columns 2t + m: rows n0 + 2t + m, for keys g (c[.][m]) and g + 8 (c[.][2 + m])
+            const int row = n0 + 2 * pl.t + m;
+            const int sr = row < rows ? seq[row0 + row / nh] : 0;
+            const int s1 = sr < 1 ? 1 : sr;
+            float v = fmax_f32(key < s1 ? c[0][m] + c[1][m] : neg_inf(), key + 8 < s1 ? c[0][2 + m] + c[1][2 + m] : neg_inf());
+            v = fmax_f32(v, shfl_xor(v, 4));  // the tile's 16 keys: lanes of the same t
+            v = fmax_f32(v, shfl_xor(v, 8));
+            v = fmax_f32(v, shfl_xor(v, 16));
+            if (pl.g == 0 && row < rows) best[row * ITEM_WAVES + pl.tile] = v;
+        }
     }
-    // whole chunks of ROW_CHUNK rows, then the rest one row at a time: no issue slot spent on
-    // rows that are not there (a decode request has one row, or four with its heads)
-    int r0 = 0;
-    for (; r0 + ROW_CHUNK <= rows; r0 += ROW_CHUNK) score_rows<ROW_CHUNK>(iq_r, seq, best, it, row0, nh, r0, key, kf);
-    for (; r0 < rows; ++r0) score_rows<1>(iq_r, seq, best, it, row0, nh, r0, key, kf);
 }
 
 // One item's scores, after the batch's barrier (every wave's maxima are in): the block's
@@ -1299,55 +1379,42 @@ MONO_DEVICE void item_put(const Args& a, const Mailbox& mb, const float* best, c
     const int row0 = it.r * q_len, nh = HEADS == 1 ? 1 : it.heads, rows = q_len * nh;
     u64* iscore = reinterpret_cast<u64*>(a.iscore);
     for (int row = (thread_id() - first + THREADS) % THREADS; row < rows; row += THREADS) {
-        float m = best[row * WAVES];
-        for (int w = 1; w < WAVES; ++w) m = fmax_f32(m, best[row * WAVES + w]);
+        float m = best[row * ITEM_WAVES];
+        for (int w = 1; w < ITEM_WAVES; ++w) m = fmax_f32(m, best[row * ITEM_WAVES + w]);
         const int k = row0 + row / nh;
         const long long pair = nh == 1 ? (long long)k * STRIDE + it.b
                                        : (long long)k * STRIDE + (row % nh) * (STRIDE / HEADS) + it.b / HEADS;
-        mailbox_put(iscore + pair, float_as_u32(m * SCALE), mb.tag);
+        mailbox_put(iscore + pair, float_as_u32(m * DOT_UNSCALE * SCALE), mb.tag);  // (m * 2^56, exact) * SCALE
     }
 }
 
-// The CTA's items j .. j + BATCH - 1 into `its`, their keys into k0 / k1 (in flight until
-// scored).
-MONO_DEVICE void fetch_batch(const Args& a, const Mailbox& mb, const Request* reqs, const int* pages, Cursor& cur,
-                             int rank, int j, int requests, int q_len, int key, int q, bool& new_keys_seen,
-                             Item (&its)[BATCH], u32x4 (&k0)[BATCH], u32x4 (&k1)[BATCH]) {
-#pragma unroll
-    for (int i = 0; i < BATCH; ++i) {
-        its[i] = advance(reqs, cur, rank + (j + i) * CTAS, requests);
-        if (its[i].valid) load_key(a, mb, pages, its[i], j + i, q_len, key, q, new_keys_seen, k0[i], k1[i]);
-    }
-}
-
-// One batch (its first item the CTA's j-th; keys in k0 / k1): each item's dots, the batch's one
+// One batch (its first item the CTA's j-th): each half's item's tile dots, the batch's one
 // barrier (and `best`'s other half free again), each item's scores put.
 MONO_DEVICE void score_batch(const Args& a, const Mailbox& mb, const float* iq, const int* seq, float* bp, u8* lds,
-                             int j, const Item (&its)[BATCH], const u32x4 (&k0)[BATCH], const u32x4 (&k1)[BATCH],
-                             int q_len, int key, int q) {
-#pragma unroll
-    for (int i = 0; i < BATCH; ++i)
-        if (its[i].valid) item_dots(iq, seq, bp + i * MAX_ROWS * WAVES, its[i], q_len, key, q, k0[i], k1[i]);
+                             int j, const Item (&its)[BATCH], const Operands& ops, int q_len, const Place& pl) {
+    const Item it = item_at(its, pl.half);
+    if (it.valid) tile_dots(iq, seq, bp + pl.half * MAX_ROWS * ITEM_WAVES, it, q_len, pl, ops);
     barrier();
 #pragma unroll
     for (int i = 0; i < BATCH; ++i)
-        if (its[i].valid) item_put(a, mb, bp + i * MAX_ROWS * WAVES, its[i], q_len, i * MAX_ROWS % THREADS);
+        if (its[i].valid) item_put(a, mb, bp + i * MAX_ROWS * ITEM_WAVES, its[i], q_len, i * MAX_ROWS % THREADS);
 }
 
 // Work item u = (request r, its item i), requests in order; CTA c takes the items u with
 // u % CTAS == its rank from LEAD, its j-th being u = rank + j * CTAS. The stage's start puts
 // the requests, the rows' context lengths, the cache pages of the CTA's first PAGES items and
-// every index q in LDS. Then the items go in batches of BATCH, one CTA barrier a batch: the
-// next batch's keys are in flight (registers, set b % 2) while one is scored. Thread (key, q)
-// holds dims 32q .. 32q + 31 of its key: a warp reads whole keys.
+// every index q in LDS. Then the items go in batches of BATCH, one CTA barrier a batch
+// (each half of the CTA's warps an item): the next batch's keys are in flight
+// (registers, set b % 2) while one is scored.
 MONO_DEVICE void run(const Args& a, const Mailbox& mb, u8* lds) {
     const int c = block_id() - FIRST;
     if (c < 0 || c >= CTAS) return;
     stamp(lds, TL_PRE_ATTN_DONE);
     const int rank = (c - LEAD % CTAS + CTAS) % CTAS;
-    const int tid = thread_id(), key = tid / QUARTERS, q = tid % QUARTERS;
-    float* iq = reinterpret_cast<float*>(lds + LDS_IQ);          // [request's (row, head)s from r * q_len * HEADS][quarter][QSTRIDE]
-    float* best = reinterpret_cast<float*>(lds + LDS_BEST);      // [item j % 2][(row, head)][wave]
+    const int tid = thread_id();
+    const Place pl = place_of(tid);
+    float* iq = reinterpret_cast<float*>(lds + LDS_IQ);          // [request's (row, head)s from r * q_len * HEADS][IQ_WORDS]
+    float* best = reinterpret_cast<float*>(lds + LDS_BEST);      // [batch b % 2][item][(row, head)][wave]
     Request* reqs = reinterpret_cast<Request*>(lds + LDS_REQS);  // [request]
     int* seq = reinterpret_cast<int*>(lds + LDS_SEQ);            // [row]: its context length
     int* pages = reinterpret_cast<int*>(lds + LDS_PAGES);        // [j < PAGES]: item j's cache page
@@ -1364,22 +1431,26 @@ MONO_DEVICE void run(const Args& a, const Mailbox& mb, u8* lds) {
     barrier();
     Cursor cur{0, 0};
     bool new_keys_seen = false;
-    Item its[2][BATCH];  // batch b in set b % 2
-    u32x4 k0[2][BATCH], k1[2][BATCH];
-    // the first batch's keys in flight while the index q is made
-    fetch_batch(a, mb, reqs, pages, cur, rank, 0, requests, q_len, key, q, new_keys_seen, its[0], k0[0], k1[0]);
+    u32x4* slots = reinterpret_cast<u32x4*>(lds + LDS_KEYS);  // [slot][piece][thread]: batch b's keys in slot b % SLOTS
+    Item its[SLOTS][BATCH];  // batch b's items in set b % SLOTS
+    // the first AHEAD batches' keys in flight while the index q is made
+#pragma unroll
+    for (int b = 0; b < AHEAD; ++b)
+        fetch_batch(a, mb, reqs, pages, cur, rank, b * BATCH, requests, q_len, pl, new_keys_seen, its[b], slots + b * 4 * THREADS);
     if (its[0][0].valid) {
         make_index_q(a, mb, reqs, iq, requests, q_len);
         barrier();
     }
-    for (int j0 = 0, more = its[0][0].valid; more; j0 += 2 * BATCH) {
+    for (int j0 = 0, more = its[0][0].valid; more; j0 += SLOTS * BATCH) {
 #pragma unroll
-        for (int p = 0; p < 2 && more; ++p) {
+        for (int p = 0; p < SLOTS && more; ++p) {  // batch j / BATCH in slot p
             const int j = j0 + p * BATCH;  // this batch's first item
-            // the next batch's keys in flight while this one is scored
-            fetch_batch(a, mb, reqs, pages, cur, rank, j + BATCH, requests, q_len, key, q, new_keys_seen, its[1 - p], k0[1 - p], k1[1 - p]);
-            score_batch(a, mb, iq, seq, best + p * BATCH * MAX_ROWS * WAVES, lds, j, its[p], k0[p], k1[p], q_len, key, q);
-            more = its[1 - p][0].valid;
+            const int q = (p + AHEAD) % SLOTS;  // the slot of the batch AHEAD further on: scored the batch before
+            fetch_batch(a, mb, reqs, pages, cur, rank, j + AHEAD * BATCH, requests, q_len, pl, new_keys_seen, its[q],
+                        slots + q * 4 * THREADS);
+            const Frags ops = key_frags(slot_keys(slots + p * 4 * THREADS));
+            score_batch(a, mb, iq, seq, best + ((j / BATCH) & 1) * BATCH * MAX_ROWS * ITEM_WAVES, lds, j, its[p], ops, q_len, pl);
+            more = its[(p + 1) % SLOTS][0].valid;
         }
     }
     stamp(lds, TL_SCORES_DONE);
