@@ -1080,8 +1080,8 @@ MONO_DEVICE void score_batch(const Args& a, const Mailbox& mb, const float* iq, 
 // Work item u = (request r, its item i), requests in order; CTA c takes the items u with
 // u % CTAS == its rank from LEAD, its j-th being u = rank + j * CTAS. The stage's start puts
 // the requests, the rows' context lengths, the cache pages of the CTA's first PAGES items and
-// every index q in LDS. Then the items go in batches of BATCH, one CTA barrier a batch: the next batch's keys are in flight
-// (registers, set b % 2) while one is scored.
+// every index q in LDS. Then the items go in batches of BATCH, one CTA barrier a batch: the
+// next batch's keys are in flight (registers, set b % 2) while one is scored.
 MONO_DEVICE void run(const Args& a, const Mailbox& mb, u8* lds) {
     const int c = block_id() - FIRST;
     if (c < 0 || c >= CTAS) return;

@@ -1401,8 +1401,8 @@ MONO_DEVICE void score_batch(const Args& a, const Mailbox& mb, const float* iq, 
 // u % CTAS == its rank from LEAD, its j-th being u = rank + j * CTAS. The stage's start puts
 // the requests, the rows' context lengths, the cache pages of the CTA's first PAGES items and
 // every index q in LDS. Then the items go in batches of BATCH, one CTA barrier a batch
-// (each half of the CTA's warps an item): the next batch's keys are in flight
-// (registers, set b % 2) while one is scored.
+// (each half of the CTA's warps an item): the keys of the next AHEAD batches are in flight
+// (cp.async into each thread's slot b % SLOTS) while one is scored.
 MONO_DEVICE void run(const Args& a, const Mailbox& mb, u8* lds) {
     const int c = block_id() - FIRST;
     if (c < 0 || c >= CTAS) return;
