@@ -248,6 +248,12 @@ def test_scorer_tables_and_batches(target, tokens):
         deeper = load_spec(SPEC, tune_items({"scores.batches_ahead": 3}))
         ir = lower(deeper, make_build(deeper, target, tokens=tokens))
         assert {b.name: b.count for b in ir.lds if b.stage == "scores"}["keys"] == 4 * 4 * ir.threads * 4
+        # warp-owned items: no per-wave maxima, each warp a ring of warp_items + 1 tiles of 2 KB
+        warped = load_spec(SPEC, tune_items({"scores.warp_items": 3, "scores.batch_items": 1}))
+        ir = lower(warped, make_build(warped, target, tokens=tokens))
+        own = {b.name: b.count for b in ir.lds if b.stage == "scores"}
+        assert "best" not in own and own["keys"] == waves * 4 * 2048 // 4
+        assert stage_named(ir, "scores").values["warp"] == 3
 
 
 def test_constants():
@@ -371,6 +377,14 @@ REFUSALS = [
      "batches_ahead: {default: 2, sm90: 1}", "the CUDA-core dots keep one batch ahead (registers), not 2"),
     ("scores-ahead-too-deep", [("batches_ahead: 1 ", "batches_ahead: {default: 1, sm90: 5} ")], "sm90", 1,
      "batches_ahead: {default: 1, sm90: 5}", "5 batches ahead: at most 4"),
+    ("scores-warp-items-need-mma", [("mma_dots: {default: 0, sm90: 1}", "mma_dots: {default: 0, sm90: 0}"),
+                                    ("batches_ahead: 1 ", "warp_items: {default: 0, sm90: 3}\n    batches_ahead: 1 ")],
+     "sm90", 1, "warp_items: {default: 0, sm90: 3}", "warp-owned items score on the tensor cores"),
+    ("scores-warp-items-no-batches", [("batches_ahead: 1 ", "warp_items: {default: 0, sm90: 3}\n    batches_ahead: 1 ")],
+     "sm90", 1, "warp_items: {default: 0, sm90: 3}", "warp-owned items take no batches (batch_items 2)"),
+    ("scores-warp-ring-too-large", [("batch_items: {default: 1, sm90: 2}", "batch_items: 1"),
+                                    ("batches_ahead: 1 ", "warp_items: {default: 0, sm90: 6}\n    batches_ahead: 1 ")],
+     "sm90", 1, "warp_items: {default: 0, sm90: 6}", "16 rings of 7 tiles (229376 bytes) do not fit the"),
     ("scores-mma-batch", [("batch_items: {default: 1, sm90: 2}", "batch_items: {default: 1, sm90: 1}")], "sm90", 1,
      "mma_dots: {default: 0, sm90: 1}", "16 waves score 2 items a batch, not 1"),
     # the head tasks: one per q head, then k, v, index q, index k

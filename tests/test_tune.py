@@ -130,3 +130,18 @@ def test_stream_k_hand_off_stamps():
     assert "if (seg.k0 > 0) stamp(lds, TL_HEAD_GOT_QKV);" in tuned
     with pytest.raises(SpecError, match="no timeline point 'landed'"):
         source(SPEC, "sm90", tune={"qkv.piece_point": "landed"}, tokens=1)
+
+
+def test_scorer_warp_items():
+    """scores.warp_items (off in the spec): each warp scores whole items alone, so its loop
+    holds no CTA barrier and no per-wave maxima; the lanes wait for the index-K head tasks
+    as a warp; the build compiles for sm90 without spills or local memory. The same scores
+    as the spec's path are checked on the GPU (tests/test_minimax_pre_attn_gpu.py)."""
+    tune = {"scores.warp_items": 3, "scores.batch_items": 1}
+    _, text = source(SPEC, "sm90", tokens=16, tune=tune)
+    scores = text[text.index("namespace stage_scores {"):]
+    loop = scores[scores.index("MONO_DEVICE void score_warp_items("):scores.index("MONO_DEVICE void run(")]
+    assert "barrier()" not in loop and "best" not in loop and "constexpr int RING = 4;" in scores
+    assert "wave_sync();" in scores and "LDS_BEST" not in scores
+    (report,) = jit.resource_report(text, "warp_items.hip", get_target("sm90"))
+    assert report.spills == 0 and report.scratch_bytes == 0

@@ -57,6 +57,7 @@ REQUEST_WORDS = 5  # the template's struct Request: count, first, step, heads, n
 MAX_BATCH = 4  # batch_items: two batches' keys in registers, 8 a thread an item
 IQ_PAD = 4  # index-q quarters 36 floats apart: 16-byte LDS reads, the four quarters on distinct banks
 MAX_AHEAD = 4  # batches_ahead with mma_dots: 5 slots of 32 KB
+MAX_WARP_AHEAD = 7  # warp_items: a warp's ring of at most 8 tiles (16 KB)
 MMA_TILE_KEYS = 16  # mma_dots: keys of a warp's tile (the m16n8k16 rows)
 MMA_IQ_PAD = 2  # mma_dots: index-q rows 66 words apart: a warp's 8-byte B-fragment reads on distinct banks
 
@@ -83,8 +84,12 @@ class Model(StageBase):
     # batches whose keys are in flight while one is scored: 1 on the CUDA cores (registers);
     # with mma_dots up to MAX_AHEAD (cp.async into LDS slots, 32 KB a batch)
     batches_ahead: PerTarget = PerTarget(default=1)
+    # warp-owned items (with mma_dots; 0: off): each warp scores whole items alone, no CTA
+    # barrier, with this many tiles of keys in flight (cp.async into its own ring)
+    warp_items: PerTarget = PerTarget(default=0)
 
-    _per_target = field_validator("lead_cta", "batch_items", "mma_dots", "batches_ahead", mode="before")(
+    _per_target = field_validator("lead_cta", "batch_items", "mma_dots", "batches_ahead", "warp_items",
+                                  mode="before")(
         classmethod(lambda cls, v: per_target(v)))
     # analysis stamps (timeline builds; off in the spec): the phases of the batch holding each
     # CTA's item `stamped_item` (its j-th; a CTA with fewer items stamps none)
@@ -131,11 +136,21 @@ def lower(stage: Model, ctx) -> dict:
     mma = ctx.switch(stage.mma_dots.for_target(ctx.target.name), ("mma_dots",))
     waves = ctx.threads // ctx.target.wave_size
     item_waves = block // MMA_TILE_KEYS if mma else waves  # waves whose maxima make an item's
+    warp = ctx.integer(stage.warp_items.for_target(ctx.target.name), ("warp_items",), minimum=0)
+    if warp:
+        if not mma:
+            ctx.fail(("warp_items",), "warp-owned items score on the tensor cores", "turn mma_dots on, or warp_items off")
+        if batch != 1:
+            ctx.fail(("warp_items",), f"warp-owned items take no batches (batch_items {batch})",
+                     "give batch_items 1 where warp_items is on")
+        if warp > MAX_WARP_AHEAD:
+            ctx.fail(("warp_items",), f"{warp} tiles ahead: at most {MAX_WARP_AHEAD}",
+                     f"give warp_items 1 .. {MAX_WARP_AHEAD}")
     if mma:
         if ctx.target.vendor != "nvidia":
             ctx.fail(("mma_dots",), f"{ctx.target.name}'s device library has no bf16 m16n8k16 MMA",
                      "give mma_dots 0 for this target (it is an sm90 knob)")
-        if batch * item_waves != waves:
+        if not warp and batch * item_waves != waves:
             ctx.fail(("mma_dots",), f"the tensor-core dots take {item_waves} waves an item: {waves} waves score "
                      f"{waves // item_waves} items a batch, not {batch}",
                      f"give batch_items {waves // item_waves} where mma_dots is on")
@@ -149,8 +164,9 @@ def lower(stage: Model, ctx) -> dict:
         ctx.lds(stage.name, "iq", "u32", (rows + 8) * (head_dim // 2 + MMA_IQ_PAD))
     else:
         ctx.lds(stage.name, "iq", "float", rows * quarters * (head_dim // quarters + IQ_PAD))  # index q, quarters padded
-    ctx.lds(stage.name, "best", "float", 2 * batch * rows * item_waves)  # per-wave maxima, two batches
-    if mma:  # each thread's 64 bytes of a batch's keys, in AHEAD + 1 slots
+    if not warp:
+        ctx.lds(stage.name, "best", "float", 2 * batch * rows * item_waves)  # per-wave maxima, two batches
+    if mma and not warp:  # each thread's 64 bytes of a batch's keys, in AHEAD + 1 slots
         slot_bytes = 4 * ctx.threads * 16
         if (ahead + 1) * slot_bytes > ctx.lds_left(stage.name):
             ctx.fail(("batches_ahead",), f"{ahead + 1} key slots of {slot_bytes} bytes do not fit the "
@@ -159,6 +175,12 @@ def lower(stage: Model, ctx) -> dict:
     ctx.lds(stage.name, "reqs", "u32", REQUEST_WORDS * ctx.tokens)  # each request's work (the template's Request)
     ctx.lds(stage.name, "seq", "u32", ctx.tokens)  # each row's context length
     ctx.lds(stage.name, "pages", "u32", ctx.threads)  # the block-table entries of a CTA's first items
+    if warp:  # each warp's ring of warp + 1 tiles (2 KB each)
+        ring_bytes = waves * (warp + 1) * MMA_TILE_KEYS * head_dim
+        if ring_bytes > ctx.lds_left(stage.name):
+            ctx.fail(("warp_items",), f"{waves} rings of {warp + 1} tiles ({ring_bytes} bytes) do not fit the "
+                     f"{ctx.lds_left(stage.name)} bytes of LDS left", "give warp_items fewer tiles ahead")
+        ctx.lds(stage.name, "keys", "u32", ring_bytes // 4)
     return {
         "topk_blocks": ev(stage.topk_blocks, ("topk_blocks",)),
         "init_blocks": ev(stage.init_blocks, ("init_blocks",)),
@@ -183,6 +205,8 @@ def lower(stage: Model, ctx) -> dict:
         "batch": batch,
         "mma": mma,
         "ahead": ahead,
+        "warp": warp,
+        "warp_ring": warp + 1,
         "mma_iq_pad": MMA_IQ_PAD,
         "iq_pad": IQ_PAD,
         "request_words": REQUEST_WORDS,

@@ -125,6 +125,7 @@ MONO_DEVICE int block_id() { return blockIdx.x; }
 MONO_DEVICE int lane_id() { return threadIdx.x & (WAVE - 1); }
 MONO_DEVICE int wave_id() { return threadIdx.x / WAVE; }
 MONO_DEVICE void barrier() { __syncthreads(); }
+MONO_DEVICE void wave_sync() { __syncwarp(); }  // the warp's lanes, their memory accesses ordered
 
 MONO_DEVICE float u32_as_float(u32 v) { return __uint_as_float(v); }
 MONO_DEVICE u32 float_as_u32(float v) { return __float_as_uint(v); }

@@ -130,6 +130,7 @@ MONO_DEVICE int block_id() { return blockIdx.x; }
 MONO_DEVICE int lane_id() { return threadIdx.x & (WAVE - 1); }
 MONO_DEVICE int wave_id() { return threadIdx.x / WAVE; }
 MONO_DEVICE void barrier() { __syncthreads(); }
+MONO_DEVICE void wave_sync() { __syncwarp(); }  // the warp's lanes, their memory accesses ordered
 
 MONO_DEVICE float u32_as_float(u32 v) { return __uint_as_float(v); }
 MONO_DEVICE u32 float_as_u32(float v) { return __float_as_uint(v); }
@@ -1259,6 +1260,28 @@ MONO_DEVICE void wait_new_keys(const Mailbox& mb, bool& new_keys_seen) {
     new_keys_seen = true;
 }
 
+struct Keys {  // key g: k[0], k[1]; key g + 8: k[2], k[3] (from the thread's key slot)
+    u32x4 k[4];
+};
+// The A fragments of a warp's tile: k-step s = dims 16t + 4s .. + 3 (64 + 16t + 4(s - 4) ..
+// from s = 4) of keys g and g + 8, as bf16 times 2^-120.
+struct Frags {
+    u32 a[8][4];  // k-step s: (key g, dims +0 +1), (key g + 8, +0 +1), (g, +2 +3), (g + 8, +2 +3)
+};
+MONO_DEVICE Frags key_frags(const Keys& keys) {
+    const u32 wg[8] = {keys.k[0].x, keys.k[0].y, keys.k[0].z, keys.k[0].w, keys.k[1].x, keys.k[1].y, keys.k[1].z, keys.k[1].w};
+    const u32 wh[8] = {keys.k[2].x, keys.k[2].y, keys.k[2].z, keys.k[2].w, keys.k[3].x, keys.k[3].y, keys.k[3].z, keys.k[3].w};
+    Frags f;
+#pragma unroll
+    for (int s = 0; s < 8; ++s) {
+        f.a[s][0] = e4m3x2_lo_bf16x2_scaled(wg[s]);
+        f.a[s][1] = e4m3x2_lo_bf16x2_scaled(wh[s]);
+        f.a[s][2] = e4m3x2_hi_bf16x2_scaled(wg[s]);
+        f.a[s][3] = e4m3x2_hi_bf16x2_scaled(wh[s]);
+    }
+    return f;
+}
+
 // Where a thread works: its half of the CTA takes item `half` of a batch, its warp the tile
 // of keys 16 tile .. 16 tile + 15; lane (g, t) holds keys g and g + 8 of it, bytes 16t and
 // 64 + 16t (16 each: a warp's load takes 64 whole bytes of 8 keys), which are its dims of
@@ -1270,9 +1293,6 @@ MONO_DEVICE Place place_of(int tid) {
     const int w = tid / WAVE, l = tid % WAVE;
     return Place{w / ITEM_WAVES, w % ITEM_WAVES, l / 4, l % 4};
 }
-struct Keys {  // key g: k[0], k[1]; key g + 8: k[2], k[3] (from the thread's key slot)
-    u32x4 k[4];
-};
 // its[i] by selection: a register array indexed at run time would go to local memory
 MONO_DEVICE Item item_at(const Item (&its)[BATCH], int i) {
     Item it = its[0];
@@ -1319,25 +1339,7 @@ MONO_DEVICE Keys slot_keys(const u32x4* slot) {
     return keys;
 }
 
-// The A fragments of a warp's tile: k-step s = dims 16t + 4s .. + 3 (64 + 16t + 4(s - 4) ..
-// from s = 4) of keys g and g + 8, as bf16 times 2^-120.
-struct Frags {
-    u32 a[8][4];  // k-step s: (key g, dims +0 +1), (key g + 8, +0 +1), (g, +2 +3), (g + 8, +2 +3)
-};
 using Operands = Frags;  // what a batch's dots take
-MONO_DEVICE Frags key_frags(const Keys& keys) {
-    const u32 wg[8] = {keys.k[0].x, keys.k[0].y, keys.k[0].z, keys.k[0].w, keys.k[1].x, keys.k[1].y, keys.k[1].z, keys.k[1].w};
-    const u32 wh[8] = {keys.k[2].x, keys.k[2].y, keys.k[2].z, keys.k[2].w, keys.k[3].x, keys.k[3].y, keys.k[3].z, keys.k[3].w};
-    Frags f;
-#pragma unroll
-    for (int s = 0; s < 8; ++s) {
-        f.a[s][0] = e4m3x2_lo_bf16x2_scaled(wg[s]);
-        f.a[s][1] = e4m3x2_lo_bf16x2_scaled(wh[s]);
-        f.a[s][2] = e4m3x2_hi_bf16x2_scaled(wg[s]);
-        f.a[s][3] = e4m3x2_hi_bf16x2_scaled(wh[s]);
-    }
-    return f;
-}
 
 // One item's tile: its keys' dots with each (row, head) of the request (8 rows an MMA column
 // block), masked past each row's context, the tile's maximum for each row into `best`
