@@ -110,7 +110,7 @@ def test_scorer_item_stamps():
     run = tuned[tuned.index("namespace stage_scores {"):]
     stamps = [run.index(f"if (j <= STAMPED_ITEM && STAMPED_ITEM < j + BATCH) stamp(lds, TL_{p});")
               for p in ("SPARE", "X8_READY", "HEAD_GOT_QKV")]
-    calls = [run.index(c) for c in ("tile_dots(iq, seq, bp + pl.half", "item_put(a, mb, bp + i")]  # sm90: tensor-core dots
+    calls = [run.index(c) for c in ("tile_dots(iq, seq, bp + pl.half", "item_put(a, mb, iq, bp + i")]  # sm90: tensor-core dots
     assert stamps[0] < calls[0] < stamps[1] < calls[1] < stamps[2]  # start, dots, put: in order around the calls
     (report,) = jit.resource_report(tuned, "stamped.hip", get_target("sm90"))
     assert report.spills == 0 and report.scratch_bytes == 0
@@ -139,9 +139,25 @@ def test_scorer_warp_items():
     as the spec's path are checked on the GPU (tests/test_minimax_pre_attn_gpu.py)."""
     tune = {"scores.warp_items": 3, "scores.batch_items": 1}
     _, text = source(SPEC, "sm90", tokens=16, tune=tune)
+    assert "mma_bf16_16x8x16(d, a, b0, b1)" in text and "e4m3x2_lo_bf16x2_scaled(wg[s])" in text
     scores = text[text.index("namespace stage_scores {"):]
     loop = scores[scores.index("MONO_DEVICE void score_warp_items("):scores.index("MONO_DEVICE void run(")]
     assert "barrier()" not in loop and "best" not in loop and "constexpr int RING = 4;" in scores
     assert "wave_sync();" in scores and "LDS_BEST" not in scores
     (report,) = jit.resource_report(text, "warp_items.hip", get_target("sm90"))
     assert report.spills == 0 and report.scratch_bytes == 0
+
+
+def test_scorer_f16_mma():
+    """scores.mma_f16 (off in the spec): f16 MMAs, keys converted by one cvt a pair, each
+    index-q row scaled by a power of two (its inverse kept in the row's padding word) and
+    the maxima scaled back by it; compiles for sm90 without spills, alone and with warp-owned
+    items. The bf16 spec build's source is unchanged by the knob's existence (no f16 code)."""
+    _, plain = source(SPEC, "sm90", tokens=4)
+    assert "mma_f16_16x8x16(d" not in plain and "return DOT_UNSCALE;" in plain
+    for tune in ({"scores.mma_f16": 1}, {"scores.mma_f16": 1, "scores.warp_items": 3, "scores.batch_items": 1}):
+        _, text = source(SPEC, "sm90", tokens=4, tune=tune)
+        assert "mma_f16_16x8x16(d, a, b0, b1)" in text and "e4m3x2_hi_f16x2(wh[s])" in text
+        assert "row[DIM / 2] = u32(127 - up) << 23;" in text and "IQ_UP" not in text
+        (report,) = jit.resource_report(text, "f16.hip", get_target("sm90"))
+        assert report.spills == 0 and report.scratch_bytes == 0

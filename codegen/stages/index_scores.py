@@ -84,11 +84,14 @@ class Model(StageBase):
     # batches whose keys are in flight while one is scored: 1 on the CUDA cores (registers);
     # with mma_dots up to MAX_AHEAD (cp.async into LDS slots, 32 KB a batch)
     batches_ahead: PerTarget = PerTarget(default=1)
+    # with mma_dots: f16 MMAs (1) instead of bf16 (0): a key pair converts in one instruction, not
+    # three; each index-q row is scaled by a power of two into f16's range
+    mma_f16: PerTarget = PerTarget(default=0)
     # warp-owned items (with mma_dots; 0: off): each warp scores whole items alone, no CTA
     # barrier, with this many tiles of keys in flight (cp.async into its own ring)
     warp_items: PerTarget = PerTarget(default=0)
 
-    _per_target = field_validator("lead_cta", "batch_items", "mma_dots", "batches_ahead", "warp_items",
+    _per_target = field_validator("lead_cta", "batch_items", "mma_dots", "batches_ahead", "warp_items", "mma_f16",
                                   mode="before")(
         classmethod(lambda cls, v: per_target(v)))
     # analysis stamps (timeline builds; off in the spec): the phases of the batch holding each
@@ -136,6 +139,9 @@ def lower(stage: Model, ctx) -> dict:
     mma = ctx.switch(stage.mma_dots.for_target(ctx.target.name), ("mma_dots",))
     waves = ctx.threads // ctx.target.wave_size
     item_waves = block // MMA_TILE_KEYS if mma else waves  # waves whose maxima make an item's
+    f16 = ctx.switch(stage.mma_f16.for_target(ctx.target.name), ("mma_f16",))
+    if f16 and not mma:
+        ctx.fail(("mma_f16",), "mma_f16 picks the tensor-core dots' input type", "turn mma_dots on, or mma_f16 off")
     warp = ctx.integer(stage.warp_items.for_target(ctx.target.name), ("warp_items",), minimum=0)
     if warp:
         if not mma:
@@ -206,6 +212,7 @@ def lower(stage: Model, ctx) -> dict:
         "mma": mma,
         "ahead": ahead,
         "warp": warp,
+        "f16": f16,
         "warp_ring": warp + 1,
         "mma_iq_pad": MMA_IQ_PAD,
         "iq_pad": IQ_PAD,

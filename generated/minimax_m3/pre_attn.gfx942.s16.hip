@@ -1051,7 +1051,8 @@ MONO_DEVICE void item_dots(const float* iq, const int* seq, float* best, const I
 
 // One item's scores, after the batch's barrier (every wave's maxima are in): the block's
 // maximum for each (row, head), scaled, into iscore; the item's rows start at thread `first`.
-MONO_DEVICE void item_put(const Args& a, const Mailbox& mb, const float* best, const Item& it, int q_len, int first) {
+MONO_DEVICE void item_put(const Args& a, const Mailbox& mb, const float* iq, const float* best, const Item& it, int q_len,
+                          int first) {
     const int row0 = it.r * q_len, nh = HEADS == 1 ? 1 : it.heads, rows = q_len * nh;
     u64* iscore = reinterpret_cast<u64*>(a.iscore);
     for (int row = (thread_id() - first + THREADS) % THREADS; row < rows; row += THREADS) {
@@ -1074,7 +1075,7 @@ MONO_DEVICE void score_batch(const Args& a, const Mailbox& mb, const float* iq, 
     barrier();
 #pragma unroll
     for (int i = 0; i < BATCH; ++i)
-        if (its[i].valid) item_put(a, mb, bp + i * MAX_ROWS * ITEM_WAVES, its[i], q_len, i * MAX_ROWS % THREADS);
+        if (its[i].valid) item_put(a, mb, iq, bp + i * MAX_ROWS * ITEM_WAVES, its[i], q_len, i * MAX_ROWS % THREADS);
 }
 
 // Work item u = (request r, its item i), requests in order; CTA c takes the items u with

@@ -292,6 +292,30 @@ MONO_DEVICE void mma_bf16_16x8x16(float (&d)[4], const u32 (&a)[4], u32 b0, u32 
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
+// d += a * b, f16 inputs, f32 accumulation: A 16 x 16 (row), B 16 x 8 (col)
+MONO_DEVICE void mma_f16_16x8x16(float (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+        "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+// Two e4m3 (OCP) bytes of w, bytes 0 and 1 (`lo`) or 2 and 3 (`hi`), as an f16x2 (exact)
+MONO_DEVICE u32 e4m3x2_lo_f16x2(u32 w) {
+    u32 r;
+    asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(r) : "h"((unsigned short)(w & 0xffffu)));
+    return r;
+}
+MONO_DEVICE u32 e4m3x2_hi_f16x2(u32 w) {
+    u32 r;
+    asm("{\n .reg .b16 lo, hi;\n mov.b32 {lo, hi}, %1;\n cvt.rn.f16x2.e4m3x2 %0, hi;\n}" : "=r"(r) : "r"(w));
+    return r;
+}
+MONO_DEVICE u32 f32_to_f16_bits(float f) {  // round to nearest even
+    unsigned short h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+    return h;
+}
 // Two e4m3 (OCP) bytes of w, bytes 0 and 1 (`lo`) or 2 and 3 (`hi`), as a bf16x2 of exactly
 // their values times 2^-120, subnormals included: each byte sign-extended to 16 bits (prmt),
 // its 7 magnitude bits moved under bf16's exponent / mantissa split (<< 4), the sign on top.
@@ -1284,6 +1308,12 @@ MONO_DEVICE Frags key_frags(const Keys& keys) {
     }
     return f;
 }
+// A tile's MMA: d += A (16 keys x 16 dims) * B (16 dims x 8 index-q rows)
+MONO_DEVICE void tile_mma(float (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) { mma_bf16_16x8x16(d, a, b0, b1); }
+// The factor that scales a maximum of (row, head) `row` of the request from `row0` back
+MONO_DEVICE float row_unscale(const float* iq, int row0, int row) {
+    return DOT_UNSCALE;
+}
 
 // Where a thread works: its half of the CTA takes item `half` of a batch, its warp the tile
 // of keys 16 tile .. 16 tile + 15; lane (g, t) holds keys g and g + 8 of it, bytes 16t and
@@ -1359,7 +1389,7 @@ MONO_DEVICE void tile_dots(const float* iq, const int* seq, float* best, const I
         for (int s = 0; s < 8; ++s) {
             u32 b0, b1;
             ld8_lds(bq + (s < 4 ? 2 * s : 32 + 2 * (s - 4)), b0, b1);
-            mma_bf16_16x8x16(c[s & 1], f.a[s], b0, b1);
+            tile_mma(c[s & 1], f.a[s], b0, b1);
         }
 #pragma unroll
         for (int m = 0; m < 2; ++m) {  // columns 2t + m: rows n0 + 2t + m, for keys g (c[.][m]) and g + 8 (c[.][2 + m])
@@ -1377,7 +1407,8 @@ MONO_DEVICE void tile_dots(const float* iq, const int* seq, float* best, const I
 
 // One item's scores, after the batch's barrier (every wave's maxima are in): the block's
 // maximum for each (row, head), scaled, into iscore; the item's rows start at thread `first`.
-MONO_DEVICE void item_put(const Args& a, const Mailbox& mb, const float* best, const Item& it, int q_len, int first) {
+MONO_DEVICE void item_put(const Args& a, const Mailbox& mb, const float* iq, const float* best, const Item& it, int q_len,
+                          int first) {
     const int row0 = it.r * q_len, nh = HEADS == 1 ? 1 : it.heads, rows = q_len * nh;
     u64* iscore = reinterpret_cast<u64*>(a.iscore);
     for (int row = (thread_id() - first + THREADS) % THREADS; row < rows; row += THREADS) {
@@ -1386,7 +1417,7 @@ MONO_DEVICE void item_put(const Args& a, const Mailbox& mb, const float* best, c
         const int k = row0 + row / nh;
         const long long pair = nh == 1 ? (long long)k * STRIDE + it.b
                                        : (long long)k * STRIDE + (row % nh) * (STRIDE / HEADS) + it.b / HEADS;
-        mailbox_put(iscore + pair, float_as_u32(m * DOT_UNSCALE * SCALE), mb.tag);  // (m * 2^56, exact) * SCALE
+        mailbox_put(iscore + pair, float_as_u32(m * row_unscale(iq, row0, row) * SCALE), mb.tag);  // (m scaled back, exact) * SCALE
     }
 }
 
@@ -1399,7 +1430,7 @@ MONO_DEVICE void score_batch(const Args& a, const Mailbox& mb, const float* iq, 
     barrier();
 #pragma unroll
     for (int i = 0; i < BATCH; ++i)
-        if (its[i].valid) item_put(a, mb, bp + i * MAX_ROWS * ITEM_WAVES, its[i], q_len, i * MAX_ROWS % THREADS);
+        if (its[i].valid) item_put(a, mb, iq, bp + i * MAX_ROWS * ITEM_WAVES, its[i], q_len, i * MAX_ROWS % THREADS);
 }
 
 // Work item u = (request r, its item i), requests in order; CTA c takes the items u with
