@@ -7,6 +7,8 @@
 #             machine's own git checkout may be an older one
 #   timeline  both kernels' per-stage timelines (scripts/timeline_*.py)
 #   tp        scripts/tp_run.py on every GPU of the machine
+#   scorer    the MiniMax scorer's variants side by side (scripts/timeline_probe.py --cold-keys,
+#             S = 1 / 4 / 16 at 4K and 64K): the spec's, then each of SCORER_TUNES ("a=1 b=2;c=3")
 set -uo pipefail
 cd "$(dirname "$0")/.."
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
@@ -20,6 +22,12 @@ for what in "${@:-tests}"; do
         bench) python3 -m bench.run ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log"; status=$((status | PIPESTATUS[0])) ;;
         timeline) { python3 scripts/timeline_probe.py 1 4 16 && python3 scripts/timeline_deepseek_front.py; } 2>&1 \
                 | tee "$OUT/timeline.log"; status=$((status | PIPESTATUS[0])) ;;
+        scorer) IFS=';' read -ra tunes <<< "${SCORER_TUNES:-scores.mma_f16=1;scores.warp_items=3 scores.batch_items=1;scores.warp_items=3 scores.batch_items=1 scores.mma_f16=1}"
+                for tune in "" "${tunes[@]}"; do
+                    echo "=== ${tune:-spec}"
+                    # shellcheck disable=SC2086  # a tune is several words
+                    python3 scripts/timeline_probe.py --cold-keys 1 4 16 $tune 2>&1 | grep "^S=\|graph replay\|scores_done"
+                done 2>&1 | tee "$OUT/scorer.log"; status=$((status | PIPESTATUS[0])) ;;
         tp) NCCL_NVLS_ENABLE=0 python3 -m torch.distributed.run --nproc-per-node "$(nvidia-smi -L | wc -l)" \
                 scripts/tp_run.py 2>&1 | tee "$OUT/tp-run.log"; status=$((status | PIPESTATUS[0])) ;;
         *) echo "unknown step $what"; status=1 ;;
