@@ -105,7 +105,8 @@ class AttnFrontCase(BenchCase):
     RELEASE = ("w_ours", "w_chain", "chain_in", "swa_chain", "ws", "base_args", "case", "_standin_out")
 
     def __init__(self, tokens: int, context: int | None = None, *, copies: int, compiled=None, seed: int = 0,
-                 dry_run: bool = False, target: str | None = None, tp: int = TP, ratio: int = RATIO, log=print):
+                 dry_run: bool = False, target: str | None = None, tp: int = TP, ratio: int = RATIO,
+                 tune: dict | None = None, log=print):
         self.tokens = tokens
         self.context = context
         self.copies = copies
@@ -119,7 +120,7 @@ class AttnFrontCase(BenchCase):
         self.device = torch.device("cpu" if dry_run else "cuda")
         self.log = log
         self.kernel = codegen.load(KERNEL, tokens=tokens, tp=tp, ratio=ratio,
-                                   target=target or ("sm90" if dry_run else None))
+                                   target=target or ("sm90" if dry_run else None), tune=tune)
         self.ir = self.kernel.ir
         self.target = get_target(self.ir.target.name)
         self.fp8 = fp8_dtype(self.target)

@@ -40,6 +40,7 @@ from pathlib import Path
 import torch
 
 from bench import report
+from codegen.__main__ import name_values
 from bench.case import GuardError
 from bench.timing import FakeTimer, GpuTimer
 
@@ -75,7 +76,7 @@ class MinimaxBench:
 
     def make_case(self, s: int, ctx, *, copies: int, compiled, log):
         return self._mod.PreAttnCase(s, ctx, copies=copies, gemm=self.gemm, compiled=compiled, seed=self.args.seed,
-                                     dry_run=self.dry, log=log)
+                                     dry_run=self.dry, tune=self.args.tune, log=log)
 
     def gemm_note(self) -> str | None:
         if self.gemm == "dequant" and not self.dry:
@@ -109,7 +110,7 @@ class DeepSeekBench:
 
     def make_case(self, s: int, ctx, *, copies: int, compiled, log):
         return self._mod.AttnFrontCase(s, None, copies=copies, compiled=compiled, seed=self.args.seed,
-                                       dry_run=self.dry, tp=self.tp, log=log)
+                                       dry_run=self.dry, tp=self.tp, tune=self.args.tune, log=log)
 
     def gemm_note(self) -> str | None:
         return ("the unfused GEMMs dequantize their MXFP8 operands to bf16 on every call and run a bf16 matmul "
@@ -158,14 +159,14 @@ def auto_copies(l2_bytes: int, per_copy: int) -> int:
 # ----------------------------------------------------------------------------- JIT and generate timings
 
 
-def jit_timings(kernel: str, tokens: int, target: str, gpu: bool, **flags) -> dict:
+def jit_timings(kernel: str, tokens: int, target: str, gpu: bool, tune: dict | None = None, **flags) -> dict:
     """Render (spec -> HIP), cold compile into a fresh MONO_CACHE_DIR, warm
     cache load (same folder), and on a GPU the module load; seconds."""
     from codegen import jit, render
 
     out = {}
     t0 = time.perf_counter()
-    ir, src = render.source(kernel, target, tokens=tokens, **flags)
+    ir, src = render.source(kernel, target, tokens=tokens, tune=tune, **flags)
     out["render_s"] = time.perf_counter() - t0
     name = f"{ir.kernel.replace('/', '_')}.{ir.target.name}.hip"
     backend = jit.backend_for(ir.target)
@@ -253,6 +254,10 @@ def parse_args(argv):
     ap.add_argument("--no-jit", action="store_true", help="skip the JIT cold/warm timings")
     ap.add_argument("--no-generate", action="store_true", help="skip the make generate timing")
     ap.add_argument("--no-guard", action="store_true", help="time even if the contenders disagree (reported)")
+    ap.add_argument("--tune", action="append", default=[], metavar="STAGE.FIELD=VALUE",
+                    help="override a spec knob of our builds (repeatable; codegen.load's tune, checked like the "
+                         "spec's values): name the kernel it belongs to in --kernels. The run's meta, table "
+                         "entry and plot title name it")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default=os.environ.get("OUT") or None, help="folder for bench.json etc. (default $OUT)")
     ap.add_argument("--results", default=None, help="markdown file to append to (default bench/RESULTS.md)")
@@ -260,6 +265,9 @@ def parse_args(argv):
                     help="folder for the PNGs (default bench/; dry run: the output folder)")
     ap.add_argument("--no-plot", action="store_true", help="write no plot")
     args = ap.parse_args(argv)
+    args.tune = name_values(args.tune) or None
+    if args.tune and any("." not in k for k in args.tune):
+        ap.error(f"--tune: {', '.join(k for k in args.tune if '.' not in k)}: name a stage's knob as STAGE.FIELD")
     args.kernels = [k.strip() for k in args.kernels.split(",") if k.strip()]
     bad = [k for k in args.kernels if k not in BENCHES]
     if bad or not args.kernels:
@@ -281,6 +289,9 @@ def run_kernel(kb, args, run: dict, *, timer, bw: float, dev: dict, common: dict
     copies = args.copies or (2 if dry else auto_copies(dev["l2_bytes"], kb.per_copy))
     meta = run["meta"] = dict(common, kernel=kb.kernel, build=kb.build, copies=copies, gemm=kb.gemm,
                               target="sm90" if dry else None, floor_note=kb.floor_note, notes=[])
+    if args.tune:  # a variant of the spec's build: named wherever the run is reported
+        meta["tune"] = ", ".join(f"{k}={v}" for k, v in args.tune.items())
+        meta["build"] = ", ".join(x for x in (kb.build, f"tune {meta['tune']}") if x)
     rows = run["cases"]
     note = kb.gemm_note()
     if note:
@@ -414,7 +425,7 @@ def main(argv=None) -> int:
         save()
         if not args.no_jit and run["meta"].get("target"):
             try:
-                run["jit"] = jit_timings(kb.kernel, 1, run["meta"]["target"], gpu=not dry, **kb.flags)
+                run["jit"] = jit_timings(kb.kernel, 1, run["meta"]["target"], gpu=not dry, tune=args.tune, **kb.flags)
             except Exception as e:  # noqa: BLE001 - reported, not fatal
                 run["jit"] = {"error": _short(e)}
             log(f"JIT {kb.kernel} (S=1): " + ", ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}"

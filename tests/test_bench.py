@@ -61,6 +61,26 @@ def test_dry_run(tmp_path):
     assert (out / "RESULTS.md").exists()
 
 
+def test_tune_option(tmp_path):
+    """--tune builds our kernel with spec overrides (checked like the spec's values) and names
+    them in the run's meta and RESULTS entry; a knob without its stage is refused."""
+    out = tmp_path / "out"
+    assert main(["--dry-run", "--kernels", "minimax", "--tokens", "1", "--contexts", "4096", "--copies", "1",
+                 "--no-generate", "--no-plot", "--out", str(out), "--tune", "scores.batches_ahead=2"]) == 0
+    data = json.loads((out / "bench.json").read_text())
+    meta = data["kernels"]["minimax_m3/pre_attn"]["meta"]
+    assert meta["tune"] == "scores.batches_ahead=2" and "tune scores.batches_ahead=2" in meta["build"]
+    assert "(tune scores.batches_ahead=2) on" in (out / "RESULTS-entry.md").read_text()
+    assert "jit" in data["kernels"]["minimax_m3/pre_attn"]  # the JIT timings built the tuned kernel too
+    bad = tmp_path / "bad"  # the value reaches the build: its check fails the kernel's run
+    assert main(["--dry-run", "--kernels", "minimax", "--tokens", "1", "--contexts", "4096", "--copies", "1",
+                 "--no-jit", "--no-generate", "--no-plot", "--out", str(bad), "--tune", "scores.batches_ahead=9"]) == 1
+    cases = json.loads((bad / "bench.json").read_text())["cases"]
+    assert any("9 batches ahead: at most 4" in str(c) for c in cases)
+    with pytest.raises(SystemExit):
+        main(["--dry-run", "--kernels", "minimax", "--tune", "batches_ahead=2"])
+
+
 def test_contexts_option():
     assert parse_args([]).contexts == "4096,65536"
     case = PreAttnCase(1, None, copies=1, gemm="dequant", dry_run=True)  # --contexts "": seq_lens 100
