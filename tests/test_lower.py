@@ -252,8 +252,15 @@ def test_scorer_tables_and_batches(target, tokens):
         warped = load_spec(SPEC, tune_items({"scores.warp_items": 3, "scores.batch_items": 1}))
         ir = lower(warped, make_build(warped, target, tokens=tokens))
         own = {b.name: b.count for b in ir.lds if b.stage == "scores"}
-        assert "best" not in own and own["keys"] == waves * 4 * 2048 // 4
+        assert "best" not in own and "keys" not in own and own["ring"] == waves * 4 * 2048 // 4
         assert stage_named(ir, "scores").values["warp"] == 3
+        # both paths, chosen per CTA by its item count: the batches' buffers and the warps' rings
+        hybrid = load_spec(SPEC, tune_items({"scores.warp_items": 3, "scores.warp_items_from": 4}))
+        ir = lower(hybrid, make_build(hybrid, target, tokens=tokens))
+        own = {b.name: b.count for b in ir.lds if b.stage == "scores"}
+        assert {"best", "keys", "ring"} <= set(own)
+        values = stage_named(ir, "scores").values
+        assert (values["warp"], values["warp_from"], values["batched"]) == (3, 4, True)
 
 
 def test_constants():
@@ -380,6 +387,8 @@ REFUSALS = [
     ("scores-f16-needs-mma", [("mma_dots: {default: 0, sm90: 1}", "mma_dots: {default: 0, sm90: 0}"),
                               ("batches_ahead: 1 ", "mma_f16: {default: 0, sm90: 1}\n    batches_ahead: 1 ")],
      "sm90", 1, "mma_f16: {default: 0, sm90: 1}", "mma_f16 picks the tensor-core dots' input type"),
+    ("scores-warp-from-needs-warps", [("batches_ahead: 1 ", "warp_items_from: {default: 0, sm90: 4}\n    batches_ahead: 1 ")],
+     "sm90", 1, "warp_items_from: {default: 0, sm90: 4}", "warp_items_from picks between warp-owned items and batches"),
     ("scores-warp-items-need-mma", [("mma_dots: {default: 0, sm90: 1}", "mma_dots: {default: 0, sm90: 0}"),
                                     ("batches_ahead: 1 ", "warp_items: {default: 0, sm90: 3}\n    batches_ahead: 1 ")],
      "sm90", 1, "warp_items: {default: 0, sm90: 3}", "warp-owned items score on the tensor cores"),

@@ -141,7 +141,7 @@ def test_scorer_warp_items():
     _, text = source(SPEC, "sm90", tokens=16, tune=tune)
     assert "mma_bf16_16x8x16(d, a, b0, b1)" in text and "e4m3x2_lo_bf16x2_scaled(wg[s])" in text
     scores = text[text.index("namespace stage_scores {"):]
-    loop = scores[scores.index("MONO_DEVICE void score_warp_items("):scores.index("MONO_DEVICE void run(")]
+    loop = scores[scores.index("MONO_DEVICE void score_warp_items("):scores.index("MONO_DEVICE void score_by_warps(")]
     assert "barrier()" not in loop and "best" not in loop and "constexpr int RING = 4;" in scores
     assert "wave_sync();" in scores and "LDS_BEST" not in scores
     (report,) = jit.resource_report(text, "warp_items.hip", get_target("sm90"))
@@ -161,3 +161,15 @@ def test_scorer_f16_mma():
         assert "row[DIM / 2] = u32(127 - up) << 23;" in text and "IQ_UP" not in text
         (report,) = jit.resource_report(text, "f16.hip", get_target("sm90"))
         assert report.spills == 0 and report.scratch_bytes == 0
+
+
+def test_scorer_warp_items_from():
+    """scores.warp_items_from (off in the spec): both item paths built, each CTA picking by its
+    item count (warps from that many, batches below); compiles for sm90 without spills."""
+    tune = {"scores.warp_items": 3, "scores.warp_items_from": 4}
+    _, text = source(SPEC, "sm90", tokens=4, tune=tune)
+    assert "constexpr int WARP_FROM = 4;" in text
+    assert ("if (cta_items(reqs, rank, requests) >= WARP_FROM) score_by_warps(" in text
+            and "else score_by_batches(" in text)
+    (report,) = jit.resource_report(text, "warp_from.hip", get_target("sm90"))
+    assert report.spills == 0 and report.scratch_bytes == 0

@@ -90,9 +90,12 @@ class Model(StageBase):
     # warp-owned items (with mma_dots; 0: off): each warp scores whole items alone, no CTA
     # barrier, with this many tiles of keys in flight (cp.async into its own ring)
     warp_items: PerTarget = PerTarget(default=0)
+    # with warp_items: a CTA with at least this many items takes them by warps, one with fewer
+    # in batches (both paths built; 0: always by warps)
+    warp_items_from: PerTarget = PerTarget(default=0)
 
     _per_target = field_validator("lead_cta", "batch_items", "mma_dots", "batches_ahead", "warp_items", "mma_f16",
-                                  mode="before")(
+                                  "warp_items_from", mode="before")(
         classmethod(lambda cls, v: per_target(v)))
     # analysis stamps (timeline builds; off in the spec): the phases of the batch holding each
     # CTA's item `stamped_item` (its j-th; a CTA with fewer items stamps none)
@@ -143,12 +146,17 @@ def lower(stage: Model, ctx) -> dict:
     if f16 and not mma:
         ctx.fail(("mma_f16",), "mma_f16 picks the tensor-core dots' input type", "turn mma_dots on, or mma_f16 off")
     warp = ctx.integer(stage.warp_items.for_target(ctx.target.name), ("warp_items",), minimum=0)
+    warp_from = ctx.integer(stage.warp_items_from.for_target(ctx.target.name), ("warp_items_from",), minimum=0)
+    batched = not warp or warp_from > 0  # the batched path is built (alone, or beside the warps' for few items)
+    if warp_from and not warp:
+        ctx.fail(("warp_items_from",), "warp_items_from picks between warp-owned items and batches",
+                 "turn warp_items on, or give warp_items_from 0")
     if warp:
         if not mma:
             ctx.fail(("warp_items",), "warp-owned items score on the tensor cores", "turn mma_dots on, or warp_items off")
-        if batch != 1:
+        if not batched and batch != 1:
             ctx.fail(("warp_items",), f"warp-owned items take no batches (batch_items {batch})",
-                     "give batch_items 1 where warp_items is on")
+                     "give batch_items 1 where warp_items is on alone (or warp_items_from > 0)")
         if warp > MAX_WARP_AHEAD:
             ctx.fail(("warp_items",), f"{warp} tiles ahead: at most {MAX_WARP_AHEAD}",
                      f"give warp_items 1 .. {MAX_WARP_AHEAD}")
@@ -156,7 +164,7 @@ def lower(stage: Model, ctx) -> dict:
         if ctx.target.vendor != "nvidia":
             ctx.fail(("mma_dots",), f"{ctx.target.name}'s device library has no bf16 m16n8k16 MMA",
                      "give mma_dots 0 for this target (it is an sm90 knob)")
-        if not warp and batch * item_waves != waves:
+        if batched and batch * item_waves != waves:
             ctx.fail(("mma_dots",), f"the tensor-core dots take {item_waves} waves an item: {waves} waves score "
                      f"{waves // item_waves} items a batch, not {batch}",
                      f"give batch_items {waves // item_waves} where mma_dots is on")
@@ -170,9 +178,9 @@ def lower(stage: Model, ctx) -> dict:
         ctx.lds(stage.name, "iq", "u32", (rows + 8) * (head_dim // 2 + MMA_IQ_PAD))
     else:
         ctx.lds(stage.name, "iq", "float", rows * quarters * (head_dim // quarters + IQ_PAD))  # index q, quarters padded
-    if not warp:
+    if batched:
         ctx.lds(stage.name, "best", "float", 2 * batch * rows * item_waves)  # per-wave maxima, two batches
-    if mma and not warp:  # each thread's 64 bytes of a batch's keys, in AHEAD + 1 slots
+    if mma and batched:  # each thread's 64 bytes of a batch's keys, in AHEAD + 1 slots
         slot_bytes = 4 * ctx.threads * 16
         if (ahead + 1) * slot_bytes > ctx.lds_left(stage.name):
             ctx.fail(("batches_ahead",), f"{ahead + 1} key slots of {slot_bytes} bytes do not fit the "
@@ -186,7 +194,7 @@ def lower(stage: Model, ctx) -> dict:
         if ring_bytes > ctx.lds_left(stage.name):
             ctx.fail(("warp_items",), f"{waves} rings of {warp + 1} tiles ({ring_bytes} bytes) do not fit the "
                      f"{ctx.lds_left(stage.name)} bytes of LDS left", "give warp_items fewer tiles ahead")
-        ctx.lds(stage.name, "keys", "u32", ring_bytes // 4)
+        ctx.lds(stage.name, "ring", "u32", ring_bytes // 4)
     return {
         "topk_blocks": ev(stage.topk_blocks, ("topk_blocks",)),
         "init_blocks": ev(stage.init_blocks, ("init_blocks",)),
@@ -214,6 +222,8 @@ def lower(stage: Model, ctx) -> dict:
         "warp": warp,
         "f16": f16,
         "warp_ring": warp + 1,
+        "warp_from": warp_from,
+        "batched": batched,
         "mma_iq_pad": MMA_IQ_PAD,
         "iq_pad": IQ_PAD,
         "request_words": REQUEST_WORDS,
