@@ -40,9 +40,9 @@ from pathlib import Path
 import torch
 
 from bench import report
-from codegen.__main__ import name_values
 from bench.case import GuardError
 from bench.timing import FakeTimer, GpuTimer
+from codegen.__main__ import name_values
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "bench"

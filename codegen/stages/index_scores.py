@@ -58,6 +58,8 @@ MAX_BATCH = 4  # batch_items: two batches' keys in registers, 8 a thread an item
 IQ_PAD = 4  # index-q quarters 36 floats apart: 16-byte LDS reads, the four quarters on distinct banks
 MAX_AHEAD = 4  # batches_ahead with mma_dots: 5 slots of 32 KB
 MAX_WARP_AHEAD = 7  # warp_items: a warp's ring of at most 8 tiles (16 KB)
+MMA_KEY_DOWN_LOG2 = 120  # mma_dots (bf16): an fp8 key's bits placed as bf16 are its value times 2^-120
+MMA_IQ_UP_LOG2 = 64  # mma_dots (bf16): index q goes in times 2^64 (exact while |iq| < 2^64)
 MMA_TILE_KEYS = 16  # mma_dots: keys of a warp's tile (the m16n8k16 rows)
 MMA_IQ_PAD = 2  # mma_dots: index-q rows 66 words apart: a warp's 8-byte B-fragment reads on distinct banks
 
@@ -225,6 +227,11 @@ def lower(stage: Model, ctx) -> dict:
         "warp_from": warp_from,
         "batched": batched,
         "mma_iq_pad": MMA_IQ_PAD,
+        "tile_keys": MMA_TILE_KEYS,
+        "key_down_log2": MMA_KEY_DOWN_LOG2,
+        "iq_up_log2": MMA_IQ_UP_LOG2,
+        "iq_up": 2.0 ** MMA_IQ_UP_LOG2,
+        "dot_unscale": 2.0 ** (MMA_KEY_DOWN_LOG2 - MMA_IQ_UP_LOG2),  # the maxima scaled back, exactly
         "iq_pad": IQ_PAD,
         "request_words": REQUEST_WORDS,
         "stamped_item": ctx.integer(stage.stamped_item, ("stamped_item",), minimum=0),

@@ -134,6 +134,7 @@ MONO_DEVICE void barrier() {
     __builtin_amdgcn_s_barrier();
     __builtin_amdgcn_fence(__ATOMIC_ACQUIRE, "workgroup");
 }
+MONO_DEVICE void wave_sync() { __builtin_amdgcn_wave_barrier(); }  // a wave runs in lockstep: the compiler's order
 
 MONO_DEVICE float u32_as_float(u32 v) { return __builtin_bit_cast(float, v); }
 MONO_DEVICE u32 float_as_u32(float v) { return __builtin_bit_cast(u32, v); }

@@ -378,9 +378,7 @@ MONO_DEVICE void gemv16_partial(const Chunks& w, int n, const u32* x8, int first
 // ---- FP8 -> f32 (exact) --------------------------------------------------------------
 // the four e4m3 bytes of w as f32 (byte i -> out[i]); every e4m3 value is exact in f16
 MONO_DEVICE void fp8x4_to_f32(u32 w, float (&out)[4]) {
-    u32 lo, hi;
-    asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(lo) : "h"((unsigned short)(w & 0xffffu)));
-    asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(hi) : "h"((unsigned short)(w >> 16)));
+    const u32 lo = e4m3x2_lo_f16x2(w), hi = e4m3x2_hi_f16x2(w);
     asm("cvt.f32.f16 %0, %1;" : "=f"(out[0]) : "h"((unsigned short)(lo & 0xffffu)));
     asm("cvt.f32.f16 %0, %1;" : "=f"(out[1]) : "h"((unsigned short)(lo >> 16)));
     asm("cvt.f32.f16 %0, %1;" : "=f"(out[2]) : "h"((unsigned short)(hi & 0xffffu)));

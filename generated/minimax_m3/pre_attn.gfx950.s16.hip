@@ -138,6 +138,7 @@ MONO_DEVICE void barrier() {
     __builtin_amdgcn_s_barrier();
     __builtin_amdgcn_fence(__ATOMIC_ACQUIRE, "workgroup");
 }
+MONO_DEVICE void wave_sync() { __builtin_amdgcn_wave_barrier(); }  // a wave runs in lockstep: the compiler's order
 
 MONO_DEVICE float u32_as_float(u32 v) { return __builtin_bit_cast(float, v); }
 MONO_DEVICE u32 float_as_u32(float v) { return __builtin_bit_cast(u32, v); }
@@ -956,12 +957,27 @@ MONO_DEVICE long long page_of(const Args& a, const Item& it, int q_len) {
     return a.block_table[(long long)(it.r * q_len + q_len - 1) * a.bt_width + it.b];
 }
 
-// The index-K head tasks of every token done (once a CTA; uniform over the CTA): a block that
-// may hold a key this launch inserted is read only after them, with coherent loads.
+// The iscore pair of (row, head) `row` of an item whose request's rows start at row0, nh
+// heads a row: pair k * STRIDE + b, or with the heads split k * STRIDE + h * STRIDE / HEADS + b / HEADS.
+MONO_DEVICE long long pair_of(const Item& it, int row0, int nh, int row) {
+    const int k = row0 + row / nh;
+    return nh == 1 ? (long long)k * STRIDE + it.b : (long long)k * STRIDE + (row % nh) * (STRIDE / HEADS) + it.b / HEADS;
+}
+
+// The index-K head tasks of every token done, once, as seen by the whole CTA (GROUP = THREADS:
+// uniform over it, a barrier) or by one warp (GROUP = WAVE: the warps run apart): a block that
+// may hold a key this launch inserted is read only after them.
+template <int GROUP>
 MONO_DEVICE void wait_new_keys(const Mailbox& mb, bool& new_keys_seen) {
     if (new_keys_seen) return;
-    for (int i = thread_id(); i < TOKENS; i += THREADS) mailbox_wait(mb.hdone + i * HEAD_TASKS + TASK_IK, mb.tag);
-    barrier();
+    for (int i = GROUP == THREADS ? thread_id() : lane_id(); i < TOKENS; i += GROUP)
+        mailbox_wait(mb.hdone + i * HEAD_TASKS + TASK_IK, mb.tag);
+    if constexpr (GROUP == THREADS) {
+        barrier();
+    } else {
+        fence_acquire();
+        wave_sync();
+    }
     fence_acquire();
     new_keys_seen = true;
 }
@@ -988,7 +1004,7 @@ MONO_DEVICE void fetch_batch(const Args& a, const Mailbox& mb, const Request* re
     for (int i = 0; i < BATCH; ++i) {
         its[i] = advance(reqs, cur, rank + (j + i) * CTAS, requests);
         if (!its[i].valid) continue;
-        if (its[i].new_keys) wait_new_keys(mb, new_keys_seen);  // uniform over the CTA
+        if (its[i].new_keys) wait_new_keys<THREADS>(mb, new_keys_seen);  // uniform over the CTA
         const long long page = j + i < PAGES ? pages[j + i] : page_of(a, its[i], q_len);
         const u8* kp = a.index_cache + (page * BLOCK + pl.key) * DIM + pl.q * QDIMS;
         keys.lo[i] = key_bytes(its[i], kp);
@@ -1058,9 +1074,7 @@ MONO_DEVICE void item_put(const Args& a, const Mailbox& mb, const float* iq, con
     for (int row = (thread_id() - first + THREADS) % THREADS; row < rows; row += THREADS) {
         float m = best[row * ITEM_WAVES];
         for (int w = 1; w < ITEM_WAVES; ++w) m = fmax_f32(m, best[row * ITEM_WAVES + w]);
-        const int k = row0 + row / nh;
-        const long long pair = nh == 1 ? (long long)k * STRIDE + it.b
-                                       : (long long)k * STRIDE + (row % nh) * (STRIDE / HEADS) + it.b / HEADS;
+        const long long pair = pair_of(it, row0, nh, row);
         mailbox_put(iscore + pair, float_as_u32(m * SCALE), mb.tag);
     }
 }

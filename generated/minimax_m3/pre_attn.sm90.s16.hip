@@ -384,9 +384,7 @@ MONO_DEVICE void gemv16_partial(const Chunks& w, int n, const u32* x8, int first
 // ---- FP8 -> f32 (exact) --------------------------------------------------------------
 // the four e4m3 bytes of w as f32 (byte i -> out[i]); every e4m3 value is exact in f16
 MONO_DEVICE void fp8x4_to_f32(u32 w, float (&out)[4]) {
-    u32 lo, hi;
-    asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(lo) : "h"((unsigned short)(w & 0xffffu)));
-    asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(hi) : "h"((unsigned short)(w >> 16)));
+    const u32 lo = e4m3x2_lo_f16x2(w), hi = e4m3x2_hi_f16x2(w);
     asm("cvt.f32.f16 %0, %1;" : "=f"(out[0]) : "h"((unsigned short)(lo & 0xffffu)));
     asm("cvt.f32.f16 %0, %1;" : "=f"(out[1]) : "h"((unsigned short)(lo >> 16)));
     asm("cvt.f32.f16 %0, %1;" : "=f"(out[2]) : "h"((unsigned short)(hi & 0xffffu)));
@@ -1274,12 +1272,27 @@ MONO_DEVICE long long page_of(const Args& a, const Item& it, int q_len) {
     return a.block_table[(long long)(it.r * q_len + q_len - 1) * a.bt_width + it.b];
 }
 
-// The index-K head tasks of every token done (once a CTA; uniform over the CTA): a block that
-// may hold a key this launch inserted is read only after them, with coherent loads.
+// The iscore pair of (row, head) `row` of an item whose request's rows start at row0, nh
+// heads a row: pair k * STRIDE + b, or with the heads split k * STRIDE + h * STRIDE / HEADS + b / HEADS.
+MONO_DEVICE long long pair_of(const Item& it, int row0, int nh, int row) {
+    const int k = row0 + row / nh;
+    return nh == 1 ? (long long)k * STRIDE + it.b : (long long)k * STRIDE + (row % nh) * (STRIDE / HEADS) + it.b / HEADS;
+}
+
+// The index-K head tasks of every token done, once, as seen by the whole CTA (GROUP = THREADS:
+// uniform over it, a barrier) or by one warp (GROUP = WAVE: the warps run apart): a block that
+// may hold a key this launch inserted is read only after them.
+template <int GROUP>
 MONO_DEVICE void wait_new_keys(const Mailbox& mb, bool& new_keys_seen) {
     if (new_keys_seen) return;
-    for (int i = thread_id(); i < TOKENS; i += THREADS) mailbox_wait(mb.hdone + i * HEAD_TASKS + TASK_IK, mb.tag);
-    barrier();
+    for (int i = GROUP == THREADS ? thread_id() : lane_id(); i < TOKENS; i += GROUP)
+        mailbox_wait(mb.hdone + i * HEAD_TASKS + TASK_IK, mb.tag);
+    if constexpr (GROUP == THREADS) {
+        barrier();
+    } else {
+        fence_acquire();
+        wave_sync();
+    }
     fence_acquire();
     new_keys_seen = true;
 }
@@ -1307,6 +1320,36 @@ MONO_DEVICE Frags key_frags(const Keys& keys) {
 }
 // A tile's MMA: d += A (16 keys x 16 dims) * B (16 dims x 8 index-q rows)
 MONO_DEVICE void tile_mma(float (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) { mma_bf16_16x8x16(d, a, b0, b1); }
+// One 8-row column block of a tile: d (two chains, even and odd k-steps) = its keys x rows bq
+// (bq: this lane's dims of B's row g; k-step s: dims 16t + 4s .. + 3, or 64 + 16t + 4(s - 4)
+// .. + 3 from s = 4, 2 bf16x2 / f16x2 words each).
+MONO_DEVICE void block_dots(const u32* bq, const Frags& f, float (&c)[2][4]) {
+#pragma unroll
+    for (int s = 0; s < 8; ++s) {
+        u32 b0, b1;
+        ld8_lds(bq + (s < 4 ? 2 * s : 32 + 2 * (s - 4)), b0, b1);
+        tile_mma(c[s & 1], f.a[s], b0, b1);
+    }
+}
+// Column m (row 2t + m of the block) of a tile's dots: the larger of keys g (position `key`)
+// and g + 8, each masked past the row's context `lim`.
+MONO_DEVICE float masked_max(const float (&c)[2][4], int m, int key, int lim) {
+    return fmax_f32(key < lim ? c[0][m] + c[1][m] : neg_inf(), key + 8 < lim ? c[0][2 + m] + c[1][2 + m] : neg_inf());
+}
+// The maximum over the lanes of the same t (g = 0 .. 7): the 16 keys of a tile's column
+MONO_DEVICE float max_over_keys(float v) {
+    v = fmax_f32(v, shfl_xor(v, 4));
+    v = fmax_f32(v, shfl_xor(v, 8));
+    return fmax_f32(v, shfl_xor(v, 16));
+}
+// This lane's 64 bytes of a tile (keys g and g + 8 at kp, kp + 8 * DIM; bytes 16t and 64 + 16t
+// each) into dst, dst + stride, dst + 2 stride, dst + 3 stride (cp.async).
+MONO_DEVICE void copy_key_pieces(u32x4* dst, int stride, const u8* kp) {
+    copy16_async(dst, kp);
+    copy16_async(dst + stride, kp + 64);
+    copy16_async(dst + 2 * stride, kp + 8 * DIM);
+    copy16_async(dst + 3 * stride, kp + 8 * DIM + 64);
+}
 // The factor that scales a maximum of (row, head) `row` of the request from `row0` back
 MONO_DEVICE float row_unscale(const float* iq, int row0, int row) {
     return DOT_UNSCALE;
@@ -1344,16 +1387,12 @@ MONO_DEVICE void fetch_batch(const Args& a, const Mailbox& mb, const Request* re
         its[i] = advance(reqs, cur, rank + (j + i) * CTAS, requests);
         new_keys = new_keys || (its[i].valid && its[i].new_keys);
     }
-    if (new_keys) wait_new_keys(mb, new_keys_seen);  // uniform: every thread sees the batch's items
+    if (new_keys) wait_new_keys<THREADS>(mb, new_keys_seen);  // uniform: every thread sees the batch's items
     const Item it = item_at(its, pl.half);
     if (it.valid) {  // (cp.async.cg reads the L2: coherent for the new keys too)
         const long long page = j + pl.half < PAGES ? pages[j + pl.half] : page_of(a, it, q_len);
-        const u8* kp = a.index_cache + (page * BLOCK + pl.tile * TILE_KEYS + pl.g) * DIM + 16 * pl.t;
-        const int tid = thread_id();
-        copy16_async(slot + tid, kp);  // key g: bytes 16t, 64 + 16t
-        copy16_async(slot + THREADS + tid, kp + 64);
-        copy16_async(slot + 2 * THREADS + tid, kp + 8 * DIM);  // key g + 8
-        copy16_async(slot + 3 * THREADS + tid, kp + 8 * DIM + 64);
+        copy_key_pieces(slot + thread_id(), THREADS,
+                        a.index_cache + (page * BLOCK + pl.tile * TILE_KEYS + pl.g) * DIM + 16 * pl.t);
     }
     copy_async_commit();  // a group every batch, empty or not: the waits count batches
 }
@@ -1380,23 +1419,13 @@ MONO_DEVICE void tile_dots(const float* iq, const int* seq, float* best, const I
     const int key = it.b * BLOCK + pl.tile * TILE_KEYS + pl.g;  // position of key g (key g + 8: key + 8)
     const u32* iq_r = reinterpret_cast<const u32*>(iq) + row0 * HEADS * IQ_WORDS + 8 * pl.t;
     for (int n0 = 0; n0 < rows; n0 += 8) {  // uniform over the warp
-        const u32* bq = iq_r + (n0 + pl.g) * IQ_WORDS;  // B: row n0 + g (rows past the request's: ignored columns)
-        float c[2][4] = {};  // two chains: even and odd k-steps
+        float c[2][4] = {};
+        block_dots(iq_r + (n0 + pl.g) * IQ_WORDS, f, c);  // B: row n0 + g (rows past the request's: ignored columns)
 #pragma unroll
-        for (int s = 0; s < 8; ++s) {
-            u32 b0, b1;
-            ld8_lds(bq + (s < 4 ? 2 * s : 32 + 2 * (s - 4)), b0, b1);
-            tile_mma(c[s & 1], f.a[s], b0, b1);
-        }
-#pragma unroll
-        for (int m = 0; m < 2; ++m) {  // columns 2t + m: rows n0 + 2t + m, for keys g (c[.][m]) and g + 8 (c[.][2 + m])
+        for (int m = 0; m < 2; ++m) {  // columns 2t + m: rows n0 + 2t + m
             const int row = n0 + 2 * pl.t + m;
             const int sr = row < rows ? seq[row0 + row / nh] : 0;
-            const int s1 = sr < 1 ? 1 : sr;
-            float v = fmax_f32(key < s1 ? c[0][m] + c[1][m] : neg_inf(), key + 8 < s1 ? c[0][2 + m] + c[1][2 + m] : neg_inf());
-            v = fmax_f32(v, shfl_xor(v, 4));  // the tile's 16 keys: lanes of the same t
-            v = fmax_f32(v, shfl_xor(v, 8));
-            v = fmax_f32(v, shfl_xor(v, 16));
+            const float v = max_over_keys(masked_max(c, m, key, sr < 1 ? 1 : sr));  // the tile's 16 keys
             if (pl.g == 0 && row < rows) best[row * ITEM_WAVES + pl.tile] = v;
         }
     }
@@ -1411,9 +1440,7 @@ MONO_DEVICE void item_put(const Args& a, const Mailbox& mb, const float* iq, con
     for (int row = (thread_id() - first + THREADS) % THREADS; row < rows; row += THREADS) {
         float m = best[row * ITEM_WAVES];
         for (int w = 1; w < ITEM_WAVES; ++w) m = fmax_f32(m, best[row * ITEM_WAVES + w]);
-        const int k = row0 + row / nh;
-        const long long pair = nh == 1 ? (long long)k * STRIDE + it.b
-                                       : (long long)k * STRIDE + (row % nh) * (STRIDE / HEADS) + it.b / HEADS;
+        const long long pair = pair_of(it, row0, nh, row);
         mailbox_put(iscore + pair, float_as_u32(m * row_unscale(iq, row0, row) * SCALE), mb.tag);  // (m scaled back, exact) * SCALE
     }
 }
