@@ -23,7 +23,7 @@ for what in "${@:-tests}"; do
         bench) python3 -m bench.run ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log"; status=$((status | PIPESTATUS[0])) ;;
         timeline) { python3 scripts/timeline_probe.py 1 4 16 && python3 scripts/timeline_deepseek_front.py; } 2>&1 \
                 | tee "$OUT/timeline.log"; status=$((status | PIPESTATUS[0])) ;;
-        scorer) IFS=';' read -ra tunes <<< "${SCORER_TUNES:-scores.mma_f16=1;scores.warp_items=3 scores.batch_items=1;scores.warp_items=3 scores.batch_items=1 scores.mma_f16=1;scores.warp_items=3 scores.warp_items_from=4}"
+        scorer) IFS=';' read -ra tunes <<< "${SCORER_TUNES:-scores.busy_waves=16;scores.busy_waves=1;scores.tiles_ahead=2}"
                 for tune in "" "${tunes[@]}"; do
                     echo "=== ${tune:-spec}"
                     # shellcheck disable=SC2086  # a tune is several words

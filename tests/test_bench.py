@@ -66,19 +66,19 @@ def test_tune_option(tmp_path):
     them in the run's meta and RESULTS entry; a knob without its stage is refused."""
     out = tmp_path / "out"
     assert main(["--dry-run", "--kernels", "minimax", "--tokens", "1", "--contexts", "4096", "--copies", "1",
-                 "--no-generate", "--no-plot", "--out", str(out), "--tune", "scores.batches_ahead=2"]) == 0
+                 "--no-generate", "--no-plot", "--out", str(out), "--tune", "scores.tiles_ahead=2"]) == 0
     data = json.loads((out / "bench.json").read_text())
     meta = data["kernels"]["minimax_m3/pre_attn"]["meta"]
-    assert meta["tune"] == "scores.batches_ahead=2" and "tune scores.batches_ahead=2" in meta["build"]
-    assert "(tune scores.batches_ahead=2) on" in (out / "RESULTS-entry.md").read_text()
+    assert meta["tune"] == "scores.tiles_ahead=2" and "tune scores.tiles_ahead=2" in meta["build"]
+    assert "(tune scores.tiles_ahead=2) on" in (out / "RESULTS-entry.md").read_text()
     assert "jit" in data["kernels"]["minimax_m3/pre_attn"]  # the JIT timings built the tuned kernel too
     bad = tmp_path / "bad"  # the value reaches the build: its check fails the kernel's run
     assert main(["--dry-run", "--kernels", "minimax", "--tokens", "1", "--contexts", "4096", "--copies", "1",
-                 "--no-jit", "--no-generate", "--no-plot", "--out", str(bad), "--tune", "scores.batches_ahead=9"]) == 1
+                 "--no-jit", "--no-generate", "--no-plot", "--out", str(bad), "--tune", "scores.tiles_ahead=9"]) == 1
     cases = json.loads((bad / "bench.json").read_text())["cases"]
-    assert any("9 batches ahead: at most 4" in str(c) for c in cases)
+    assert any("9 tiles ahead: at most 7" in str(c) for c in cases)
     with pytest.raises(SystemExit):
-        main(["--dry-run", "--kernels", "minimax", "--tune", "batches_ahead=2"])
+        main(["--dry-run", "--kernels", "minimax", "--tune", "tiles_ahead=2"])
 
 
 def test_contexts_option():

@@ -225,42 +225,34 @@ def test_timeline_stamps_beside_the_union(target):
 @pytest.mark.parametrize("tokens", [1, 4, 16])
 def test_scorer_tables_and_batches(target, tokens):
     """The scorers' LDS: index q of every (token, head) (sm90's tensor-core dots: bf16 pairs,
-    rows of 66 words, 8 rows more; else floats, quarters padded), two batches' per-item
-    maxima (one per wave that sees the item), the requests, the rows' context lengths and a
-    block-table entry per thread; batch_items and mma_dots come from the spec (sm90: 2 and
-    on; else 1 and off) and a tune overrides them, per target."""
+    rows of 66 words, 8 rows more; else floats, quarters padded), two items' maxima of every
+    warp (tensor cores) or two batches' per-item maxima of every wave (CUDA cores), the
+    requests, the rows' context lengths, a block-table entry per thread and, on the tensor
+    cores, each warp's ring of tiles_ahead + 1 tiles of 2 KB. mma_dots, tiles_ahead and
+    busy_waves come from the spec (sm90: on, 3, 8; else off) and a tune overrides them."""
     ir = build_ir(target, tokens)
     scores = stage_named(ir, "scores")
     own = {b.name: b for b in ir.lds if b.stage == "scores"}
     waves = ir.threads // ir.target.wave_size
     mma = target == "sm90"
-    batch, item_waves = (2, 8) if mma else (1, waves)
     iq = ("u32", (tokens + 8) * 66) if mma else ("float", tokens * 4 * 36)
-    keys = {"keys": ("u32", 2 * 4 * ir.threads * 4)} if mma else {}  # cp.async slots: the batch scored and the next
+    ring = {"ring": ("u32", waves * 4 * 2048 // 4)} if mma else {}
     assert {n: (b.ctype, b.count) for n, b in own.items()} == {
-        "iq": iq, "best": ("float", 2 * batch * tokens * item_waves),
-        "reqs": ("u32", 5 * tokens), "seq": ("u32", tokens), "pages": ("u32", ir.threads), **keys}
-    assert (scores.values["batch"], scores.values["mma"], scores.values["ahead"]) == (batch, mma, 1)
-    tuned = load_spec(SPEC, tune_items({"scores.batch_items": 3, "scores.mma_dots": 0}))
-    values = stage_named(lower(tuned, make_build(tuned, target, tokens=tokens)), "scores").values
-    assert (values["batch"], values["mma"]) == (3, False)
+        "iq": iq, "best": ("float", 2 * tokens * waves),
+        "reqs": ("u32", 5 * tokens), "seq": ("u32", tokens), "pages": ("u32", ir.threads), **ring}
+    assert (scores.values["batch"], scores.values["mma"]) == (1, mma)
     if mma:
-        deeper = load_spec(SPEC, tune_items({"scores.batches_ahead": 3}))
+        assert (scores.values["ring"], scores.values["busy"]) == (4, 8)
+    tuned = load_spec(SPEC, tune_items({"scores.batch_items": 3, "scores.mma_dots": 0}))
+    ir = lower(tuned, make_build(tuned, target, tokens=tokens))
+    assert (stage_named(ir, "scores").values["batch"], stage_named(ir, "scores").values["mma"]) == (3, False)
+    own = {b.name: b.count for b in ir.lds if b.stage == "scores"}
+    assert "ring" not in own and own["best"] == 2 * 3 * tokens * waves
+    if mma:
+        deeper = load_spec(SPEC, tune_items({"scores.tiles_ahead": 5, "scores.busy_waves": 32}))
         ir = lower(deeper, make_build(deeper, target, tokens=tokens))
-        assert {b.name: b.count for b in ir.lds if b.stage == "scores"}["keys"] == 4 * 4 * ir.threads * 4
-        # warp-owned items: no per-wave maxima, each warp a ring of warp_items + 1 tiles of 2 KB
-        warped = load_spec(SPEC, tune_items({"scores.warp_items": 3, "scores.batch_items": 1}))
-        ir = lower(warped, make_build(warped, target, tokens=tokens))
-        own = {b.name: b.count for b in ir.lds if b.stage == "scores"}
-        assert "best" not in own and "keys" not in own and own["ring"] == waves * 4 * 2048 // 4
-        assert stage_named(ir, "scores").values["warp"] == 3
-        # both paths, chosen per CTA by its item count: the batches' buffers and the warps' rings
-        hybrid = load_spec(SPEC, tune_items({"scores.warp_items": 3, "scores.warp_items_from": 4}))
-        ir = lower(hybrid, make_build(hybrid, target, tokens=tokens))
-        own = {b.name: b.count for b in ir.lds if b.stage == "scores"}
-        assert {"best", "keys", "ring"} <= set(own)
-        values = stage_named(ir, "scores").values
-        assert (values["warp"], values["warp_from"], values["batched"]) == (3, 4, True)
+        assert {b.name: b.count for b in ir.lds if b.stage == "scores"}["ring"] == waves * 6 * 2048 // 4
+        assert (stage_named(ir, "scores").values["ring"], stage_named(ir, "scores").values["busy"]) == (6, 32)
 
 
 def test_constants():
@@ -376,29 +368,18 @@ REFUSALS = [
     ("scores-need-head-flags", [("    done: hdone\n", "")], "sm90", 1, "iq_from: heads", "stage 'heads' publishes no done flags"),
     ("scores-unknown-timeline-point", [("start_point: pre_attn_done", "start_point: pre_attn_dome")], "gfx942", 1,
      "start_point: pre_attn_dome", "no timeline point 'pre_attn_dome'"),
-    ("scores-batch-too-large", [("batch_items: {default: 1, sm90: 2}", "batch_items: {default: 5, sm90: 2}")],
-     "gfx950", 4, "batch_items: {default: 5, sm90: 2}", "batches of 5 keep 80 key registers a thread, more than the 64"),
+    ("scores-batch-too-large", [("    tiles_ahead: 3 ", "    batch_items: {default: 5, sm90: 1}\n    tiles_ahead: 3 ")],
+     "gfx950", 4, "batch_items: {default: 5, sm90: 1}", "batches of 5 keep 80 key registers a thread, more than the 64"),
     ("scores-mma-on-amd", [("mma_dots: {default: 0, sm90: 1}", "mma_dots: {default: 1, sm90: 1}")], "gfx942", 1,
      "mma_dots: {default: 1, sm90: 1}", "gfx942's device library has no bf16 m16n8k16 MMA"),
-    ("scores-cuda-cores-ahead", [("batches_ahead: 1 ", "batches_ahead: {default: 2, sm90: 1} ")], "gfx942", 1,
-     "batches_ahead: {default: 2, sm90: 1}", "the CUDA-core dots keep one batch ahead (registers), not 2"),
-    ("scores-ahead-too-deep", [("batches_ahead: 1 ", "batches_ahead: {default: 1, sm90: 5} ")], "sm90", 1,
-     "batches_ahead: {default: 1, sm90: 5}", "5 batches ahead: at most 4"),
-    ("scores-f16-needs-mma", [("mma_dots: {default: 0, sm90: 1}", "mma_dots: {default: 0, sm90: 0}"),
-                              ("batches_ahead: 1 ", "mma_f16: {default: 0, sm90: 1}\n    batches_ahead: 1 ")],
-     "sm90", 1, "mma_f16: {default: 0, sm90: 1}", "mma_f16 picks the tensor-core dots' input type"),
-    ("scores-warp-from-needs-warps", [("batches_ahead: 1 ", "warp_items_from: {default: 0, sm90: 4}\n    batches_ahead: 1 ")],
-     "sm90", 1, "warp_items_from: {default: 0, sm90: 4}", "warp_items_from picks between warp-owned items and batches"),
-    ("scores-warp-items-need-mma", [("mma_dots: {default: 0, sm90: 1}", "mma_dots: {default: 0, sm90: 0}"),
-                                    ("batches_ahead: 1 ", "warp_items: {default: 0, sm90: 3}\n    batches_ahead: 1 ")],
-     "sm90", 1, "warp_items: {default: 0, sm90: 3}", "warp-owned items score on the tensor cores"),
-    ("scores-warp-items-no-batches", [("batches_ahead: 1 ", "warp_items: {default: 0, sm90: 3}\n    batches_ahead: 1 ")],
-     "sm90", 1, "warp_items: {default: 0, sm90: 3}", "warp-owned items take no batches (batch_items 2)"),
-    ("scores-warp-ring-too-large", [("batch_items: {default: 1, sm90: 2}", "batch_items: 1"),
-                                    ("batches_ahead: 1 ", "warp_items: {default: 0, sm90: 6}\n    batches_ahead: 1 ")],
-     "sm90", 1, "warp_items: {default: 0, sm90: 6}", "16 rings of 7 tiles (229376 bytes) do not fit the"),
-    ("scores-mma-batch", [("batch_items: {default: 1, sm90: 2}", "batch_items: {default: 1, sm90: 1}")], "sm90", 1,
-     "mma_dots: {default: 0, sm90: 1}", "16 waves score 2 items a batch, not 1"),
+    ("scores-mma-batch", [("    tiles_ahead: 3 ", "    batch_items: {default: 1, sm90: 2}\n    tiles_ahead: 3 ")], "sm90", 1,
+     "batch_items: {default: 1, sm90: 2}", "the tensor-core dots take items by warp groups, not in batches of 2"),
+    ("scores-ahead-too-deep", [("tiles_ahead: 3 ", "tiles_ahead: {default: 3, sm90: 8} ")], "sm90", 1,
+     "tiles_ahead: {default: 3, sm90: 8}", "8 tiles ahead: at most 7"),
+    ("scores-ring-too-large", [("tiles_ahead: 3 ", "tiles_ahead: {default: 3, sm90: 6} ")], "sm90", 1,
+     "tiles_ahead: {default: 3, sm90: 6}", "16 rings of 7 tiles (229376 bytes) do not fit the"),
+    ("scores-too-busy", [("busy_waves: 8 ", "busy_waves: {default: 8, sm90: 200} ")], "sm90", 16,
+     "busy_waves: {default: 8, sm90: 200}", "200 busy waves: at most 128 (16 waves, 8 an item)"),
     # the head tasks: one per q head, then k, v, index q, index k
     ("heads-tasks-vs-q-heads", [("tasks: N_HEAD_TASKS", "tasks: N_HEAD_TASKS - 1")], "gfx950", 3,
      "tasks: N_HEAD_TASKS - 1", "19 tasks != q_heads + 4 = 20"),

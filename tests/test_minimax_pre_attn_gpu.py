@@ -221,16 +221,15 @@ SCORE_CASES = [  # (tokens, q_len, contexts of the requests' last rows[, init_bl
 ]
 
 
-# the scorer's dots besides the spec's own (sm90: bf16 tensor cores, two items a batch): f16
-# MMAs, warp-owned items (no CTA barrier; bf16 and f16; alone, or for CTAs with 4 items or
-# more), and on the CUDA cores in batches of two and of one; each must write the same scores
-SCORER_TUNES = {"spec": None,
-                "mma-f16": {"scores.mma_f16": 1},
-                "warp-items": {"scores.warp_items": 3, "scores.batch_items": 1},
-                "warp-items-f16": {"scores.warp_items": 3, "scores.batch_items": 1, "scores.mma_f16": 1},
-                "warps-from-4": {"scores.warp_items": 3, "scores.warp_items_from": 4},  # per CTA: warps or batches
-                "cuda-cores-batch2": {"scores.mma_dots": 0, "scores.batch_items": 2, "scores.batches_ahead": 1},
-                "cuda-cores-batch1": {"scores.mma_dots": 0, "scores.batch_items": 1, "scores.batches_ahead": 1}}
+# the scorer's builds besides the spec's own (sm90: tensor cores by warp groups): other group
+# sizes, the shortest key ring, and the CUDA-core dots in batches of two and of one; each must
+# write the same scores
+SCORER_TUNES = {"spec": None,  # sm90: tensor cores, each item the fewest warps that keep 8 of a CTA busy (8 .. 1)
+                "busy-16": {"scores.busy_waves": 16},  # more warps an item: 8 .. 1
+                "warp-owned": {"scores.busy_waves": 1},  # one warp an item, whatever the CTA's items
+                "one-tile-ahead": {"scores.tiles_ahead": 1},  # a ring of two tiles: the slot reused the soonest
+                "cuda-cores-batch2": {"scores.mma_dots": 0, "scores.batch_items": 2},
+                "cuda-cores-batch1": {"scores.mma_dots": 0}}
 
 
 def scorer_kernel(tune_id: str, tokens: int, **params):

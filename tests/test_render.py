@@ -295,9 +295,12 @@ def test_stage_code_follows_the_build(target):
         assert (text.index("stage_qkv::run(a, mb, lds);") < text.index("stage_heads::run(a, mb, lds);")
                 < text.index("stage_scores::run(a, mb, lds);"))
         assert "stage_qkv_cp" not in text  # index_heads 1
-        # the scorers score batch_items items a barrier, the next batch's keys in flight
-        # (registers): the spec's 2 on sm90, 1 on AMD; no key ring
-        assert f"constexpr int BATCH = {2 if target == 'sm90' else 1};" in text and "RING" not in text
+        # the scorers: sm90 by warp groups, keys through each warp's ring (no batches); AMD
+        # one item a CTA barrier, the next item's keys in flight in registers (no ring)
+        if target == "sm90":
+            assert "constexpr int RING = 4;" in text and "BATCH" not in text
+        else:
+            assert "constexpr int BATCH = 1;" in text and "RING" not in text
     # four index heads: the context-parallel GEMV runs between qkv and the head tasks
     _, cp = built(target, 4, False, index_heads=4, index_own=1)
     runs = re.findall(r"^\s*stage_(\w+)::run\(a, mb, lds\);", cp, re.M)

@@ -100,20 +100,27 @@ def test_a_diagnostic_stamp_by_override():
 
 def test_scorer_item_stamps():
     """scores.item_point / dots_point / put_point (analysis stamps, off in the spec): the phases
-    of one item's batch on every CTA, `stamped_item` picking which; the untuned build has none of it, and the
-    stamped build still compiles for sm90 without spills."""
+    of one item on every CTA (tensor cores: warp 0's `stamped_item`-th; CUDA cores: the batch
+    holding the CTA's), in order around the dots and the put; the untuned build has none of
+    it, and the stamped build still compiles for sm90 without spills."""
     _, plain = source(SPEC, "sm90", tokens=16, timeline=True)
     tune = {"scores.stamped_item": 3, "scores.item_point": "spare", "scores.dots_point": "x8_ready",
             "scores.put_point": "head_got_qkv", "qkv.ready_point": None, "heads.got_point": None}
     _, tuned = source(SPEC, "sm90", tokens=16, timeline=True, tune=tune)
     assert "STAMPED_ITEM" not in plain and "constexpr int STAMPED_ITEM = 3;" in tuned
     run = tuned[tuned.index("namespace stage_scores {"):]
-    stamps = [run.index(f"if (j <= STAMPED_ITEM && STAMPED_ITEM < j + BATCH) stamp(lds, TL_{p});")
+    stamps = [run.index(f"if (wave_id() == 0 && k == STAMPED_ITEM) stamp(lds, TL_{p});")
               for p in ("SPARE", "X8_READY", "HEAD_GOT_QKV")]
-    calls = [run.index(c) for c in ("tile_dots(iq, seq, bp + pl.half", "item_put(a, mb, iq, bp + i")]  # sm90: tensor-core dots
+    calls = [run.index(c) for c in ("block_dots(iq_r + nb", "mailbox_put(iscore + pair_of(it")]
     assert stamps[0] < calls[0] < stamps[1] < calls[1] < stamps[2]  # start, dots, put: in order around the calls
     (report,) = jit.resource_report(tuned, "stamped.hip", get_target("sm90"))
     assert report.spills == 0 and report.scratch_bytes == 0
+    _, cores = source(SPEC, "sm90", tokens=16, timeline=True, tune={**tune, "scores.mma_dots": 0})
+    run = cores[cores.index("namespace stage_scores {"):]
+    stamps = [run.index(f"if (j <= STAMPED_ITEM && STAMPED_ITEM < j + BATCH) stamp(lds, TL_{p});")
+              for p in ("SPARE", "X8_READY", "HEAD_GOT_QKV")]
+    calls = [run.index(c) for c in ("item_dots(iq, seq, bp + i", "item_put(a, mb, bp + i")]
+    assert stamps[0] < calls[0] < stamps[1] < calls[1] < stamps[2]
     with pytest.raises(SpecError, match="no timeline point 'keys'"):
         source(SPEC, "sm90", tune={"scores.dots_point": "keys"}, tokens=1)
     with pytest.raises(SpecError, match=r"stamped_item: .* must be an integer >= 0, got -1"):
@@ -132,44 +139,26 @@ def test_stream_k_hand_off_stamps():
         source(SPEC, "sm90", tune={"qkv.piece_point": "landed"}, tokens=1)
 
 
-def test_scorer_warp_items():
-    """scores.warp_items (off in the spec): each warp scores whole items alone, so its loop
-    holds no CTA barrier and no per-wave maxima; the lanes wait for the index-K head tasks
-    as a warp; the build compiles for sm90 without spills or local memory. The same scores
-    as the spec's path are checked on the GPU (tests/test_minimax_pre_attn_gpu.py)."""
-    tune = {"scores.warp_items": 3, "scores.batch_items": 1}
-    _, text = source(SPEC, "sm90", tokens=16, tune=tune)
-    assert "mma_bf16_16x8x16(d, a, b0, b1)" in text and "e4m3x2_lo_bf16x2_scaled(wg[s])" in text
+def test_scorer_warp_groups():
+    """The spec's sm90 scorer (tensor cores): a CTA picks its items' group size at run time
+    (1, 2, 4 or 8 warps an item, by busy_waves) and runs the loop built for it; no CTA
+    barrier inside the loop, only the group's (a named barrier, or the warp's own sync),
+    each warp's maxima of two items in LDS; the index-K head tasks waited for as a warp.
+    busy_waves and tiles_ahead reach the source; every build compiles for sm90 without
+    spills or local memory. The scores are checked on the GPU for several busy_waves
+    (tests/test_minimax_pre_attn_gpu.py)."""
+    _, text = source(SPEC, "sm90", tokens=16)
+    assert "mma_bf16_16x8x16(c[s & 1], f.a[s], b0, b1)" in text and "e4m3x2_lo_bf16x2_scaled(wg[s])" in text
     scores = text[text.index("namespace stage_scores {"):]
-    loop = scores[scores.index("MONO_DEVICE void score_warp_items("):scores.index("MONO_DEVICE void score_by_warps(")]
-    assert "barrier()" not in loop and "best" not in loop and "constexpr int RING = 4;" in scores
-    assert "wave_sync();" in scores and "LDS_BEST" not in scores
-    (report,) = jit.resource_report(text, "warp_items.hip", get_target("sm90"))
-    assert report.spills == 0 and report.scratch_bytes == 0
-
-
-def test_scorer_f16_mma():
-    """scores.mma_f16 (off in the spec): f16 MMAs, keys converted by one cvt a pair, each
-    index-q row scaled by a power of two (its inverse kept in the row's padding word) and
-    the maxima scaled back by it; compiles for sm90 without spills, alone and with warp-owned
-    items. The bf16 spec build's source is unchanged by the knob's existence (no f16 code)."""
-    _, plain = source(SPEC, "sm90", tokens=4)
-    assert "mma_f16_16x8x16(d" not in plain and "return DOT_UNSCALE;" in plain
-    for tune in ({"scores.mma_f16": 1}, {"scores.mma_f16": 1, "scores.warp_items": 3, "scores.batch_items": 1}):
-        _, text = source(SPEC, "sm90", tokens=4, tune=tune)
-        assert "mma_f16_16x8x16(d, a, b0, b1)" in text and "e4m3x2_hi_f16x2(wh[s])" in text
-        assert "row[DIM / 2] = u32(127 - up) << 23;" in text and "IQ_UP" not in text
-        (report,) = jit.resource_report(text, "f16.hip", get_target("sm90"))
+    assert "constexpr int BUSY_WAVES = 8;" in scores and "constexpr int RING = 4;" in scores
+    assert all(f"case {g}: score_by_groups<{g}>(" in scores for g in (1, 2, 4))
+    assert "default: score_by_groups<TILES>(" in scores
+    loop = scores[scores.index("MONO_DEVICE void score_warp_items("):scores.index("MONO_DEVICE void score_by_groups(")]
+    assert "barrier()" not in loop and "gr.sync();" in loop
+    assert "else barrier_of(1 + id, G * WAVE);" in scores and "wait_new_keys<WAVE>(mb" in scores
+    assert 'asm volatile("bar.sync %0, %1;"' in text
+    for tune, ring in (({}, 4), ({"scores.busy_waves": 1, "scores.tiles_ahead": 2}, 3)):
+        _, built = source(SPEC, "sm90", tokens=16, tune=tune)
+        assert f"constexpr int RING = {ring};" in built
+        (report,) = jit.resource_report(built, "groups.hip", get_target("sm90"))
         assert report.spills == 0 and report.scratch_bytes == 0
-
-
-def test_scorer_warp_items_from():
-    """scores.warp_items_from (off in the spec): both item paths built, each CTA picking by its
-    item count (warps from that many, batches below); compiles for sm90 without spills."""
-    tune = {"scores.warp_items": 3, "scores.warp_items_from": 4}
-    _, text = source(SPEC, "sm90", tokens=4, tune=tune)
-    assert "constexpr int WARP_FROM = 4;" in text
-    assert ("if (cta_items(reqs, rank, requests) >= WARP_FROM) score_by_warps(" in text
-            and "else score_by_batches(" in text)
-    (report,) = jit.resource_report(text, "warp_from.hip", get_target("sm90"))
-    assert report.spills == 0 and report.scratch_bytes == 0

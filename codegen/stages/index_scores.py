@@ -21,25 +21,24 @@ request whose last row sees more than ``cp_from_blocks`` blocks is long: it
 scores only this rank's blocks ``b = first_own + 4 i`` for all four index
 heads, into pair ``k * stride + h * stride / 4 + b / 4``.
 
-Batches (``batch_items``): a CTA scores its items ``batch_items`` at a time, with one
-CTA barrier a batch, while the keys of the next ``batches_ahead`` batches load.
 The dots (``mma_dots``):
 
-- on the CUDA cores: each thread a quarter of a key, 32 FMAs a row; the next batch's
-  keys in registers (``batches_ahead`` 1);
-- on sm90's tensor cores: each half of the CTA's warps takes an item of a batch of two,
-  each warp a tile of 16 keys as the rows of bf16 m16n8k16 MMAs against 8 index-q rows
-  at a time. The keys enter exactly (their fp8 bits placed as bf16 times 2^-120), the
-  index q times 2^64, and the maxima are scaled back by 2^56, exactly. Each thread
-  copies its own 64 bytes of a batch's keys into LDS (cp.async, counted waits): keys
-  loaded into registers were waited for together with the next batch's, which ptxas
-  counts on the same scoreboard.
+- on the CUDA cores: each thread a quarter of a key, 32 FMAs a row; a CTA scores its
+  items ``batch_items`` at a time, one CTA barrier a batch, the next batch's keys in
+  registers meanwhile;
+- on sm90's tensor cores, by warp groups: a CTA with n items gives each the fewest warps
+  G (1, 2, 4, 8) that keep ``busy_waves`` of its warps busy (n * G >= busy_waves); each
+  warp takes its 128 / G keys of an item as tiles of 16 (the rows of bf16 m16n8k16 MMAs,
+  against 8 index-q rows at a time), its tiles streamed through its own cp.async ring
+  (``tiles_ahead`` in flight); the G warps of an item meet at a named barrier for its
+  maxima (G = 1: none). Keys enter exactly (their fp8 bits placed as bf16 times 2^-120),
+  index q times 2^64, and the maxima are scaled back by 2^56, exactly.
 
 The stage's start puts the requests, the rows' context lengths, the block-table
 entries of the CTA's first items and every index q into LDS, so that no key load
 waits for a block-table read and no item for its index q (made once per stage, not
 once per request a CTA meets). On the H200 the tensor-core scorer is bound by its
-instructions and their latency, not by the keys (bench/NOTES.md, session 5)"""
+instructions and their latency, not by the keys (bench/NOTES.md, sessions 5 and 6)"""
 
 from __future__ import annotations
 
@@ -56,8 +55,7 @@ LOG2E = 1.4426950408889634
 REQUEST_WORDS = 5  # the template's struct Request: count, first, step, heads, new_from
 MAX_BATCH = 4  # batch_items: two batches' keys in registers, 8 a thread an item
 IQ_PAD = 4  # index-q quarters 36 floats apart: 16-byte LDS reads, the four quarters on distinct banks
-MAX_AHEAD = 4  # batches_ahead with mma_dots: 5 slots of 32 KB
-MAX_WARP_AHEAD = 7  # warp_items: a warp's ring of at most 8 tiles (16 KB)
+MAX_TILES_AHEAD = 7  # tiles_ahead: a warp's ring of at most 8 tiles (16 KB)
 MMA_KEY_DOWN_LOG2 = 120  # mma_dots (bf16): an fp8 key's bits placed as bf16 are its value times 2^-120
 MMA_IQ_UP_LOG2 = 64  # mma_dots (bf16): index q goes in times 2^64 (exact while |iq| < 2^64)
 MMA_TILE_KEYS = 16  # mma_dots: keys of a warp's tile (the m16n8k16 rows)
@@ -79,28 +77,21 @@ class Model(StageBase):
     index_own: Expr = "index_own"  # this rank's index-q head
     cp_from_blocks: Expr = "INDEX_CP_FROM_BLOCKS"  # longer requests are scored head-parallel
 
-    # items scored between two CTA barriers; the next batch's keys load meanwhile (registers)
-    batch_items: PerTarget = PerTarget(default=1)
-    # the dots on the tensor cores (sm90, 1) or the CUDA cores (0)
+    # the dots on the tensor cores by warp groups (sm90, 1) or on the CUDA cores (0)
     mma_dots: PerTarget = PerTarget(default=0)
-    # batches whose keys are in flight while one is scored: 1 on the CUDA cores (registers);
-    # with mma_dots up to MAX_AHEAD (cp.async into LDS slots, 32 KB a batch)
-    batches_ahead: PerTarget = PerTarget(default=1)
-    # with mma_dots: f16 MMAs (1) instead of bf16 (0): a key pair converts in one instruction, not
-    # three; each index-q row is scaled by a power of two into f16's range
-    mma_f16: PerTarget = PerTarget(default=0)
-    # warp-owned items (with mma_dots; 0: off): each warp scores whole items alone, no CTA
-    # barrier, with this many tiles of keys in flight (cp.async into its own ring)
-    warp_items: PerTarget = PerTarget(default=0)
-    # with warp_items: a CTA with at least this many items takes them by warps, one with fewer
-    # in batches (both paths built; 0: always by warps)
-    warp_items_from: PerTarget = PerTarget(default=0)
+    # CUDA-core dots: items scored between two CTA barriers; the next batch's keys load meanwhile
+    batch_items: PerTarget = PerTarget(default=1)
+    # tensor-core dots: tiles of 16 keys in flight (cp.async) in each warp's ring while one is scored
+    tiles_ahead: PerTarget = PerTarget(default=3)
+    # tensor-core dots: a CTA of n items gives each the fewest warps G (1, 2, 4, 8) with
+    # n * G >= busy_waves (above the CTA's warps: more warps an item, in rounds)
+    busy_waves: PerTarget = PerTarget(default=16)
 
-    _per_target = field_validator("lead_cta", "batch_items", "mma_dots", "batches_ahead", "warp_items", "mma_f16",
-                                  "warp_items_from", mode="before")(
+    _per_target = field_validator("lead_cta", "mma_dots", "batch_items", "tiles_ahead", "busy_waves", mode="before")(
         classmethod(lambda cls, v: per_target(v)))
-    # analysis stamps (timeline builds; off in the spec): the phases of the batch holding each
-    # CTA's item `stamped_item` (its j-th; a CTA with fewer items stamps none)
+    # analysis stamps (timeline builds; off in the spec): the phases of each CTA's item
+    # `stamped_item` (its j-th; a CTA with fewer items stamps none; tensor-core dots: warp 0's
+    # `stamped_item`-th)
     stamped_item: Expr = 0
     item_point: Name | None = None  # timeline point: its scoring starts (its keys are asked for)
     dots_point: Name | None = None  # timeline point: warp 0's dots and maxima of it are in (its keys had landed)
@@ -137,65 +128,42 @@ def lower(stage: Model, ctx) -> dict:
     iq_base = ev(src.iq_off, ("iq_from",)) - own * head_dim
     rows = ctx.tokens * heads  # (token, head) rows of index q
     quarters = ctx.threads // block  # threads per key
+    mma = ctx.switch(stage.mma_dots.for_target(ctx.target.name), ("mma_dots",))
+    waves = ctx.threads // ctx.target.wave_size
     batch = ctx.integer(stage.batch_items.for_target(ctx.target.name), ("batch_items",), minimum=1)
+    if mma and batch != 1:
+        ctx.fail(("batch_items",), f"the tensor-core dots take items by warp groups, not in batches of {batch}",
+                 "give batch_items 1 where mma_dots is on (it is the CUDA-core dots' knob)")
     if batch > MAX_BATCH:
         ctx.fail(("batch_items",), f"batches of {batch} keep {16 * batch} key registers a thread, "
                  f"more than the {16 * MAX_BATCH} allowed", f"give batch_items at most {MAX_BATCH}")
-    mma = ctx.switch(stage.mma_dots.for_target(ctx.target.name), ("mma_dots",))
-    waves = ctx.threads // ctx.target.wave_size
-    item_waves = block // MMA_TILE_KEYS if mma else waves  # waves whose maxima make an item's
-    f16 = ctx.switch(stage.mma_f16.for_target(ctx.target.name), ("mma_f16",))
-    if f16 and not mma:
-        ctx.fail(("mma_f16",), "mma_f16 picks the tensor-core dots' input type", "turn mma_dots on, or mma_f16 off")
-    warp = ctx.integer(stage.warp_items.for_target(ctx.target.name), ("warp_items",), minimum=0)
-    warp_from = ctx.integer(stage.warp_items_from.for_target(ctx.target.name), ("warp_items_from",), minimum=0)
-    batched = not warp or warp_from > 0  # the batched path is built (alone, or beside the warps' for few items)
-    if warp_from and not warp:
-        ctx.fail(("warp_items_from",), "warp_items_from picks between warp-owned items and batches",
-                 "turn warp_items on, or give warp_items_from 0")
-    if warp:
-        if not mma:
-            ctx.fail(("warp_items",), "warp-owned items score on the tensor cores", "turn mma_dots on, or warp_items off")
-        if not batched and batch != 1:
-            ctx.fail(("warp_items",), f"warp-owned items take no batches (batch_items {batch})",
-                     "give batch_items 1 where warp_items is on alone (or warp_items_from > 0)")
-        if warp > MAX_WARP_AHEAD:
-            ctx.fail(("warp_items",), f"{warp} tiles ahead: at most {MAX_WARP_AHEAD}",
-                     f"give warp_items 1 .. {MAX_WARP_AHEAD}")
+    ahead = ctx.integer(stage.tiles_ahead.for_target(ctx.target.name), ("tiles_ahead",), minimum=1)
+    busy = ctx.integer(stage.busy_waves.for_target(ctx.target.name), ("busy_waves",), minimum=1)
     if mma:
         if ctx.target.vendor != "nvidia":
             ctx.fail(("mma_dots",), f"{ctx.target.name}'s device library has no bf16 m16n8k16 MMA",
                      "give mma_dots 0 for this target (it is an sm90 knob)")
-        if batched and batch * item_waves != waves:
-            ctx.fail(("mma_dots",), f"the tensor-core dots take {item_waves} waves an item: {waves} waves score "
-                     f"{waves // item_waves} items a batch, not {batch}",
-                     f"give batch_items {waves // item_waves} where mma_dots is on")
-    ahead = ctx.integer(stage.batches_ahead.for_target(ctx.target.name), ("batches_ahead",), minimum=1)
-    if not mma and ahead != 1:
-        ctx.fail(("batches_ahead",), f"the CUDA-core dots keep one batch ahead (registers), not {ahead}",
-                 "give batches_ahead 1 where mma_dots is off")
-    if ahead > MAX_AHEAD:
-        ctx.fail(("batches_ahead",), f"{ahead} batches ahead: at most {MAX_AHEAD}", f"give batches_ahead 1 .. {MAX_AHEAD}")
-    if mma:  # index q as bf16 pairs, rows padded, 8 rows more: a B fragment may read past the last request's
+        if ahead > MAX_TILES_AHEAD:
+            ctx.fail(("tiles_ahead",), f"{ahead} tiles ahead: at most {MAX_TILES_AHEAD}",
+                     f"give tiles_ahead 1 .. {MAX_TILES_AHEAD}")
+        most = waves * (block // MMA_TILE_KEYS)  # past it, every item takes all its tiles' warps
+        if busy > most:
+            ctx.fail(("busy_waves",), f"{busy} busy waves: at most {most} ({waves} waves, {block // MMA_TILE_KEYS} an item)",
+                     f"give busy_waves 1 .. {most}")
+        # index q as bf16 pairs, rows padded, 8 rows more: a B fragment may read past the last request's
         ctx.lds(stage.name, "iq", "u32", (rows + 8) * (head_dim // 2 + MMA_IQ_PAD))
+        ctx.lds(stage.name, "best", "float", 2 * waves * rows)  # each warp's maxima of its item, two items
     else:
         ctx.lds(stage.name, "iq", "float", rows * quarters * (head_dim // quarters + IQ_PAD))  # index q, quarters padded
-    if batched:
-        ctx.lds(stage.name, "best", "float", 2 * batch * rows * item_waves)  # per-wave maxima, two batches
-    if mma and batched:  # each thread's 64 bytes of a batch's keys, in AHEAD + 1 slots
-        slot_bytes = 4 * ctx.threads * 16
-        if (ahead + 1) * slot_bytes > ctx.lds_left(stage.name):
-            ctx.fail(("batches_ahead",), f"{ahead + 1} key slots of {slot_bytes} bytes do not fit the "
-                     f"{ctx.lds_left(stage.name)} bytes of LDS left", "give batches_ahead fewer")
-        ctx.lds(stage.name, "keys", "u32", (ahead + 1) * slot_bytes // 4)
+        ctx.lds(stage.name, "best", "float", 2 * batch * rows * waves)  # per-wave maxima, two batches
     ctx.lds(stage.name, "reqs", "u32", REQUEST_WORDS * ctx.tokens)  # each request's work (the template's Request)
     ctx.lds(stage.name, "seq", "u32", ctx.tokens)  # each row's context length
     ctx.lds(stage.name, "pages", "u32", ctx.threads)  # the block-table entries of a CTA's first items
-    if warp:  # each warp's ring of warp + 1 tiles (2 KB each)
-        ring_bytes = waves * (warp + 1) * MMA_TILE_KEYS * head_dim
+    if mma:  # each warp's ring of tiles_ahead + 1 tiles (2 KB each)
+        ring_bytes = waves * (ahead + 1) * MMA_TILE_KEYS * head_dim
         if ring_bytes > ctx.lds_left(stage.name):
-            ctx.fail(("warp_items",), f"{waves} rings of {warp + 1} tiles ({ring_bytes} bytes) do not fit the "
-                     f"{ctx.lds_left(stage.name)} bytes of LDS left", "give warp_items fewer tiles ahead")
+            ctx.fail(("tiles_ahead",), f"{waves} rings of {ahead + 1} tiles ({ring_bytes} bytes) do not fit the "
+                     f"{ctx.lds_left(stage.name)} bytes of LDS left", "give tiles_ahead fewer")
         ctx.lds(stage.name, "ring", "u32", ring_bytes // 4)
     return {
         "topk_blocks": ev(stage.topk_blocks, ("topk_blocks",)),
@@ -220,12 +188,8 @@ def lower(stage: Model, ctx) -> dict:
         "cp_from": ev(stage.cp_from_blocks, ("cp_from_blocks",)),
         "batch": batch,
         "mma": mma,
-        "ahead": ahead,
-        "warp": warp,
-        "f16": f16,
-        "warp_ring": warp + 1,
-        "warp_from": warp_from,
-        "batched": batched,
+        "ring": ahead + 1,
+        "busy": busy,
         "mma_iq_pad": MMA_IQ_PAD,
         "tile_keys": MMA_TILE_KEYS,
         "key_down_log2": MMA_KEY_DOWN_LOG2,

@@ -126,6 +126,8 @@ MONO_DEVICE int lane_id() { return threadIdx.x & (WAVE - 1); }
 MONO_DEVICE int wave_id() { return threadIdx.x / WAVE; }
 MONO_DEVICE void barrier() { __syncthreads(); }
 MONO_DEVICE void wave_sync() { __syncwarp(); }  // the warp's lanes, their memory accesses ordered
+// the CTA's warps of named barrier `id` (1 .. 15; 0 is barrier()'s), `threads` of them in all
+MONO_DEVICE void barrier_of(int id, int threads) { asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory"); }
 
 MONO_DEVICE float u32_as_float(u32 v) { return __uint_as_float(v); }
 MONO_DEVICE u32 float_as_u32(float v) { return __float_as_uint(v); }
@@ -288,14 +290,6 @@ MONO_DEVICE void mma_bf16_16x8x16(float (&d)[4], const u32 (&a)[4], u32 b0, u32 
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
-// d += a * b, f16 inputs, f32 accumulation: A 16 x 16 (row), B 16 x 8 (col)
-MONO_DEVICE void mma_f16_16x8x16(float (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
-        "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
 // Two e4m3 (OCP) bytes of w, bytes 0 and 1 (`lo`) or 2 and 3 (`hi`), as an f16x2 (exact)
 MONO_DEVICE u32 e4m3x2_lo_f16x2(u32 w) {
     u32 r;
@@ -306,11 +300,6 @@ MONO_DEVICE u32 e4m3x2_hi_f16x2(u32 w) {
     u32 r;
     asm("{\n .reg .b16 lo, hi;\n mov.b32 {lo, hi}, %1;\n cvt.rn.f16x2.e4m3x2 %0, hi;\n}" : "=r"(r) : "r"(w));
     return r;
-}
-MONO_DEVICE u32 f32_to_f16_bits(float f) {  // round to nearest even
-    unsigned short h;
-    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
-    return h;
 }
 // Two e4m3 (OCP) bytes of w, bytes 0 and 1 (`lo`) or 2 and 3 (`hi`), as a bf16x2 of exactly
 // their values times 2^-120, subnormals included: each byte sign-extended to 16 bits (prmt),

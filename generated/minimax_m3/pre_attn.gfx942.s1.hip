@@ -983,7 +983,6 @@ MONO_DEVICE Place place_of(int tid) { return Place{tid / QUARTERS, tid % QUARTER
 struct Keys {  // item i of a batch: this thread's 32 bytes in lo[i], hi[i]
     u32x4 lo[BATCH], hi[BATCH];
 };
-using Operands = Keys;  // what a batch's dots take
 
 // The CTA's items j .. j + BATCH - 1 into `its`, their keys into `keys` (in flight until
 // scored); each block's cache page from LDS for the CTA's first PAGES items.
@@ -1057,8 +1056,7 @@ MONO_DEVICE void item_dots(const float* iq, const int* seq, float* best, const I
 
 // One item's scores, after the batch's barrier (every wave's maxima are in): the block's
 // maximum for each (row, head), scaled, into iscore; the item's rows start at thread `first`.
-MONO_DEVICE void item_put(const Args& a, const Mailbox& mb, const float* iq, const float* best, const Item& it, int q_len,
-                          int first) {
+MONO_DEVICE void item_put(const Args& a, const Mailbox& mb, const float* best, const Item& it, int q_len, int first) {
     const int row0 = it.r * q_len, nh = HEADS == 1 ? 1 : it.heads, rows = q_len * nh;
     u64* iscore = reinterpret_cast<u64*>(a.iscore);
     for (int row = (thread_id() - first + THREADS) % THREADS; row < rows; row += THREADS) {
@@ -1069,33 +1067,57 @@ MONO_DEVICE void item_put(const Args& a, const Mailbox& mb, const float* iq, con
     }
 }
 
-// One batch (its first item the CTA's j-th): each item's dots, the batch's one
-// barrier (and `best`'s other half free again), each item's scores put.
+// One batch (its first item the CTA's j-th): each item's dots, the batch's one barrier (and
+// `best`'s other half free again), each item's scores put.
 MONO_DEVICE void score_batch(const Args& a, const Mailbox& mb, const float* iq, const int* seq, float* bp, u8* lds,
-                             int j, const Item (&its)[BATCH], const Operands& ops, int q_len, const Place& pl) {
+                             int j, const Item (&its)[BATCH], const Keys& keys, int q_len, const Place& pl) {
 #pragma unroll
     for (int i = 0; i < BATCH; ++i)
-        if (its[i].valid) item_dots(iq, seq, bp + i * MAX_ROWS * ITEM_WAVES, its[i], q_len, pl, ops.lo[i], ops.hi[i]);
+        if (its[i].valid) item_dots(iq, seq, bp + i * MAX_ROWS * ITEM_WAVES, its[i], q_len, pl, keys.lo[i], keys.hi[i]);
     barrier();
 #pragma unroll
     for (int i = 0; i < BATCH; ++i)
-        if (its[i].valid) item_put(a, mb, iq, bp + i * MAX_ROWS * ITEM_WAVES, its[i], q_len, i * MAX_ROWS % THREADS);
+        if (its[i].valid) item_put(a, mb, bp + i * MAX_ROWS * ITEM_WAVES, its[i], q_len, i * MAX_ROWS % THREADS);
+}
+
+// The CTA's items in batches of BATCH, one CTA barrier a batch: the first batch's keys asked
+// for while the index q is made, then the next batch's in flight (registers, set b % 2) while
+// one is scored.
+MONO_DEVICE void score_by_batches(const Args& a, const Mailbox& mb, float* iq, const int* seq, const Request* reqs,
+                                  const int* pages, int rank, int requests, int q_len, u8* lds) {
+    const Place pl = place_of(thread_id());
+    float* best = reinterpret_cast<float*>(lds + LDS_BEST);  // [batch b % 2][item][(row, head)][wave]
+    Cursor cur{0, 0};
+    bool new_keys_seen = false;
+    Item its[2][BATCH];  // batch b in set b % 2
+    Keys keys[2];
+    fetch_batch(a, mb, reqs, pages, cur, rank, 0, requests, q_len, pl, new_keys_seen, its[0], keys[0]);
+    if (its[0][0].valid) {
+        make_index_q(a, mb, reqs, iq, requests, q_len);
+        barrier();
+    }
+    for (int j0 = 0, more = its[0][0].valid; more; j0 += 2 * BATCH) {
+#pragma unroll
+        for (int p = 0; p < 2 && more; ++p) {
+            const int j = j0 + p * BATCH;  // this batch's first item
+            fetch_batch(a, mb, reqs, pages, cur, rank, j + BATCH, requests, q_len, pl, new_keys_seen, its[1 - p], keys[1 - p]);
+            score_batch(a, mb, iq, seq, best + p * BATCH * MAX_ROWS * ITEM_WAVES, lds, j, its[p], keys[p], q_len, pl);
+            more = its[1 - p][0].valid;
+        }
+    }
 }
 
 // Work item u = (request r, its item i), requests in order; CTA c takes the items u with
 // u % CTAS == its rank from LEAD, its j-th being u = rank + j * CTAS. The stage's start puts
-// the requests, the rows' context lengths, the cache pages of the CTA's first PAGES items and
-// every index q in LDS. Then the items go in batches of BATCH, one CTA barrier a batch: the
-// next batch's keys are in flight (registers, set b % 2) while one is scored.
+// the requests, the rows' context lengths and the cache pages of the CTA's first PAGES items
+// in LDS; then the items go in batches, every index q put in LDS while their first keys load.
 MONO_DEVICE void run(const Args& a, const Mailbox& mb, u8* lds) {
     const int c = block_id() - FIRST;
     if (c < 0 || c >= CTAS) return;
     stamp(lds, TL_PRE_ATTN_DONE);
     const int rank = (c - LEAD % CTAS + CTAS) % CTAS;
     const int tid = thread_id();
-    const Place pl = place_of(tid);
     float* iq = reinterpret_cast<float*>(lds + LDS_IQ);          // [request's (row, head)s from r * q_len * HEADS][quarter][QSTRIDE]
-    float* best = reinterpret_cast<float*>(lds + LDS_BEST);      // [batch b % 2][item][(row, head)][wave]
     Request* reqs = reinterpret_cast<Request*>(lds + LDS_REQS);  // [request]
     int* seq = reinterpret_cast<int*>(lds + LDS_SEQ);            // [row]: its context length
     int* pages = reinterpret_cast<int*>(lds + LDS_PAGES);        // [j < PAGES]: item j's cache page
@@ -1110,26 +1132,7 @@ MONO_DEVICE void run(const Args& a, const Mailbox& mb, u8* lds) {
         if (mine.valid && tid < PAGES) pages[tid] = int(page_of(a, mine, q_len));
     }
     barrier();
-    Cursor cur{0, 0};
-    bool new_keys_seen = false;
-    Item its[2][BATCH];  // batch b in set b % 2
-    Keys keys[2];
-    // the first batch's keys in flight while the index q is made
-    fetch_batch(a, mb, reqs, pages, cur, rank, 0, requests, q_len, pl, new_keys_seen, its[0], keys[0]);
-    if (its[0][0].valid) {
-        make_index_q(a, mb, reqs, iq, requests, q_len);
-        barrier();
-    }
-    for (int j0 = 0, more = its[0][0].valid; more; j0 += 2 * BATCH) {
-#pragma unroll
-        for (int p = 0; p < 2 && more; ++p) {
-            const int j = j0 + p * BATCH;  // this batch's first item
-            // the next batch's keys in flight while this one is scored
-            fetch_batch(a, mb, reqs, pages, cur, rank, j + BATCH, requests, q_len, pl, new_keys_seen, its[1 - p], keys[1 - p]);
-            score_batch(a, mb, iq, seq, best + p * BATCH * MAX_ROWS * ITEM_WAVES, lds, j, its[p], keys[p], q_len, pl);
-            more = its[1 - p][0].valid;
-        }
-    }
+    score_by_batches(a, mb, iq, seq, reqs, pages, rank, requests, q_len, lds);
     stamp(lds, TL_SCORES_DONE);
 }
 

@@ -49,7 +49,7 @@
 //   rdone    @   753920       128 B  16 flags: token t's residual (h_out) written: signal builds
 //   hdone    @   754176      2560 B  320 flags: head task h of token t done: pair t * N_HEAD_TASKS + h
 //
-// LDS (100688 bytes; stages reuse the same bytes, one after another):
+// LDS (136896 bytes; stages reuse the same bytes, one after another):
 //   stage_norm::LDS_RED    @      0  64 x float
 //   stage_qkv::LDS_X8      @      0  6160 x u32
 //   stage_qkv::LDS_PART    @  24640  4096 x float
@@ -58,10 +58,10 @@
 //   stage_qkv::LDS_WSTAGE  @  41296  14848 x u32
 //   stage_scores::LDS_IQ   @      0  792 x u32
 //   stage_scores::LDS_BEST @   3168  128 x float
-//   stage_scores::LDS_KEYS @   3680  16384 x u32
-//   stage_scores::LDS_REQS @  69216  20 x u32
-//   stage_scores::LDS_SEQ  @  69296  4 x u32
-//   stage_scores::LDS_PAGES @  69312  512 x u32
+//   stage_scores::LDS_REQS @   3680  20 x u32
+//   stage_scores::LDS_SEQ  @   3760  4 x u32
+//   stage_scores::LDS_PAGES @   3776  512 x u32
+//   stage_scores::LDS_RING @   5824  32768 x u32
 //
 // stages (every CTA runs them in this order; a stage waits only on earlier ones):
 //   0. norm   rmsnorm_fp8  4 tasks on CTAs 0..131 (round_robin)
@@ -131,6 +131,8 @@ MONO_DEVICE int lane_id() { return threadIdx.x & (WAVE - 1); }
 MONO_DEVICE int wave_id() { return threadIdx.x / WAVE; }
 MONO_DEVICE void barrier() { __syncthreads(); }
 MONO_DEVICE void wave_sync() { __syncwarp(); }  // the warp's lanes, their memory accesses ordered
+// the CTA's warps of named barrier `id` (1 .. 15; 0 is barrier()'s), `threads` of them in all
+MONO_DEVICE void barrier_of(int id, int threads) { asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory"); }
 
 MONO_DEVICE float u32_as_float(u32 v) { return __uint_as_float(v); }
 MONO_DEVICE u32 float_as_u32(float v) { return __float_as_uint(v); }
@@ -293,14 +295,6 @@ MONO_DEVICE void mma_bf16_16x8x16(float (&d)[4], const u32 (&a)[4], u32 b0, u32 
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
-// d += a * b, f16 inputs, f32 accumulation: A 16 x 16 (row), B 16 x 8 (col)
-MONO_DEVICE void mma_f16_16x8x16(float (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
-        "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
 // Two e4m3 (OCP) bytes of w, bytes 0 and 1 (`lo`) or 2 and 3 (`hi`), as an f16x2 (exact)
 MONO_DEVICE u32 e4m3x2_lo_f16x2(u32 w) {
     u32 r;
@@ -311,11 +305,6 @@ MONO_DEVICE u32 e4m3x2_hi_f16x2(u32 w) {
     u32 r;
     asm("{\n .reg .b16 lo, hi;\n mov.b32 {lo, hi}, %1;\n cvt.rn.f16x2.e4m3x2 %0, hi;\n}" : "=r"(r) : "r"(w));
     return r;
-}
-MONO_DEVICE u32 f32_to_f16_bits(float f) {  // round to nearest even
-    unsigned short h;
-    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
-    return h;
 }
 // Two e4m3 (OCP) bytes of w, bytes 0 and 1 (`lo`) or 2 and 3 (`hi`), as a bf16x2 of exactly
 // their values times 2^-120, subnormals included: each byte sign-extended to 16 bits (prmt),
@@ -650,7 +639,7 @@ struct Mailbox {
     u64* hdone;  // 320 flags @ 754176
 };
 
-constexpr int LDS_BYTES = 100688;  // the union of the stages' LDS, plus the stamps
+constexpr int LDS_BYTES = 136896;  // the union of the stages' LDS, plus the stamps
 
 // ---- timeline ---------------------------------------------------------------------------
 constexpr int TL_START = 0;
@@ -1122,10 +1111,10 @@ constexpr int FIRST = 0;
 constexpr int CTAS = 132;
 constexpr int LDS_IQ = 0;  // LDS: 792 x u32
 constexpr int LDS_BEST = 3168;  // LDS: 128 x float
-constexpr int LDS_KEYS = 3680;  // LDS: 16384 x u32
-constexpr int LDS_REQS = 69216;  // LDS: 20 x u32
-constexpr int LDS_SEQ = 69296;  // LDS: 4 x u32
-constexpr int LDS_PAGES = 69312;  // LDS: 512 x u32
+constexpr int LDS_REQS = 3680;  // LDS: 20 x u32
+constexpr int LDS_SEQ = 3760;  // LDS: 4 x u32
+constexpr int LDS_PAGES = 3776;  // LDS: 512 x u32
+constexpr int LDS_RING = 5824;  // LDS: 32768 x u32
 
 constexpr int DIM = 128;
 constexpr int ROPE = 64;        // partial NeoX RoPE over dims 0 .. ROPE - 1
@@ -1188,7 +1177,6 @@ constexpr int OWN = 0;            // this rank's index-q head
 constexpr int CP_FROM = 288;    // a request is long above this many blocks (HEADS > 1)
 constexpr float SCALE = 0.127517431974411f;  // f32(f32(sm_scale) * f32(log2 e)), applied after the max
 constexpr int MAX_ROWS = TOKENS * HEADS;       // (row, head)s of one request at most
-constexpr int BATCH = 2;           // items scored between two CTA barriers; the next BATCH in flight
 constexpr int WAVES = THREADS / WAVE;
 constexpr int PAGES = THREADS;                 // a CTA's first PAGES items find their cache page in LDS
 // Dots on the tensor cores: a warp takes a tile of TILE_KEYS keys of an item (the MMA's rows)
@@ -1196,13 +1184,17 @@ constexpr int PAGES = THREADS;                 // a CTA's first PAGES items find
 // in as bf16 times 2^-120 (exact, from their fp8 bits), index q as bf16 times IQ_UP (exact):
 // the dots come out times 2^-56 and are scaled back, exactly, after the max.
 constexpr int TILE_KEYS = 16;
-constexpr int ITEM_WAVES = BLOCK / TILE_KEYS;  // waves an item takes: the CTA scores BATCH items at once
+constexpr int TILES = BLOCK / TILE_KEYS;       // an item's tiles: at most this many warps share it
 constexpr int IQ_WORDS = DIM / 2 + 2;          // bf16x2 words a row of index q in LDS (padded: B fragments conflict-free)
 constexpr float IQ_UP = 18446744073709551616.0f;  // 2^64
 constexpr float DOT_UNSCALE = 72057594037927936.0f;  // 2^56 = 2^120 / IQ_UP
-constexpr int AHEAD = 1;           // batches whose keys are in flight (cp.async into LDS) while one is scored
-constexpr int SLOTS = AHEAD + 1;               // key slots: batch b's in slot b % SLOTS, each thread its own 4 x 16 bytes
-static_assert(BATCH * ITEM_WAVES == WAVES && DIM == 128 && WAVE == 32, "one item a half of the CTA's warps");
+// Warp groups: a CTA with n items gives each the fewest warps G (1, 2, 4 .. TILES) with
+// n * G >= BUSY_WAVES; its j-th item goes to group j % (WAVES / G), whose G warps take TILES / G
+// of its tiles each, streamed through their own rings (RING - 1 tiles of keys in flight).
+constexpr int BUSY_WAVES = 8;
+constexpr int RING = 4;
+constexpr int NBLOCKS = (MAX_ROWS + 7) / 8;    // 8-row column blocks of a request, at most
+static_assert(DIM == 128 && WAVE == 32 && TILES == 8 && WAVES % TILES == 0, "a tile: 16 keys x 128 dims, one warp; groups of 1, 2, 4, 8");
 
 MONO_DEVICE int blocks_of(int seq) { return ((seq < 1 ? 1 : seq) + BLOCK - 1) / BLOCK; }
 
@@ -1318,8 +1310,6 @@ MONO_DEVICE Frags key_frags(const Keys& keys) {
     }
     return f;
 }
-// A tile's MMA: d += A (16 keys x 16 dims) * B (16 dims x 8 index-q rows)
-MONO_DEVICE void tile_mma(float (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) { mma_bf16_16x8x16(d, a, b0, b1); }
 // One 8-row column block of a tile: d (two chains, even and odd k-steps) = its keys x rows bq
 // (bq: this lane's dims of B's row g; k-step s: dims 16t + 4s .. + 3, or 64 + 16t + 4(s - 4)
 // .. + 3 from s = 4, 2 bf16x2 / f16x2 words each).
@@ -1328,7 +1318,7 @@ MONO_DEVICE void block_dots(const u32* bq, const Frags& f, float (&c)[2][4]) {
     for (int s = 0; s < 8; ++s) {
         u32 b0, b1;
         ld8_lds(bq + (s < 4 ? 2 * s : 32 + 2 * (s - 4)), b0, b1);
-        tile_mma(c[s & 1], f.a[s], b0, b1);
+        mma_bf16_16x8x16(c[s & 1], f.a[s], b0, b1);  // d += A (16 keys x 16 dims) * B (16 dims x 8 rows)
     }
 }
 // Column m (row 2t + m of the block) of a tile's dots: the larger of keys g (position `key`)
@@ -1350,128 +1340,180 @@ MONO_DEVICE void copy_key_pieces(u32x4* dst, int stride, const u8* kp) {
     copy16_async(dst + 2 * stride, kp + 8 * DIM);
     copy16_async(dst + 3 * stride, kp + 8 * DIM + 64);
 }
-// The factor that scales a maximum of (row, head) `row` of the request from `row0` back
-MONO_DEVICE float row_unscale(const float* iq, int row0, int row) {
-    return DOT_UNSCALE;
+
+// The CTA's items: u = rank, rank + CTAS, ... of the work list.
+MONO_DEVICE int cta_items(const Request* reqs, int rank, int requests) {
+    int total = 0;
+    for (int r = 0; r < requests; ++r) total += reqs[r].count;
+    return total > rank ? (total - rank + CTAS - 1) / CTAS : 0;
 }
 
-// Where a thread works: its half of the CTA takes item `half` of a batch, its warp the tile
-// of keys 16 tile .. 16 tile + 15; lane (g, t) holds keys g and g + 8 of it, bytes 16t and
-// 64 + 16t (16 each: a warp's load takes 64 whole bytes of 8 keys), which are its dims of
-// every k-step (the same dims of 8 index-q rows make its B fragment).
-struct Place {
-    int half, tile, g, t;
+// The warps an item of a CTA with `items` items takes: the fewest (1, 2, 4 .. TILES) that keep
+// BUSY_WAVES of the CTA's warps busy.
+MONO_DEVICE int group_warps(int items) {
+    int warps = 1;
+    while (warps < TILES && items * warps < BUSY_WAVES) warps *= 2;
+    return warps;
+}
+// Groups of G warps: this warp's is number `id` of WAVES / G, its place in it `member`; the
+// group's j-th item is the CTA's id + j * WAVES / G, of which the warp takes tiles
+// member * PER .. + PER - 1.
+template <int G>
+struct Group {
+    static constexpr int COUNT = WAVES / G, PER = TILES / G;
+    int id = wave_id() / G, member = wave_id() % G;
+    // the group's warps at one point, their LDS accesses ordered: named barrier 1 + id (G = 1: the warp)
+    MONO_DEVICE void sync() const {
+        if constexpr (G == 1) wave_sync();
+        else barrier_of(1 + id, G * WAVE);
+    }
 };
-MONO_DEVICE Place place_of(int tid) {
-    const int w = tid / WAVE, l = tid % WAVE;
-    return Place{w / ITEM_WAVES, w % ITEM_WAVES, l / 4, l % 4};
-}
-// its[i] by selection: a register array indexed at run time would go to local memory
-MONO_DEVICE Item item_at(const Item (&its)[BATCH], int i) {
-    Item it = its[0];
-#pragma unroll
-    for (int k = 1; k < BATCH; ++k)
-        if (i == k) it = its[k];
-    return it;
-}
 
-// The CTA's items j .. j + BATCH - 1 into `its`; this thread's 64 bytes of its half's item
-// copied (cp.async, one group a batch) into its own part of key slot `slot`: no other thread
-// reads them, so the thread's own counted wait is all the ordering they need.
-MONO_DEVICE void fetch_batch(const Args& a, const Mailbox& mb, const Request* reqs, const int* pages, Cursor& cur,
-                             int rank, int j, int requests, int q_len, const Place& pl, bool& new_keys_seen,
-                             Item (&its)[BATCH], u32x4* slot) {
-    bool new_keys = false;
-#pragma unroll
-    for (int i = 0; i < BATCH; ++i) {
-        its[i] = advance(reqs, cur, rank + (j + i) * CTAS, requests);
-        new_keys = new_keys || (its[i].valid && its[i].new_keys);
-    }
-    if (new_keys) wait_new_keys<THREADS>(mb, new_keys_seen);  // uniform: every thread sees the batch's items
-    const Item it = item_at(its, pl.half);
-    if (it.valid) {  // (cp.async.cg reads the L2: coherent for the new keys too)
-        const long long page = j + pl.half < PAGES ? pages[j + pl.half] : page_of(a, it, q_len);
-        copy_key_pieces(slot + thread_id(), THREADS,
-                        a.index_cache + (page * BLOCK + pl.tile * TILE_KEYS + pl.g) * DIM + 16 * pl.t);
-    }
-    copy_async_commit();  // a group every batch, empty or not: the waits count batches
-}
+// A warp's stream of tiles: its s-th (ring slot s % RING) is tile s % PER of its share of its
+// group's item s / PER. Each lane copies its bytes of a tile (keys g and g + 8, bytes 16t and
+// 64 + 16t), one cp.async group a tile.
+struct Stream {
+    int s;               // the next tile to ask for
+    Cursor cur;
+    Item it;             // the item of the tile asked for last
+    long long page;      // its cache page
+    bool new_keys_seen;  // this warp waited for the index-K head tasks
+};
 
-// This thread's keys of the batch in `slot`, once its copies landed (the batches after it may
-// still be in flight).
-MONO_DEVICE Keys slot_keys(const u32x4* slot) {
-    copy_async_wait_pending<AHEAD>();
-    const int tid = thread_id();
-    Keys keys;
-#pragma unroll
-    for (int k = 0; k < 4; ++k) keys.k[k] = ld16_lds(slot + k * THREADS + tid);
-    return keys;
-}
+// This lane's key slot s % RING of its warp's ring: [wave][slot][piece][lane].
+MONO_DEVICE u32x4* ring_slot(u32x4* ring, int s) { return ring + ((wave_id() * RING + s % RING) * 4) * WAVE + lane_id(); }
 
-using Operands = Frags;  // what a batch's dots take
-
-// One item's tile: its keys' dots with each (row, head) of the request (8 rows an MMA column
-// block), masked past each row's context, the tile's maximum for each row into `best`
-// (scaled 2^-56).
-MONO_DEVICE void tile_dots(const float* iq, const int* seq, float* best, const Item& it, int q_len, const Place& pl,
-                           const Frags& f) {
-    const int row0 = it.r * q_len, nh = HEADS == 1 ? 1 : it.heads, rows = q_len * nh;
-    const int key = it.b * BLOCK + pl.tile * TILE_KEYS + pl.g;  // position of key g (key g + 8: key + 8)
-    const u32* iq_r = reinterpret_cast<const u32*>(iq) + row0 * HEADS * IQ_WORDS + 8 * pl.t;
-    for (int n0 = 0; n0 < rows; n0 += 8) {  // uniform over the warp
-        float c[2][4] = {};
-        block_dots(iq_r + (n0 + pl.g) * IQ_WORDS, f, c);  // B: row n0 + g (rows past the request's: ignored columns)
-#pragma unroll
-        for (int m = 0; m < 2; ++m) {  // columns 2t + m: rows n0 + 2t + m
-            const int row = n0 + 2 * pl.t + m;
-            const int sr = row < rows ? seq[row0 + row / nh] : 0;
-            const float v = max_over_keys(masked_max(c, m, key, sr < 1 ? 1 : sr));  // the tile's 16 keys
-            if (pl.g == 0 && row < rows) best[row * ITEM_WAVES + pl.tile] = v;
+// The stream's next tile asked for (cp.async; an empty group past the warp's last item).
+template <int G>
+MONO_DEVICE void ask_next_tile(const Args& a, const Mailbox& mb, const Request* reqs, const int* pages, const Group<G>& gr,
+                               Stream& st, int rank, int requests, int q_len, u32x4* ring) {
+    constexpr int PER = Group<G>::PER;
+    if (st.s % PER == 0) {  // the warp's next item
+        const int j = gr.id + st.s / PER * gr.COUNT;  // the CTA's item
+        st.it = advance(reqs, st.cur, rank + j * CTAS, requests);
+        if (st.it.valid) {
+            if (st.it.new_keys) wait_new_keys<WAVE>(mb, st.new_keys_seen);
+            st.page = j < PAGES ? pages[j] : page_of(a, st.it, q_len);
         }
     }
+    if (st.it.valid) {  // (cp.async.cg reads the L2: coherent for the new keys too)
+        const int g = lane_id() / 4, t = lane_id() % 4, tile = gr.member * PER + st.s % PER;
+        copy_key_pieces(ring_slot(ring, st.s), WAVE, a.index_cache + (st.page * BLOCK + tile * TILE_KEYS + g) * DIM + 16 * t);
+    }
+    copy_async_commit();
+    ++st.s;
 }
 
-// One item's scores, after the batch's barrier (every wave's maxima are in): the block's
-// maximum for each (row, head), scaled, into iscore; the item's rows start at thread `first`.
-MONO_DEVICE void item_put(const Args& a, const Mailbox& mb, const float* iq, const float* best, const Item& it, int q_len,
-                          int first) {
-    const int row0 = it.r * q_len, nh = HEADS == 1 ? 1 : it.heads, rows = q_len * nh;
+// The warp's items (its group's, each with the group's other warps): per tile, its keys'
+// fragments against each 8-row column block of the request (k-step s: dims 16t + 4s .. + 3, or
+// 64 + 16t + 4(s - 4) .. + 3 from s = 4), masked past each row's context, into running maxima
+// (registers). Per item, the warp's maxima over its keys into `best`; once the group met, its
+// first warp puts the largest of each row, scaled back. The first RING - 1 tiles were asked for
+// before (`st`).
+template <int G>
+MONO_DEVICE void score_warp_items(const Args& a, const Mailbox& mb, const float* iq, const int* seq,
+                                  const Request* reqs, const int* pages, const Group<G>& gr, Stream& st, int rank,
+                                  int requests, int q_len, u32x4* ring, float* best, u8* lds) {
+    constexpr int PER = Group<G>::PER;
+    const int g = lane_id() / 4, t = lane_id() % 4;
     u64* iscore = reinterpret_cast<u64*>(a.iscore);
-    for (int row = (thread_id() - first + THREADS) % THREADS; row < rows; row += THREADS) {
-        float m = best[row * ITEM_WAVES];
-        for (int w = 1; w < ITEM_WAVES; ++w) m = fmax_f32(m, best[row * ITEM_WAVES + w]);
-        const long long pair = pair_of(it, row0, nh, row);
-        mailbox_put(iscore + pair, float_as_u32(m * row_unscale(iq, row0, row) * SCALE), mb.tag);  // (m scaled back, exact) * SCALE
+    Cursor cur{0, 0};
+    for (int k = 0;; ++k) {
+        const Item it = advance(reqs, cur, rank + (gr.id + k * gr.COUNT) * CTAS, requests);
+        if (!it.valid) break;  // uniform over the group
+        const int row0 = it.r * q_len, nh = HEADS == 1 ? 1 : it.heads, rows = q_len * nh;
+        const u32* iq_r = reinterpret_cast<const u32*>(iq) + (row0 * HEADS + g) * IQ_WORDS + 8 * t;  // B: row g of a block
+        int lim[NBLOCKS][2];  // columns 2t + m of block nb: their row's context (0: no row)
+        float mx[NBLOCKS][2];
+#pragma unroll
+        for (int nb = 0; nb < NBLOCKS; ++nb)
+#pragma unroll
+            for (int m = 0; m < 2; ++m) {
+                const int row = nb * 8 + 2 * t + m, sr = row < rows ? seq[row0 + row / nh] : 0;
+                lim[nb][m] = row < rows ? (sr < 1 ? 1 : sr) : 0;
+                mx[nb][m] = neg_inf();
+            }
+#pragma unroll
+        for (int i = 0; i < PER; ++i) {
+            const int s = k * PER + i;
+            ask_next_tile(a, mb, reqs, pages, gr, st, rank, requests, q_len, ring);  // tile s + RING - 1
+            copy_async_wait_pending<RING - 1>();  // this lane's bytes of tile s landed
+            const u32x4* slot = ring_slot(ring, s);
+            Keys keys;
+#pragma unroll
+            for (int p = 0; p < 4; ++p) keys.k[p] = ld16_lds(slot + p * WAVE);
+            const Frags f = key_frags(keys);
+            const int key = it.b * BLOCK + (gr.member * PER + i) * TILE_KEYS + g;  // position of key g (key g + 8: key + 8)
+#pragma unroll
+            for (int nb = 0; nb < NBLOCKS; ++nb) {
+                if (nb * 8 >= rows) break;  // uniform over the warp
+                float c[2][4] = {};
+                block_dots(iq_r + nb * 8 * IQ_WORDS, f, c);
+#pragma unroll
+                for (int m = 0; m < 2; ++m) mx[nb][m] = fmax_f32(mx[nb][m], masked_max(c, m, key, lim[nb][m]));
+            }
+        }
+        float* part = best + (k & 1) * WAVES * MAX_ROWS;  // [wave][(row, head)]: item k's, item k + 2's after the group met again
+#pragma unroll
+        for (int nb = 0; nb < NBLOCKS; ++nb) {
+            if (nb * 8 >= rows) break;
+#pragma unroll
+            for (int m = 0; m < 2; ++m) {
+                const float v = max_over_keys(mx[nb][m]);  // the warp's keys of the item
+                const int row = nb * 8 + 2 * t + m;
+                if (g == 0 && row < rows) part[wave_id() * MAX_ROWS + row] = v;
+            }
+        }
+        gr.sync();
+        if (gr.member == 0)
+            for (int row = lane_id(); row < rows; row += WAVE) {
+                const float* first = part + gr.id * G * MAX_ROWS + row;
+                float v = first[0];
+#pragma unroll
+                for (int w = 1; w < G; ++w) v = fmax_f32(v, first[w * MAX_ROWS]);  // the item's 128 keys
+                mailbox_put(iscore + pair_of(it, row0, nh, row), float_as_u32(v * DOT_UNSCALE * SCALE), mb.tag);
+            }
     }
 }
 
-// One batch (its first item the CTA's j-th): each half's item's tile dots, the batch's one
-// barrier (and `best`'s other half free again), each item's scores put.
-MONO_DEVICE void score_batch(const Args& a, const Mailbox& mb, const float* iq, const int* seq, float* bp, u8* lds,
-                             int j, const Item (&its)[BATCH], const Operands& ops, int q_len, const Place& pl) {
-    const Item it = item_at(its, pl.half);
-    if (it.valid) tile_dots(iq, seq, bp + pl.half * MAX_ROWS * ITEM_WAVES, it, q_len, pl, ops);
+// The CTA's items by groups of G warps: the first tiles' keys asked for while the index q is
+// made, then each warp scores its share of its group's items.
+template <int G>
+MONO_DEVICE void score_by_groups(const Args& a, const Mailbox& mb, float* iq, const int* seq, const Request* reqs,
+                                 const int* pages, int rank, int requests, int q_len, u8* lds) {
+    u32x4* ring = reinterpret_cast<u32x4*>(lds + LDS_RING);  // [wave][slot][piece][lane]: a warp's tiles s in slot s % RING
+    float* best = reinterpret_cast<float*>(lds + LDS_BEST);  // [item k % 2][wave][(row, head)]: each warp's maxima
+    const Group<G> gr;
+    Stream st{0, Cursor{0, 0}, Item{false, 0, 0, 1, false}, 0, false};
+    for (int s = 0; s < RING - 1; ++s) ask_next_tile(a, mb, reqs, pages, gr, st, rank, requests, q_len, ring);
+    make_index_q(a, mb, reqs, iq, requests, q_len);
     barrier();
-#pragma unroll
-    for (int i = 0; i < BATCH; ++i)
-        if (its[i].valid) item_put(a, mb, iq, bp + i * MAX_ROWS * ITEM_WAVES, its[i], q_len, i * MAX_ROWS % THREADS);
+    score_warp_items(a, mb, iq, seq, reqs, pages, gr, st, rank, requests, q_len, ring, best, lds);
+    barrier();  // every warp's items scored
+}
+MONO_DEVICE void score_by_warps(const Args& a, const Mailbox& mb, float* iq, const int* seq, const Request* reqs,
+                                const int* pages, int rank, int requests, int q_len, u8* lds) {
+    const int items = cta_items(reqs, rank, requests);
+    if (items == 0) return;  // uniform over the CTA
+    switch (group_warps(items)) {
+        case 1: score_by_groups<1>(a, mb, iq, seq, reqs, pages, rank, requests, q_len, lds); break;
+        case 2: score_by_groups<2>(a, mb, iq, seq, reqs, pages, rank, requests, q_len, lds); break;
+        case 4: score_by_groups<4>(a, mb, iq, seq, reqs, pages, rank, requests, q_len, lds); break;
+        default: score_by_groups<TILES>(a, mb, iq, seq, reqs, pages, rank, requests, q_len, lds); break;
+    }
 }
 
 // Work item u = (request r, its item i), requests in order; CTA c takes the items u with
 // u % CTAS == its rank from LEAD, its j-th being u = rank + j * CTAS. The stage's start puts
-// the requests, the rows' context lengths, the cache pages of the CTA's first PAGES items and
-// every index q in LDS. Then the items go in batches of BATCH, one CTA barrier a batch
-// (each half of the CTA's warps an item): the keys of the next AHEAD batches are in flight
-// (cp.async into each thread's slot b % SLOTS) while one is scored.
+// the requests, the rows' context lengths and the cache pages of the CTA's first PAGES items
+// in LDS; then the items go by warp groups, every index q put in LDS while their first keys load.
 MONO_DEVICE void run(const Args& a, const Mailbox& mb, u8* lds) {
     const int c = block_id() - FIRST;
     if (c < 0 || c >= CTAS) return;
     stamp(lds, TL_PRE_ATTN_DONE);
     const int rank = (c - LEAD % CTAS + CTAS) % CTAS;
     const int tid = thread_id();
-    const Place pl = place_of(tid);
     float* iq = reinterpret_cast<float*>(lds + LDS_IQ);          // [request's (row, head)s from r * q_len * HEADS][IQ_WORDS]
-    float* best = reinterpret_cast<float*>(lds + LDS_BEST);      // [batch b % 2][item][(row, head)][wave]
     Request* reqs = reinterpret_cast<Request*>(lds + LDS_REQS);  // [request]
     int* seq = reinterpret_cast<int*>(lds + LDS_SEQ);            // [row]: its context length
     int* pages = reinterpret_cast<int*>(lds + LDS_PAGES);        // [j < PAGES]: item j's cache page
@@ -1486,30 +1528,7 @@ MONO_DEVICE void run(const Args& a, const Mailbox& mb, u8* lds) {
         if (mine.valid && tid < PAGES) pages[tid] = int(page_of(a, mine, q_len));
     }
     barrier();
-    Cursor cur{0, 0};
-    bool new_keys_seen = false;
-    u32x4* slots = reinterpret_cast<u32x4*>(lds + LDS_KEYS);  // [slot][piece][thread]: batch b's keys in slot b % SLOTS
-    Item its[SLOTS][BATCH];  // batch b's items in set b % SLOTS
-    // the first AHEAD batches' keys in flight while the index q is made
-#pragma unroll
-    for (int b = 0; b < AHEAD; ++b)
-        fetch_batch(a, mb, reqs, pages, cur, rank, b * BATCH, requests, q_len, pl, new_keys_seen, its[b], slots + b * 4 * THREADS);
-    if (its[0][0].valid) {
-        make_index_q(a, mb, reqs, iq, requests, q_len);
-        barrier();
-    }
-    for (int j0 = 0, more = its[0][0].valid; more; j0 += SLOTS * BATCH) {
-#pragma unroll
-        for (int p = 0; p < SLOTS && more; ++p) {  // batch j / BATCH in slot p
-            const int j = j0 + p * BATCH;  // this batch's first item
-            const int q = (p + AHEAD) % SLOTS;  // the slot of the batch AHEAD further on: scored the batch before
-            fetch_batch(a, mb, reqs, pages, cur, rank, j + AHEAD * BATCH, requests, q_len, pl, new_keys_seen, its[q],
-                        slots + q * 4 * THREADS);
-            const Frags ops = key_frags(slot_keys(slots + p * 4 * THREADS));
-            score_batch(a, mb, iq, seq, best + ((j / BATCH) & 1) * BATCH * MAX_ROWS * ITEM_WAVES, lds, j, its[p], ops, q_len, pl);
-            more = its[(p + 1) % SLOTS][0].valid;
-        }
-    }
+    score_by_warps(a, mb, iq, seq, reqs, pages, rank, requests, q_len, lds);
     stamp(lds, TL_SCORES_DONE);
 }
 
