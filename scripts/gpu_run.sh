@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # On the lent GPU machine: install the carried wheels, then run the steps asked for
 # (default: tests), logs under $OUT:
-#   tests     pytest -m gpu (TEST_ARGS picks files, e.g. TEST_ARGS=tests/test_ops_gpu.py)
+#   tests     pytest -m gpu (TEST_ARGS picks files, e.g. TEST_ARGS=tests/test_ops_gpu.py; TEST_K a -k
+#             expression, spaces and all, e.g. TEST_K="not index")
 #   bench     python -m bench.run (its options in BENCH_ARGS, e.g. "--kernels deepseek", or a variant's
 #             "--kernels minimax --tune scores.mma_f16=1": the entry names it); give it
 #             BENCH_COMMIT=<this checkout's HEAD, written out> for RESULTS.md: the lent
@@ -19,7 +20,8 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noh
 status=0
 for what in "${@:-tests}"; do
     case "$what" in
-        tests) python3 -m pytest -q -m gpu -p no:cacheprovider ${TEST_ARGS:-tests} 2>&1 | tee "$OUT/gpu-tests.log"; status=$((status | PIPESTATUS[0])) ;;
+        tests) python3 -m pytest -q -m gpu -p no:cacheprovider ${TEST_K:+-k "$TEST_K"} ${TEST_ARGS:-tests} 2>&1 \
+                | tee "$OUT/gpu-tests.log"; status=$((status | PIPESTATUS[0])) ;;
         bench) python3 -m bench.run ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log"; status=$((status | PIPESTATUS[0])) ;;
         timeline) { python3 scripts/timeline_probe.py 1 4 16 && python3 scripts/timeline_deepseek_front.py; } 2>&1 \
                 | tee "$OUT/timeline.log"; status=$((status | PIPESTATUS[0])) ;;
