@@ -50,22 +50,30 @@ def _doc(obj) -> str:
 
 @lru_cache(maxsize=None)
 def _comments(cls: type) -> dict[str, str]:
-    """The ``# comment`` on each annotated field's line in ``cls``'s own source."""
+    """The ``# comment`` on each annotated field's line in ``cls``'s own source, else the
+    comment lines right above the field (a longer note)."""
     try:
         src = textwrap.dedent(inspect.getsource(cls))
     except (OSError, TypeError):
         return {}
-    by_line = {}
+    by_line, alone = {}, set()  # alone: lines that hold nothing but their comment
     for tok in tokenize.generate_tokens(io.StringIO(src).readline):
         if tok.type == tokenize.COMMENT:
             by_line[tok.start[0]] = tok.string.lstrip("#").strip()
+            if tok.line.strip().startswith("#"):
+                alone.add(tok.start[0])
     out = {}
     for node in ast.parse(src).body[0].body:
         if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
-            for line in range(node.lineno, node.end_lineno + 1):
-                if line in by_line:
-                    out[node.target.id] = by_line[line]
+            on_line = [by_line[n] for n in range(node.lineno, node.end_lineno + 1) if n in by_line]
+            above = []
+            for n in range(node.lineno - 1, 0, -1):
+                if n not in alone:
                     break
+                above.insert(0, by_line[n])
+            note = on_line[0] if on_line else " ".join(above)
+            if note:
+                out[node.target.id] = note
     return out
 
 

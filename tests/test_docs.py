@@ -25,6 +25,28 @@ def test_spec_reference_is_current():
     assert SPEC_REFERENCE.read_text() == spec_reference(), "docs/spec-reference.md is stale: run python -m codegen docs"
 
 
+def test_field_descriptions_from_comments():
+    """A field's description is the comment on its line, else the comment lines right above
+    it (joined); a blank line or code above ends that note."""
+    from codegen.docs import _comments
+
+    class Sample:
+        # one note
+        # in two lines
+        a: int = 1
+        b: int = 2  # its own line's
+        # above b's neighbour, but this one has its own
+        c: int = 3  # own wins
+
+        d: int = 4
+
+    notes = _comments(Sample)
+    assert notes == {"a": "one note in two lines", "b": "its own line's", "c": "own wins"}
+    text = spec_reference()
+    assert "| tensor-core dots: a CTA of n items gives each the fewest warps" in text  # index_scores.busy_waves
+    assert "| the stage CTA that takes work item 0 |" in text  # lead_cta: its own line's
+
+
 def test_spec_reference_covers_every_kind_and_field():
     from codegen.spec.kernel import KernelSpec
     from codegen.stages import KINDS
