@@ -1491,6 +1491,7 @@ MONO_DEVICE void score_by_groups(const Args& a, const Mailbox& mb, float* iq, co
     score_warp_items(a, mb, iq, seq, reqs, pages, gr, st, rank, requests, q_len, ring, best, lds);
     barrier();  // every warp's items scored
 }
+// The CTA's items by warp groups, their size picked by its item count (a loop built for each).
 MONO_DEVICE void score_by_warps(const Args& a, const Mailbox& mb, float* iq, const int* seq, const Request* reqs,
                                 const int* pages, int rank, int requests, int q_len, u8* lds) {
     const int items = cta_items(reqs, rank, requests);
