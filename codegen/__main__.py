@@ -224,7 +224,8 @@ def _build_arguments(p, target: str | None, target_help: str | None = None) -> N
     p.add_argument("--tokens", type=int, default=1)
     p.add_argument("--tune", action="append", default=[], metavar="STAGE.FIELD=VALUE",
                    help="override a stage field of the spec (a tuning knob) for this build, e.g. "
-                        "qkv.bulk_copies=0 or 'qkv.token_tile={default: 8}'; repeatable")
+                        "qkv.bulk_copies=0 or 'qkv.token_tile={default: 8}', or a symbol "
+                        "(symbols.INLINE_NORM_TOKENS=4); repeatable")
 
 
 def _tune(args) -> dict | None:

@@ -58,6 +58,7 @@ def test_loaded_kernels_are_cached_apart():
     ({"qkv.no_such_field": 1}, "qkv", "Extra inputs are not permitted"),
     ({"qkv.bulk_copies": 2}, "bulk_copies", "must be true / false or 1 / 0"),
     ({"qkv.lds_prefetch": 0}, "bulk_copies", "bulk_copies is how lds_prefetch moves"),  # the knob that needs it
+    ({"symbols.NO_SUCH": 1}, "symbols", "no symbol 'NO_SUCH'"),
 ])
 def test_bad_overrides_are_located_errors(tune, line, fragment):
     with pytest.raises(SpecError) as e:
@@ -66,12 +67,24 @@ def test_bad_overrides_are_located_errors(tune, line, fragment):
     assert text.startswith("specs/minimax_m3/pre_attn.yaml:") and fragment in text, text
     where = int(text.split(":")[1])
     spec_lines = load_spec(SPEC).text.splitlines()
-    if line == "stages":
-        assert spec_lines[where - 1].startswith("stages:")
+    if line in ("stages", "symbols"):
+        assert spec_lines[where - 1].startswith(f"{line}:")
     elif line == "qkv":
         assert spec_lines[where - 1].strip() == "- name: qkv"
     else:  # the error points at the knob's own line in the file
         assert spec_lines[where - 1].strip().startswith(f"{line}:"), spec_lines[where - 1]
+
+
+def test_symbol_override():
+    """symbols.NAME replaces a spec symbol for the build (named in the header like a stage
+    knob): INLINE_NORM_TOKENS 4 makes S = 4's GEMV CTAs normalize the rows themselves (no
+    norm stage), which still compiles for sm90 without spills (S = 8 / 16 would spill)."""
+    _, plain = source(SPEC, "sm90", tokens=4)
+    _, inline = source(SPEC, "sm90", tokens=4, tune={"symbols.INLINE_NORM_TOKENS": 4})
+    assert "namespace stage_norm {" in plain and "namespace stage_norm {" not in inline
+    assert "// tune:   symbols.INLINE_NORM_TOKENS=4" in inline
+    (report,) = jit.resource_report(inline, "inline4.hip", get_target("sm90"))
+    assert report.spills == 0 and report.scratch_bytes == 0
 
 
 def test_cli_show_tune(capsys):

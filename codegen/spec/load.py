@@ -69,6 +69,7 @@ def parse_spec(text: str, path: str, tune: tuple = ()) -> LoadedSpec:
     """Validate spec ``text`` read from ``path``; raise SpecError with every issue.
     ``tune``: ``("stage.field", value)`` pairs that replace those stage fields
     before validation (a knob's value for every target, or a per-target mapping),
+    ``("symbols.NAME", value)`` a spec symbol's value,
     so that a tuning sweep needs no edit of the file; they are checked like the
     file's own values and named in the generated source's header."""
     try:
@@ -105,10 +106,18 @@ def _apply_tune(data: dict, tune: tuple, path: str, pos: Positions) -> None:
         stage, dot, field = str(key).partition(".")
         if not dot or not field or "." in field:
             raise SpecError([SpecIssue(path, pos.line_of(("stages",)), ("stages",), f"tune key {key!r} is not STAGE.FIELD",
-                                       "name a stage and one of its fields, e.g. qkv.bulk_copies")])
+                                       "name a stage and one of its fields, e.g. qkv.bulk_copies (or symbols.NAME)")])
+        if stage == "symbols" and stage not in names:  # symbols.NAME: a spec symbol's value
+            symbols = data.get("symbols") if isinstance(data.get("symbols"), dict) else {}
+            if field not in symbols:
+                raise SpecError([SpecIssue(path, pos.line_of(("symbols",)), ("symbols",),
+                                           f"tune {key!r}: no symbol {field!r}",
+                                           f"use one of {', '.join(map(str, symbols))}")])
+            symbols[field] = value
+            continue
         if stage not in names:
             raise SpecError([SpecIssue(path, pos.line_of(("stages",)), ("stages",), f"tune {key!r}: no stage {stage!r}",
-                                       f"use one of {', '.join(map(str, names))}")])
+                                       f"use one of {', '.join(map(str, names))}, or symbols.NAME")])
         if isinstance(value, tuple):  # tune_items froze it for the cache key
             value = dict(value) if all(isinstance(v, tuple) and len(v) == 2 for v in value) else list(value)
         stages[names.index(stage)][field] = value
