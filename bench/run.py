@@ -267,7 +267,7 @@ def parse_args(argv):
     args = ap.parse_args(argv)
     args.tune = name_values(args.tune) or None
     if args.tune and any("." not in k for k in args.tune):
-        ap.error(f"--tune: {', '.join(k for k in args.tune if '.' not in k)}: name a stage's knob as STAGE.FIELD")
+        ap.error(f"--tune: {', '.join(k for k in args.tune if '.' not in k)}: name a stage's knob as STAGE.FIELD (or a symbol as symbols.NAME)")
     args.kernels = [k.strip() for k in args.kernels.split(",") if k.strip()]
     bad = [k for k in args.kernels if k not in BENCHES]
     if bad or not args.kernels:

@@ -4,7 +4,7 @@
 #   tests     pytest -m gpu (TEST_ARGS picks files, e.g. TEST_ARGS=tests/test_ops_gpu.py; TEST_K a -k
 #             expression, spaces and all, e.g. TEST_K="not index")
 #   bench     python -m bench.run (its options in BENCH_ARGS, e.g. "--kernels deepseek", or a variant's
-#             "--kernels minimax --tune scores.mma_f16=1": the entry names it); give it
+#             "--kernels minimax --tune scores.busy_waves=16": the entry names it); give it
 #             BENCH_COMMIT=<this checkout's HEAD, written out> for RESULTS.md: the lent
 #             machine's own git checkout may be an older one
 #   timeline  both kernels' per-stage timelines (scripts/timeline_*.py)

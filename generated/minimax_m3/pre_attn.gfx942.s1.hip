@@ -877,7 +877,6 @@ constexpr int QDIMS = DIM / QUARTERS;          // 32 dims = 32 bytes = two 16-by
 constexpr int QSTRIDE = QDIMS + 4;             // LDS floats per quarter row: 16-byte reads, quarters on distinct banks
 constexpr int ROW_STRIDE = QUARTERS * QSTRIDE;
 constexpr int ROW_CHUNK = 2;                   // rows accumulated at once (registers) while that many remain
-constexpr int ITEM_WAVES = WAVES;              // waves whose maxima make an item's: all of them
 static_assert(THREADS % BLOCK == 0 && QDIMS == 32 && BLOCK % (WAVE / QUARTERS) == 0, "4 threads a key, 32 dims each");
 
 MONO_DEVICE int blocks_of(int seq) { return ((seq < 1 ? 1 : seq) + BLOCK - 1) / BLOCK; }
@@ -1031,7 +1030,7 @@ MONO_DEVICE void score_rows(const float* iq_r, const int* seq, float* best, cons
         const int s = seq[row0 + row / nh];
         const float v = it.b * BLOCK + key < (s < 1 ? 1 : s) ? d : neg_inf();
         const float wm = wave_max(v);
-        if (lane_id() == 0) best[row * ITEM_WAVES + wave_id()] = wm;
+        if (lane_id() == 0) best[row * WAVES + wave_id()] = wm;
     }
 }
 
@@ -1060,8 +1059,8 @@ MONO_DEVICE void item_put(const Args& a, const Mailbox& mb, const float* best, c
     const int row0 = it.r * q_len, nh = HEADS == 1 ? 1 : it.heads, rows = q_len * nh;
     u64* iscore = reinterpret_cast<u64*>(a.iscore);
     for (int row = (thread_id() - first + THREADS) % THREADS; row < rows; row += THREADS) {
-        float m = best[row * ITEM_WAVES];
-        for (int w = 1; w < ITEM_WAVES; ++w) m = fmax_f32(m, best[row * ITEM_WAVES + w]);
+        float m = best[row * WAVES];
+        for (int w = 1; w < WAVES; ++w) m = fmax_f32(m, best[row * WAVES + w]);
         const long long pair = pair_of(it, row0, nh, row);
         mailbox_put(iscore + pair, float_as_u32(m * SCALE), mb.tag);
     }
@@ -1073,11 +1072,11 @@ MONO_DEVICE void score_batch(const Args& a, const Mailbox& mb, const float* iq, 
                              int j, const Item (&its)[BATCH], const Keys& keys, int q_len, const Place& pl) {
 #pragma unroll
     for (int i = 0; i < BATCH; ++i)
-        if (its[i].valid) item_dots(iq, seq, bp + i * MAX_ROWS * ITEM_WAVES, its[i], q_len, pl, keys.lo[i], keys.hi[i]);
+        if (its[i].valid) item_dots(iq, seq, bp + i * MAX_ROWS * WAVES, its[i], q_len, pl, keys.lo[i], keys.hi[i]);
     barrier();
 #pragma unroll
     for (int i = 0; i < BATCH; ++i)
-        if (its[i].valid) item_put(a, mb, bp + i * MAX_ROWS * ITEM_WAVES, its[i], q_len, i * MAX_ROWS % THREADS);
+        if (its[i].valid) item_put(a, mb, bp + i * MAX_ROWS * WAVES, its[i], q_len, i * MAX_ROWS % THREADS);
 }
 
 // The CTA's items in batches of BATCH, one CTA barrier a batch: the first batch's keys asked
@@ -1101,7 +1100,7 @@ MONO_DEVICE void score_by_batches(const Args& a, const Mailbox& mb, float* iq, c
         for (int p = 0; p < 2 && more; ++p) {
             const int j = j0 + p * BATCH;  // this batch's first item
             fetch_batch(a, mb, reqs, pages, cur, rank, j + BATCH, requests, q_len, pl, new_keys_seen, its[1 - p], keys[1 - p]);
-            score_batch(a, mb, iq, seq, best + p * BATCH * MAX_ROWS * ITEM_WAVES, lds, j, its[p], keys[p], q_len, pl);
+            score_batch(a, mb, iq, seq, best + p * BATCH * MAX_ROWS * WAVES, lds, j, its[p], keys[p], q_len, pl);
             more = its[1 - p][0].valid;
         }
     }

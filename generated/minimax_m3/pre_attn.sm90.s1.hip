@@ -211,12 +211,14 @@ MONO_DEVICE void mailbox_load(const u64* pair, u32& value, u32& tag) {
 }
 MONO_DEVICE void pause() { __nanosleep(64); }
 
+// the shared-window address of an LDS pointer, as the asm below takes it
+MONO_DEVICE u32 lds_address(const void* p) { return u32(__cvta_generic_to_shared(p)); }
+
 // ---- asynchronous global -> LDS copies (cp.async, sm80+) --------------------------------
 // 16 bytes from global memory into LDS without passing through registers; the thread
 // that issued them sees them after copy_async_wait() (other threads: after a barrier too)
 MONO_DEVICE void copy16_async(void* lds_dst, const void* src) {
-    const u32 dst = u32(__cvta_generic_to_shared(lds_dst));
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(dst), "l"(src) : "memory");
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(lds_address(lds_dst)), "l"(src) : "memory");
 }
 MONO_DEVICE void copy_async_wait() { asm volatile("cp.async.wait_all;" ::: "memory"); }
 // the copies issued so far close a group (an empty one too); waiting then counts groups
@@ -228,7 +230,7 @@ MONO_DEVICE void copy_async_wait_pending() { asm volatile("cp.async.wait_group %
 MONO_DEVICE u32x4 ld16_lds(const void* p) {
     u32x4 v;
     asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(u32(__cvta_generic_to_shared(p))) : "memory");
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(lds_address(p)) : "memory");
     return v;
 }
 
@@ -237,7 +239,6 @@ MONO_DEVICE u32x4 ld16_lds(const void* p) {
 // bulk_copy()s; every thread's bulk_wait(bar, 0) returns once all n bytes have landed (and
 // makes them visible to it). One phase per launch: the barrier is set up at the start and
 // invalidated before its LDS is reused.
-MONO_DEVICE u32 lds_address(const void* p) { return u32(__cvta_generic_to_shared(p)); }
 MONO_DEVICE void bulk_barrier_init(u64* bar) {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" :: "r"(lds_address(bar)) : "memory");
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
@@ -258,10 +259,6 @@ MONO_DEVICE void bulk_wait(u64* bar, u32 phase) {
 }
 MONO_DEVICE void bulk_barrier_inval(u64* bar) {
     asm volatile("mbarrier.inval.shared::cta.b64 [%0];" :: "r"(lds_address(bar)) : "memory");
-}
-// `bytes` (a multiple of 16) from `src` asked into the L2: no register or barrier waits on it.
-MONO_DEVICE void l2_prefetch(const void* src, u32 bytes) {
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" :: "l"(src), "r"(bytes) : "memory");
 }
 // global memory this thread saw written (generic proxy: other CTAs' stores, acquired) ordered
 // before its later bulk copies read it (async proxy)
