@@ -152,3 +152,35 @@ def test_ilp_alone_keeps_the_unit_loop():
     loaded = load_spec(SPEC, tune_items({"wq_b.bulk_weights": 0}))
     text = render(lower(loaded, make_build(loaded, "sm90", tokens=1)))
     assert "prologue(a, mb, lds)" not in text and "mx_gemv16_units<1, CPW, NC, XSTRIDE, SSTRIDE, WAVES * 256>" in text
+
+
+@pytest.mark.parametrize("pieces,threads,batch", [
+    (320, 512, 1), (16 * 320, 512, 5), (16 * 160, 512, 5), (48 * 160, 512, 8), (48 * 80, 512, 8),
+    (16 * 384, 512, 6), (17 * 512, 512, 6), (9 * 512, 256, 6),
+])
+def test_row_batch_evens_out_round_trips(pieces, threads, batch):
+    from codegen.stages.gemv_fp8 import ROW_LOADS, row_batch
+    trips = -(-pieces // threads)
+    assert row_batch(pieces, threads) == batch <= ROW_LOADS
+    # as few round trips as ROW_LOADS allows, and no batch larger than they need
+    assert -(-trips // batch) == -(-trips // ROW_LOADS) and (batch - 1) * -(-trips // batch) < trips
+
+
+@pytest.mark.parametrize("target", list(TARGETS))
+@pytest.mark.parametrize("tokens", [1, 16, 48])
+def test_a_ctas_wqkv_units_share_their_k_part(target, tokens):
+    """unit_of (the template's task -> unit order, evaluated here on the build's constants):
+    every unit once, a CTA's units consecutive, so only a CTA across the K-part boundary
+    stages its token rows twice."""
+    ir = ir_of(target, tokens=tokens)
+    st = next(s for s in ir.stages if s.name == "wqkv_a")
+    text = render(ir)
+    ns = text[text.index("namespace stage_wqkv_a {"):text.index("}  // namespace stage_wqkv_a")]
+    assert "return c * UQ + min_i(c, UR) + u / CTAS;" in ns and "if (N_LDS_TILES > 1 || new_part)" in ns
+    tasks, ctas, row_tiles = st.tasks, st.ctas, 1792 // 16
+    unit = [(u % ctas) * (tasks // ctas) + min(u % ctas, tasks % ctas) + u // ctas for u in range(tasks)]
+    assert sorted(unit) == list(range(tasks))
+    parts = {c: {unit[u] // row_tiles for u in range(c, tasks, ctas)} for c in range(ctas)}
+    assert sum(len(p) - 1 for p in parts.values()) <= 1
+    v = st.values
+    assert f"constexpr int ROW_BATCH = {v['row_batch']};" in ns and v["row_batch"] >= min(5, tokens)

@@ -23,6 +23,16 @@ KIND = "gemv_fp8"
 ROWS_PER_TASK = 16  # one MMA tile of output rows
 K_CHUNK = {"amd": 64, "nvidia": 32}  # k per 16-byte weight load of a lane
 CHUNK_BYTES = 16 * 32  # one chunk of a 16-row group: 16 bytes a lane (wave 32; lds_prefetch is NVIDIA-only)
+# 16-byte loads a thread keeps in flight while it stages token rows from the L2 (registers
+# beside the weights'); the batch evens them out: 12 loads a thread go as two batches of 6
+ROW_LOADS = 8
+
+
+def row_batch(pieces: int, threads: int) -> int:
+    """Loads a thread issues at once to stage `pieces` 16-byte pieces (copy16_batched): as few
+    round trips as ROW_LOADS allows, each batch as small as that count of trips allows."""
+    trips = -(-pieces // threads)
+    return -(-trips // -(-trips // ROW_LOADS))
 X8_ROW_PAD_WORDS = 4  # LDS row padding: token rows land on different banks
 
 
@@ -134,6 +144,7 @@ def lower(stage: Model, ctx) -> dict:
         "chunk": chunk,
         "chunks_per_wave": k // chunk // waves,
         "x8_stride_words": stride_words,
+        "row_batch": row_batch(tile * (k // 16), ctx.threads),
         "norm": checked_norm_constants(k, ctx, ("k",)),
         "rdone": residual_done(src, ctx) if inline else None,
         "writes_residual": stage.writes_residual,

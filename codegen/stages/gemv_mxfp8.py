@@ -2,10 +2,13 @@
 bytes, one E8M0 code per 32 x 32 block), 16 rows a unit, per-block scales
 applied in f32 (contract B.5.2, B.5.5).
 
-Units: ``u = part * ROW_TILES + tile`` (rows ``16 tile ..``, K part ``part``
-of ``k_parts``), round robin over the stage's CTAs. A CTA issues its first
-unit's weight loads before it waits on anything, and each next unit's while
-it computes the current one.
+Units: ``n = part * ROW_TILES + tile`` (rows ``16 tile ..``, K part ``part``
+of ``k_parts``). The tasks go round robin over the stage's CTAs, and a CTA's
+tasks compute consecutive units (template ``unit_of``), so they share their K
+part: the token rows are staged once a part, not once a unit. A CTA issues its
+first units' weight loads before it waits on anything, and each next unit's
+while it computes the current one. Token rows come into LDS in batches of
+``row_batch`` 16-byte loads a thread (one L2 round trip a batch).
 
 The inner loop (device library ``mx_gemv16_partial``) splits a unit's K into
 chunks of one 16-byte weight load per lane (sm90: 32 k = one MX block, for
@@ -41,7 +44,7 @@ from typing import Literal
 from pydantic import field_validator
 
 from ..spec.models import Expr, Name, PerTarget, StageBase, per_target
-from .gemv_fp8 import K_CHUNK
+from .gemv_fp8 import K_CHUNK, row_batch
 from .mxfp8_quant import MX_BLOCK, check_rows, mx_fp8_max
 
 KIND = "gemv_mxfp8"
@@ -212,6 +215,8 @@ def lower(stage: Model, ctx) -> dict:
         "tile": tile,
         "n_tiles": -(-tokens // tile),
         "xstride": xstride,
+        # staging: 8-value items quantized here (16-byte bf16 loads), or 16-byte X8 pieces
+        "row_batch": row_batch(tile * kp // (8 if inline else 16), ctx.threads),
         "sstride": sstride,
         "inline": inline,
         "src": pub,

@@ -371,6 +371,22 @@ MONO_DEVICE void mailbox_wait_all(const u64* const (&pair)[N], u32 tag, u32 (&va
     }
 }
 
+// ---- rows through the L2 ------------------------------------------------------------------
+// n 16-byte pieces: piece i = ld16_coherent(src(i)), handed to put(i, piece) (an LDS store).
+// A thread issues LOADS loads before it stores any (ld16_coherent is a compiler barrier, so a
+// plain loop would wait out one L2 round trip per piece): n / (LOADS x THREADS) round trips.
+template <int LOADS, typename Src, typename Put>
+MONO_DEVICE void copy16_batched(int n, Src src, Put put) {
+    for (int b = thread_id(); b < n; b += LOADS * THREADS) {
+        u32x4 v[LOADS];
+#pragma unroll
+        for (int k = 0; k < LOADS; ++k) v[k] = ld16_coherent(src(min_i(b + k * THREADS, n - 1)));  // past n: a repeat
+#pragma unroll
+        for (int k = 0; k < LOADS; ++k)
+            if (b + k * THREADS < n) put(b + k * THREADS, v[k]);
+    }
+}
+
 // ---- MXFP8 ----------------------------------------------------------------------------------
 // mx_quant8f for 8 bf16 values (one 16-byte load, value e in bits 16(e % 2) of word e / 2)
 MONO_DEVICE int mx_quant8(u32x4 raw, float fp8_max, u32& w0, u32& w1) {
@@ -545,7 +561,7 @@ constexpr int LDS_PART = 139776;  // LDS: 2048 x float
 
 constexpr int ROWS = 1792;               // rows of wqkv
 constexpr int K = 5120;                   // its columns
-constexpr int K_PARTS = 2;             // unit u: rows 16 (u % ROW_TILES) .., K part u / ROW_TILES
+constexpr int K_PARTS = 2;             // unit n: rows 16 (n % ROW_TILES) .., K part n / ROW_TILES
 constexpr int ROW_TILES = ROWS / 16;
 constexpr int KP = K / K_PARTS;              // columns of one unit
 constexpr int KB = K / 32;                   // scale blocks along K (wqkv_s's row)
@@ -561,13 +577,25 @@ constexpr int SSTRIDE = 84;           // LDS block scales of a token row
 constexpr int SRC_PARTS = 2;           // flags per token of the source: index t * SRC_PARTS + part
 constexpr int COPIES = 1;              // the source's flag copies: CTA b polls copy b % COPIES
 constexpr int FLAG_STRIDE = 96;
+constexpr int ROW_BATCH = 8;           // 16-byte loads a thread issues at once when it stages token rows
 constexpr float MX_FP8_MAX = 448.0f;  // the MX maximum of this target's e4m3 flavour
 static_assert(KP % (GEMV_K_CHUNK * 1) == 0 && KP % 128 == 0, "whole chunks; 16-byte row pieces");
+
+// Task u (CTA FIRST + u % CTAS's (u / CTAS)-th) computes unit unit_of(u): a CTA's units are
+// consecutive (CTA c: c UQ + min(c, UR) ..), so they share their K part (the token rows are
+// staged once) and their rows are adjacent.
+constexpr int UQ = TASKS / CTAS, UR = TASKS % CTAS;
+MONO_DEVICE int unit_of(int u) {
+    const int c = u % CTAS;
+    return c * UQ + min_i(c, UR) + u / CTAS;
+}
+MONO_DEVICE int unit_row0(int u) { return unit_of(u) % ROW_TILES * 16; }
+MONO_DEVICE int unit_part(int u) { return unit_of(u) / ROW_TILES; }
 
 // Unit u's weights: this lane's 16 bytes of each of its chunks and the chunk's block scales
 // (one byte per 32 x 32 block of wqkv_s), issued without waiting.
 MONO_DEVICE void load_unit(const Args& a, int u, u32x4 (&w)[CPW], float (&sw)[CPW][MX_BLOCKS_PER_CHUNK]) {
-    const int row0 = (u % ROW_TILES) * 16, c0 = (u / ROW_TILES) * NC;
+    const int row0 = unit_row0(u), c0 = unit_part(u) * NC;
     const u8* wrow = a.wqkv + (long long)row0 * K + lane_id() * 16;
     const u8* srow = a.wqkv_s + (row0 / 32) * KB;
 #pragma unroll
@@ -587,19 +615,18 @@ MONO_DEVICE void load_unit(const Args& a, int u, u32x4 (&w)[CPW], float (&sw)[CP
 // (16-byte loads through L2: written in this launch, published behind the flags).
 MONO_DEVICE void stage_rows(const Args&, const Mailbox& mb, int part, int tok0, int nt, u32* xl, float* xs) {
     constexpr int VECS = KP / 16, SVECS = KP / 128;  // 16-byte pieces of a row part, of its codes
-    for (int i = thread_id(); i < nt * VECS; i += THREADS) {
-        const int r = i / VECS, c = i % VECS;
-        *reinterpret_cast<u32x4*>(xl + r * XSTRIDE + 4 * c) = ld16_coherent(mb.x8 + (tok0 + r) * (K / 4) + part * (KP / 4) + 4 * c);
-    }
-    for (int i = thread_id(); i < nt * SVECS; i += THREADS) {
-        const int r = i / SVECS, c = i % SVECS;
-        const u32x4 code = ld16_coherent(mb.x8s + (tok0 + r) * (K / 32) + part * (KP / 32) + 4 * c);
-        float* s = xs + r * SSTRIDE + 4 * c;
-        s[0] = e8m0_scale(int(code.x));
-        s[1] = e8m0_scale(int(code.y));
-        s[2] = e8m0_scale(int(code.z));
-        s[3] = e8m0_scale(int(code.w));
-    }
+    copy16_batched<ROW_BATCH>(
+        nt * VECS, [&](int i) { return mb.x8 + (tok0 + i / VECS) * (K / 4) + part * (KP / 4) + 4 * (i % VECS); },
+        [&](int i, u32x4 x) { *reinterpret_cast<u32x4*>(xl + (i / VECS) * XSTRIDE + 4 * (i % VECS)) = x; });
+    copy16_batched<ROW_BATCH>(
+        nt * SVECS, [&](int i) { return mb.x8s + (tok0 + i / SVECS) * (K / 32) + part * (KP / 32) + 4 * (i % SVECS); },
+        [&](int i, u32x4 code) {
+            float* s = xs + (i / SVECS) * SSTRIDE + 4 * (i % SVECS);
+            s[0] = e8m0_scale(int(code.x));
+            s[1] = e8m0_scale(int(code.y));
+            s[2] = e8m0_scale(int(code.z));
+            s[3] = e8m0_scale(int(code.w));
+        });
 }
 
 // Thread t < TOKENS waits for token t's flag of K part `part` (this CTA's copy); then the
@@ -645,11 +672,12 @@ MONO_DEVICE void run(const Args& a, const Mailbox& mb, u8* lds) {
         if (u < TASKS) {
             const int un = u + CTAS * PREFETCH;  // keep PREFETCH units' weights in flight
             if (i + PREFETCH < UPC && un < TASKS) load_unit(a, un, w[i + PREFETCH], sw[i + PREFETCH]);
-            const int row0 = (u % ROW_TILES) * 16, kpart = u / ROW_TILES;
-            await_rows(mb, kpart);
+            const int row0 = unit_row0(u), kpart = unit_part(u);
+            const bool new_part = i == 0 || kpart != unit_part(u - CTAS);  // the previous unit's rows are not these
+            if (new_part) await_rows(mb, kpart);
             for (int tile = 0; tile < N_LDS_TILES; ++tile) {
                 const int tok0 = tile * LDS_TOKENS, nt = min_i(LDS_TOKENS, TOKENS - tok0);
-                if (N_LDS_TILES > 1 || K_PARTS > 1 || i == 0) {  // rows of this part not in LDS yet
+                if (N_LDS_TILES > 1 || new_part) {  // rows of this part not in LDS yet
                     barrier();
                     stage_rows(a, mb, kpart, tok0, nt, xl, xs);
                     barrier();
@@ -831,7 +859,7 @@ constexpr int LDS_CS = 78848;  // LDS: 3072 x float
 
 constexpr int ROWS = 8192;               // rows of wqb
 constexpr int K = 1280;                   // its columns
-constexpr int K_PARTS = 1;             // unit u: rows 16 (u % ROW_TILES) .., K part u / ROW_TILES
+constexpr int K_PARTS = 1;             // unit n: rows 16 (n % ROW_TILES) .., K part n / ROW_TILES
 constexpr int ROW_TILES = ROWS / 16;
 constexpr int KP = K / K_PARTS;              // columns of one unit
 constexpr int KB = K / 32;                   // scale blocks along K (wqb_s's row)
@@ -847,16 +875,28 @@ constexpr int SSTRIDE = 44;           // LDS block scales of a token row
 constexpr int SRC_PARTS = 1;           // flags per token of the source: index t * SRC_PARTS + part
 constexpr int COPIES = 1;              // the source's flag copies: CTA b polls copy b % COPIES
 constexpr int FLAG_STRIDE = 48;
+constexpr int ROW_BATCH = 8;           // 16-byte loads a thread issues at once when it stages token rows
 constexpr float MX_FP8_MAX = 448.0f;  // the MX maximum of this target's e4m3 flavour
 constexpr int HEAD_DIM = 512;          // rows per head
 constexpr int NOPE = 448;              // head dims before the GPT-J RoPE dims
 constexpr int ROPE = 64;               // cos_sin row: cos[0 .. ROPE / 2), sin[..]
 static_assert(KP % (GEMV_K_CHUNK * 1) == 0 && KP % 128 == 0, "whole chunks; 16-byte row pieces");
 
+// Task u (CTA FIRST + u % CTAS's (u / CTAS)-th) computes unit unit_of(u): a CTA's units are
+// consecutive (CTA c: c UQ + min(c, UR) ..), so they share their K part (the token rows are
+// staged once) and their rows are adjacent.
+constexpr int UQ = TASKS / CTAS, UR = TASKS % CTAS;
+MONO_DEVICE int unit_of(int u) {
+    const int c = u % CTAS;
+    return c * UQ + min_i(c, UR) + u / CTAS;
+}
+MONO_DEVICE int unit_row0(int u) { return unit_of(u) % ROW_TILES * 16; }
+MONO_DEVICE int unit_part(int u) { return unit_of(u) / ROW_TILES; }
+
 // Unit u's weights: this lane's 16 bytes of each of its chunks and the chunk's block scales
 // (one byte per 32 x 32 block of wqb_s), issued without waiting.
 MONO_DEVICE void load_unit(const Args& a, int u, u32x4 (&w)[CPW], float (&sw)[CPW][MX_BLOCKS_PER_CHUNK]) {
-    const int row0 = (u % ROW_TILES) * 16, c0 = (u / ROW_TILES) * NC;
+    const int row0 = unit_row0(u), c0 = unit_part(u) * NC;
     const u8* wrow = a.wqb + (long long)row0 * K + lane_id() * 16;
     const u8* srow = a.wqb_s + (row0 / 32) * KB;
 #pragma unroll
@@ -876,19 +916,18 @@ MONO_DEVICE void load_unit(const Args& a, int u, u32x4 (&w)[CPW], float (&sw)[CP
 // (16-byte loads through L2: written in this launch, published behind the flags).
 MONO_DEVICE void stage_rows(const Args&, const Mailbox& mb, int part, int tok0, int nt, u32* xl, float* xs) {
     constexpr int VECS = KP / 16, SVECS = KP / 128;  // 16-byte pieces of a row part, of its codes
-    for (int i = thread_id(); i < nt * VECS; i += THREADS) {
-        const int r = i / VECS, c = i % VECS;
-        *reinterpret_cast<u32x4*>(xl + r * XSTRIDE + 4 * c) = ld16_coherent(mb.qx8 + (tok0 + r) * (K / 4) + part * (KP / 4) + 4 * c);
-    }
-    for (int i = thread_id(); i < nt * SVECS; i += THREADS) {
-        const int r = i / SVECS, c = i % SVECS;
-        const u32x4 code = ld16_coherent(mb.qx8s + (tok0 + r) * (K / 32) + part * (KP / 32) + 4 * c);
-        float* s = xs + r * SSTRIDE + 4 * c;
-        s[0] = e8m0_scale(int(code.x));
-        s[1] = e8m0_scale(int(code.y));
-        s[2] = e8m0_scale(int(code.z));
-        s[3] = e8m0_scale(int(code.w));
-    }
+    copy16_batched<ROW_BATCH>(
+        nt * VECS, [&](int i) { return mb.qx8 + (tok0 + i / VECS) * (K / 4) + part * (KP / 4) + 4 * (i % VECS); },
+        [&](int i, u32x4 x) { *reinterpret_cast<u32x4*>(xl + (i / VECS) * XSTRIDE + 4 * (i % VECS)) = x; });
+    copy16_batched<ROW_BATCH>(
+        nt * SVECS, [&](int i) { return mb.qx8s + (tok0 + i / SVECS) * (K / 32) + part * (KP / 32) + 4 * (i % SVECS); },
+        [&](int i, u32x4 code) {
+            float* s = xs + (i / SVECS) * SSTRIDE + 4 * (i % SVECS);
+            s[0] = e8m0_scale(int(code.x));
+            s[1] = e8m0_scale(int(code.y));
+            s[2] = e8m0_scale(int(code.z));
+            s[3] = e8m0_scale(int(code.w));
+        });
 }
 
 // Thread t < TOKENS waits for token t's flag of K part `part` (this CTA's copy); then the
@@ -957,11 +996,12 @@ MONO_DEVICE void run(const Args& a, const Mailbox& mb, u8* lds) {
         if (u < TASKS) {
             const int un = u + CTAS * PREFETCH;  // keep PREFETCH units' weights in flight
             if (i + PREFETCH < UPC && un < TASKS) load_unit(a, un, w[i + PREFETCH], sw[i + PREFETCH]);
-            const int row0 = (u % ROW_TILES) * 16, kpart = u / ROW_TILES;
-            await_rows(mb, kpart);
+            const int row0 = unit_row0(u), kpart = unit_part(u);
+            const bool new_part = i == 0 || kpart != unit_part(u - CTAS);  // the previous unit's rows are not these
+            if (new_part) await_rows(mb, kpart);
             for (int tile = 0; tile < N_LDS_TILES; ++tile) {
                 const int tok0 = tile * LDS_TOKENS, nt = min_i(LDS_TOKENS, TOKENS - tok0);
-                if (N_LDS_TILES > 1 || K_PARTS > 1 || i == 0) {  // rows of this part not in LDS yet
+                if (N_LDS_TILES > 1 || new_part) {  // rows of this part not in LDS yet
                     barrier();
                     stage_rows(a, mb, kpart, tok0, nt, xl, xs);
                     barrier();

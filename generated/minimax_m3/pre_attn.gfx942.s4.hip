@@ -375,6 +375,22 @@ MONO_DEVICE void mailbox_wait_all(const u64* const (&pair)[N], u32 tag, u32 (&va
     }
 }
 
+// ---- rows through the L2 ------------------------------------------------------------------
+// n 16-byte pieces: piece i = ld16_coherent(src(i)), handed to put(i, piece) (an LDS store).
+// A thread issues LOADS loads before it stores any (ld16_coherent is a compiler barrier, so a
+// plain loop would wait out one L2 round trip per piece): n / (LOADS x THREADS) round trips.
+template <int LOADS, typename Src, typename Put>
+MONO_DEVICE void copy16_batched(int n, Src src, Put put) {
+    for (int b = thread_id(); b < n; b += LOADS * THREADS) {
+        u32x4 v[LOADS];
+#pragma unroll
+        for (int k = 0; k < LOADS; ++k) v[k] = ld16_coherent(src(min_i(b + k * THREADS, n - 1)));  // past n: a repeat
+#pragma unroll
+        for (int k = 0; k < LOADS; ++k)
+            if (b + k * THREADS < n) put(b + k * THREADS, v[k]);
+    }
+}
+
 // ---- MXFP8 ----------------------------------------------------------------------------------
 // mx_quant8f for 8 bf16 values (one 16-byte load, value e in bits 16(e % 2) of word e / 2)
 MONO_DEVICE int mx_quant8(u32x4 raw, float fp8_max, u32& w0, u32& w1) {
@@ -583,6 +599,7 @@ constexpr int N_TILES = 1;
 constexpr bool INLINE_NORM = false;  // this stage normalizes the tokens itself
 constexpr bool WRITES_RESIDUAL = true;  // inline norm: task t's CTA writes token t's residual
 constexpr int X8_STRIDE = 1540;       // LDS words per token row (padded: rows on distinct banks)
+constexpr int ROW_BATCH = 3;          // 16-byte loads a thread issues at once when it stages token rows
 constexpr bool WEIGHTS_FIRST = true;  // weight stream before the norm math / x8 wait (else once its inputs arrived)
 static_assert(K % (GEMV_K_CHUNK * THREADS / WAVE) == 0, "K splits into whole chunks per wave");
 // the 16-row groups the tasks cover, range by range: (first group, groups)
@@ -644,11 +661,9 @@ MONO_DEVICE void run(const Args& a, const Mailbox& mb, u8* lds) {
             if (N_TILES > 1 || task == t0) {  // token rows into LDS (once, when they all fit)
                 barrier();
                 constexpr int VECS = K / 16;  // 16-byte pieces of a row
-                for (int i = tid; i < nt * VECS; i += THREADS) {
-                    const int r = i / VECS, c = i % VECS;
-                    const u32x4 x = ld16_coherent(mb.x8 + (tok0 + r) * (K / 4) + 4 * c);
-                    *reinterpret_cast<u32x4*>(x8 + r * X8_STRIDE + 4 * c) = x;
-                }
+                copy16_batched<ROW_BATCH>(
+                    nt * VECS, [&](int i) { return mb.x8 + (tok0 + i / VECS) * (K / 4) + 4 * (i % VECS); },
+                    [&](int i, u32x4 x) { *reinterpret_cast<u32x4*>(x8 + (i / VECS) * X8_STRIDE + 4 * (i % VECS)) = x; });
                 barrier();
             }
             gemv16_partial<CHUNKS_PER_WAVE, X8_STRIDE>(w, CHUNKS_PER_WAVE, x8, first_chunk, nt, part + wave * 256);
