@@ -184,3 +184,16 @@ def test_a_ctas_wqkv_units_share_their_k_part(target, tokens):
     assert sum(len(p) - 1 for p in parts.values()) <= 1
     v = st.values
     assert f"constexpr int ROW_BATCH = {v['row_batch']};" in ns and v["row_batch"] >= min(5, tokens)
+
+
+@pytest.mark.parametrize("stage,tokens", [("wqkv_a", 16), ("wq_b", 1), ("wq_b", 48)])
+def test_gemv_probe_points(stage, tokens):
+    """rows_point / unit_point stamp the spare points where asked (both run() forms), nowhere else."""
+    plain = render(ir_of(tokens=tokens, timeline=True))
+    assert "stamp(lds, TL_SPARE" not in plain and "constexpr int TL_SPARE2 = 7;" in plain
+    text = render(ir_of(tokens=tokens, timeline=True, tune={f"{stage}.rows_point": "spare", f"{stage}.unit_point": "spare2"}))
+    ns = text[text.index(f"namespace stage_{stage} {{"):text.index(f"}}  // namespace stage_{stage}")]
+    assert ns.count("stamp(lds, TL_SPARE);") == 1 and ns.count("stamp(lds, TL_SPARE2);") == 1
+    assert ns.index("stage_rows(a, mb,", ns.index("MONO_DEVICE void run(")) < ns.index("stamp(lds, TL_SPARE);")
+    with pytest.raises(SpecError, match="no timeline point 'nowhere'"):
+        ir_of(tokens=tokens, tune={f"{stage}.rows_point": "nowhere"})

@@ -84,6 +84,8 @@ class Model(StageBase):
     # LDS no stage reuses, so they land while earlier stages run; those units are computed
     # `group` at a time (one barrier and one epilogue pass a group)
     bulk_weights: PerTarget = PerTarget(default=0)
+    rows_point: Name | None = None  # timeline point: the CTA's first token rows in LDS
+    unit_point: Name | None = None  # timeline point: the CTA's first unit (bulk: group) put
 
     _tile = field_validator("token_tile", "ilp", "bulk_weights", mode="before")(
         classmethod(lambda cls, v: per_target(v)))
