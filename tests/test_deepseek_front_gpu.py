@@ -1,7 +1,7 @@
 """DeepSeek-V4.1 attn_front on the GPU against the PyTorch reference
 (contract B, C.2; the checks and tolerances: tests/deepseek_case.py).
 
-Builds: S in {1, 6, 16, 17, 48} (17 and 48 through the xq stage), TP 2 and 4,
+Builds: S in {1, 6, 16, 17, 48} (16, 17 and 48 through the xq stage), TP 2 and 4,
 ratio 0 / 1 / 2, index and tuned on and off, timeline; pad rows (slot -1),
 SWA blocks of 64 and 128 tokens, padded block strides. Each build launches
 twice (the second launch: the next epoch's tags, the same bits); one build

@@ -50,7 +50,7 @@ def test_tuned_flag_copies(tokens):
 def test_stages_and_placement(target, tokens):
     ir = ir_of(target, tokens=tokens)
     st = {s.name: s for s in ir.stages}
-    assert ("xq" in st) == (tokens > 16)
+    assert ("xq" in st) == (tokens > 8)
     n_wqkv = 224
     free = n_wqkv if ir.blocks >= n_wqkv else n_wqkv - ir.blocks  # first CTA with one wqkv unit or none
     assert st["kt"].first == free and st["wqkv_a"].ctas == ir.blocks

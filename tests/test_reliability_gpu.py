@@ -308,7 +308,7 @@ def test_misaligned_and_wrong_device_arguments():
 
 # ---- DeepSeek-V4.1 attn_front ------------------------------------------------------------------
 # The same properties for the DeepSeek front (tests/deepseek_case.py: inputs, launch arguments,
-# mailboxes and the reference checks): its tag is 2 epoch + 1 (no layer), its S > 16 builds
+# mailboxes and the reference checks): its tag is 2 epoch + 1 (no layer), its S > 8 builds
 # publish x through the xq stage's flags, tuned builds keep 8 copies of every flag.
 
 DS_SPEC = "deepseek_v41/attn_front"
@@ -354,8 +354,8 @@ def ds_broken(kernel, stage: str) -> Kernel:
 
 # (tokens, the stage cut out, the (stage, region) pairs whose wait may give up first)
 DS_HANGS = [
-    (4, "qkv", {("wq_b", "qrdy")}),      # S <= 16: wqkv_a quantizes x itself; only wq_b waits (on QX8's flags)
-    (17, "xq", {("wqkv_a", "xrdy")}),    # S > 16: every wqkv unit waits on xq's flags first
+    (4, "qkv", {("wq_b", "qrdy")}),      # S <= 8: wqkv_a quantizes x itself; only wq_b waits (on QX8's flags)
+    (17, "xq", {("wqkv_a", "xrdy")}),    # S > 8: every wqkv unit waits on xq's flags first
 ]
 
 

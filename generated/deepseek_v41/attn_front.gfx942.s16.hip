@@ -60,8 +60,9 @@
 //   stage_wq_b::LDS_CS     @  31744  1024 x float
 //
 // stages (every CTA runs them in this order; a stage waits only on earlier ones):
+//   0. xq     mxfp8_quant  32 tasks on CTAs 224..255 (round_robin)
 //   1. kt     key_table    16 tasks on CTAs 224..255 (round_robin)
-//   2. wqkv_a gemv_mxfp8   224 tasks on CTAs 0..255 (round_robin)
+//   2. wqkv_a gemv_mxfp8   224 tasks on CTAs 0..255 (round_robin), waits on xq
 //   3. qkv    mla_norm_rope 16 tasks on CTAs 0..255 (round_robin), waits on wqkv_a
 //   4. wq_b   gemv_mxfp8   512 tasks on CTAs 0..255 (round_robin), waits on qkv
 
@@ -94,7 +95,7 @@ constexpr float EPS = 1e-20f;  // q_norm and kv_norm eps
 constexpr int MX_BLOCK = 32;  // values per E8M0 scale (activations: 1 x 32; weights: 32 x 32)
 constexpr int K_PARTS = 2;  // wqkv's K split: two CTAs per row tile
 constexpr int WQKV_TASKS = 224;  // (16-row tile, K half) units: 224
-constexpr int TILE = 16;  // tokens of one MMA column tile; up to TILE rows the wqkv CTAs quantize x themselves
+constexpr int INLINE_QUANT_TOKENS = 8;
 constexpr int MAX_TOKENS = 48;
 constexpr int SWA_RECORD = 584;  // fp8_ds_mla bytes a token: 576 data (448 e4m3 + 64 bf16) + 8 scale
 constexpr int EPOCH_STRIDE = 2;  // tags 2e + 1 (this kernel) and 2e + 2 (the attention kernel K2)
@@ -456,6 +457,50 @@ constexpr int TL_SPARE2 = 7;
 MONO_DEVICE void stamp(u8*, int) {}  // timeline off
 
 // =========================================================================================
+// stage 0: xq (mxfp8_quant) -- S > INLINE_QUANT_TOKENS: x's (token, K half) units -> MXFP8 X8 / X8S, a flag each
+namespace stage_xq {
+constexpr int TASKS = 32;  // task t runs on CTA FIRST + t % CTAS
+constexpr int FIRST = 224;
+constexpr int CTAS = 32;
+
+constexpr int K = 5120;                  // values of a row of x
+constexpr int PARTS = 2;            // unit u = token u / PARTS, K part u % PARTS
+constexpr int KP = K / PARTS;                 // values of a unit
+constexpr int ITEMS = 320;            // 8-value items of a unit: thread i < ITEMS holds item i
+constexpr int COPIES = 1;            // copies of each ready flag (CTA b polls copy b % COPIES)
+constexpr int FLAG_STRIDE = 32;      // pairs between two copies
+constexpr int UPC = (TASKS + CTAS - 1) / CTAS;  // units of one CTA
+constexpr float MX_FP8_MAX = 224.0f;  // the MX maximum of this target's e4m3 flavour
+static_assert(ITEMS % 4 == 0 && ITEMS <= THREADS, "whole 32-blocks of 4 lanes");
+
+// The CTA's units (token, K part): x's values -> MXFP8 (contract B.4) -> words
+// x8[t * K / 4 + part * KP / 4 ..], codes x8s[t * K / 32 + part * KP / 32 ..]; once all
+// stores are drained, each unit's flag in every copy: xrdy[copy * FLAG_STRIDE + u].
+MONO_DEVICE void run(const Args& a, const Mailbox& mb, u8* lds) {
+    const int b0 = block_id() - FIRST;
+    if (b0 < 0 || b0 >= CTAS) return;
+    const int tid = thread_id();
+    const int item = min_i(tid, ITEMS - 1);  // threads past the unit mirror its last item
+    for (int u = b0; u < TASKS; u += CTAS) {
+        const int t = u / PARTS, part = u % PARTS;
+        u32 w0, w1;
+        const int code = mx_quant8(ld16(a.x + t * a.x_stride + part * KP + 8 * item), MX_FP8_MAX, w0, w1);
+        if (tid < ITEMS) {
+            st8(mb.x8 + t * (K / 4) + part * (KP / 4) + 2 * item, w0, w1);
+            if (item % 4 == 0) st4(mb.x8s + t * (K / 32) + part * (KP / 32) + item / 4, u32(code));
+        }
+    }
+    fence_release();  // every thread's words and codes device-visible ...
+    barrier();        // ... before any flag; thread j raises copy j / UPC of unit j % UPC
+    if (tid < UPC * COPIES) {
+        const int u = b0 + CTAS * (tid % UPC);
+        if (u < TASKS) mailbox_put(mb.xrdy + (tid / UPC) * FLAG_STRIDE + u, 1u, mb.tag);
+    }
+    (void)lds;
+}
+
+}  // namespace stage_xq
+// =========================================================================================
 // stage 1: kt (key_table) -- token t's attention keys for K2: top-k compressed slots, then window slots
 namespace stage_kt {
 constexpr int TASKS = 16;  // task t runs on CTA FIRST + t % CTAS
@@ -568,32 +613,31 @@ MONO_DEVICE void load_unit(const Args& a, int u, u32x4 (&w)[CPW], float (&sw)[CP
     }
 }
 
-// Tokens tok0 .. tok0 + nt of x, K part `part`, quantized here (no xq stage in this
-// build: contract B.4, the same bits as its X8) into LDS: words xl, block scales xs. A thread
-// loads ROW_BATCH items before it quantizes any: one L2 round trip per batch, not per item.
-MONO_DEVICE void stage_rows(const Args& a, const Mailbox&, int part, int tok0, int nt, u32* xl, float* xs) {
-    constexpr int ITEMS = KP / 8;  // 8-value items of a row part; a 32-block = 4 lanes
-    const int n = nt * ITEMS;
-    for (int b = 0; b < n; b += ROW_BATCH * THREADS) {  // uniform trips: every lane shuffles
-        u32x4 raw[ROW_BATCH];
-#pragma unroll
-        for (int k = 0; k < ROW_BATCH; ++k) {
-            const int i = min_i(b + k * THREADS + thread_id(), n - 1), r = i / ITEMS, it = i % ITEMS;  // past n: a repeat
-            raw[k] = ld16(a.x + (tok0 + r) * a.x_stride + part * KP + 8 * it);
-        }
-#pragma unroll
-        for (int k = 0; k < ROW_BATCH; ++k) {
-            if (b + k * THREADS >= n) break;  // uniform
-            const int i = min_i(b + k * THREADS + thread_id(), n - 1), r = i / ITEMS, it = i % ITEMS;
-            u32 w0, w1;
-            const int code = mx_quant8(raw[k], MX_FP8_MAX, w0, w1);
-            if (b + k * THREADS + thread_id() < n) {
-                xl[r * XSTRIDE + 2 * it] = w0;
-                xl[r * XSTRIDE + 2 * it + 1] = w1;
-                if (it % 4 == 0) xs[r * SSTRIDE + it / 4] = e8m0_scale(code);
-            }
-        }
-    }
+// Tokens tok0 .. tok0 + nt of xq's x8 (K part `part`) and their codes into LDS
+// (16-byte loads through L2: written in this launch, published behind the flags).
+MONO_DEVICE void stage_rows(const Args&, const Mailbox& mb, int part, int tok0, int nt, u32* xl, float* xs) {
+    constexpr int VECS = KP / 16, SVECS = KP / 128;  // 16-byte pieces of a row part, of its codes
+    copy16_batched<ROW_BATCH>(
+        nt * VECS, [&](int i) { return mb.x8 + (tok0 + i / VECS) * (K / 4) + part * (KP / 4) + 4 * (i % VECS); },
+        [&](int i, u32x4 x) { *reinterpret_cast<u32x4*>(xl + (i / VECS) * XSTRIDE + 4 * (i % VECS)) = x; });
+    copy16_batched<ROW_BATCH>(
+        nt * SVECS, [&](int i) { return mb.x8s + (tok0 + i / SVECS) * (K / 32) + part * (KP / 32) + 4 * (i % SVECS); },
+        [&](int i, u32x4 code) {
+            float* s = xs + (i / SVECS) * SSTRIDE + 4 * (i % SVECS);
+            s[0] = e8m0_scale(int(code.x));
+            s[1] = e8m0_scale(int(code.y));
+            s[2] = e8m0_scale(int(code.z));
+            s[3] = e8m0_scale(int(code.w));
+        });
+}
+
+// Thread t < TOKENS waits for token t's flag of K part `part` (this CTA's copy); then the
+// CTA reads what the flags' writers published.
+MONO_DEVICE void await_rows(const Mailbox& mb, int part) {
+    const int copy = block_id() % COPIES;
+    if (thread_id() < TOKENS) mailbox_wait(mb.xrdy + copy * FLAG_STRIDE + thread_id() * SRC_PARTS + part % SRC_PARTS, mb.tag);
+    barrier();
+    fence_acquire();
 }
 
 // One item of a unit's epilogue: row r, column c of the waves' tiles summed in wave order, the
@@ -632,6 +676,7 @@ MONO_DEVICE void run(const Args& a, const Mailbox& mb, u8* lds) {
             if (i + PREFETCH < UPC && un < TASKS) load_unit(a, un, w[i + PREFETCH], sw[i + PREFETCH]);
             const int row0 = unit_row0(u), kpart = unit_part(u);
             const bool new_part = i == 0 || kpart != unit_part(u - CTAS);  // the previous unit's rows are not these
+            if (new_part) await_rows(mb, kpart);
             for (int tile = 0; tile < N_LDS_TILES; ++tile) {
                 const int tok0 = tile * LDS_TOKENS, nt = min_i(LDS_TOKENS, TOKENS - tok0);
                 if (N_LDS_TILES > 1 || new_part) {  // rows of this part not in LDS yet
@@ -1027,6 +1072,8 @@ MONO_KERNEL deepseek_v41_attn_front(
     mb.qrdy = reinterpret_cast<u64*>(scratch + 574208);
     stamp(lds, TL_START);
 
+    stage_xq::run(a, mb, lds);
+    barrier();  // the stages share LDS
     stage_kt::run(a, mb, lds);
     barrier();  // the stages share LDS
     stage_wqkv_a::run(a, mb, lds);

@@ -95,7 +95,7 @@ constexpr float EPS = 1e-20f;  // q_norm and kv_norm eps
 constexpr int MX_BLOCK = 32;  // values per E8M0 scale (activations: 1 x 32; weights: 32 x 32)
 constexpr int K_PARTS = 2;  // wqkv's K split: two CTAs per row tile
 constexpr int WQKV_TASKS = 224;  // (16-row tile, K half) units: 224
-constexpr int TILE = 16;  // tokens of one MMA column tile; up to TILE rows the wqkv CTAs quantize x themselves
+constexpr int INLINE_QUANT_TOKENS = 8;
 constexpr int MAX_TOKENS = 48;
 constexpr int SWA_RECORD = 584;  // fp8_ds_mla bytes a token: 576 data (448 e4m3 + 64 bf16) + 8 scale
 constexpr int EPOCH_STRIDE = 2;  // tags 2e + 1 (this kernel) and 2e + 2 (the attention kernel K2)
@@ -457,7 +457,7 @@ constexpr int TL_SPARE2 = 7;
 MONO_DEVICE void stamp(u8*, int) {}  // timeline off
 
 // =========================================================================================
-// stage 0: xq (mxfp8_quant) -- S > TILE: x's (token, K half) units -> MXFP8 X8 / X8S, a flag each
+// stage 0: xq (mxfp8_quant) -- S > INLINE_QUANT_TOKENS: x's (token, K half) units -> MXFP8 X8 / X8S, a flag each
 namespace stage_xq {
 constexpr int TASKS = 96;  // task t runs on CTA FIRST + t % CTAS
 constexpr int FIRST = 224;
