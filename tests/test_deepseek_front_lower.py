@@ -110,7 +110,7 @@ def test_refusals_are_located(old, new, message):
 # and the ILP loop off there, measured slower on the H200: turned on here)
 @pytest.mark.parametrize("tp,tokens,staged,group", [
     (4, 1, 4, 4), (4, 6, 4, 4), (4, 16, 4, 2), (4, 48, 3, 1),
-    (2, 1, 8, 4), (2, 6, 8, 3), (2, 16, 8, 2), (2, 48, 3, 1),
+    (2, 1, 8, 3), (2, 6, 8, 3), (2, 16, 8, 2), (2, 48, 3, 1),
 ])
 def test_wqb_bulk_weights_layout(tp, tokens, staged, group):
     if tokens > 16:
@@ -147,11 +147,24 @@ def test_wqb_knob_refusals(tune, message):
     assert message in str(e.value)
 
 
-def test_ilp_alone_keeps_the_unit_loop():
+def test_ilp_without_bulk_groups_the_register_units():
+    """ilp without bulk_weights: whole-row units (wq_b) go GROUP at a time from their registers
+    (as many as the bulk rule's register budget allows); split-K units (wqkv_a) one at a time."""
     from codegen.spec.load import tune_items
-    loaded = load_spec(SPEC, tune_items({"wq_b.bulk_weights": 0}))
-    text = render(lower(loaded, make_build(loaded, "sm90", tokens=1)))
-    assert "prologue(a, mb, lds)" not in text and "mx_gemv16_units<1, CPW, NC, XSTRIDE, SSTRIDE, WAVES * 256>" in text
+    loaded = load_spec(SPEC, tune_items({"wq_b.bulk_weights": 0, "wqkv_a.ilp": {"default": 0, "sm90": 1}}))
+    for tokens, group in ((1, 4), (16, 2), (48, 2)):
+        ir = lower(loaded, make_build(loaded, "sm90", tokens=tokens))
+        v = {s.name: s.values for s in ir.stages}
+        assert (v["wq_b"]["group"], v["wqkv_a"]["group"]) == (group, 1)
+        text = render(ir)
+        wqb = text[text.index("namespace stage_wq_b {"):text.index("}  // namespace stage_wq_b")]
+        wqkv = text[text.index("namespace stage_wqkv_a {"):text.index("}  // namespace stage_wqkv_a")]
+        assert "prologue(a, mb, lds)" not in text and f"constexpr int GROUP = {group};" in wqb
+        assert "mx_gemv16_units<GROUP, CPW" in wqb and "epilogue_group(a, mb, part, lds, b0, i0, UPC," in wqb
+        assert "mx_gemv16_units<1, CPW, NC, XSTRIDE, SSTRIDE, WAVES * PART_WAVE>" in wqkv
+    # the spec: TP2 above 16 tokens keeps the plain loop (its groups would spill)
+    v = next(s for s in ir_of(tokens=48, tp=2).stages if s.name == "wq_b").values
+    assert not v["ilp"] and v["group"] == 1
 
 
 @pytest.mark.parametrize("pieces,threads,batch", [

@@ -323,3 +323,15 @@ def test_head_params_change_the_head_code(target):
         assert f"constexpr bool STATIC_KV_SCALE = {flag};" in heads
     assert text != base
     assert text != built(target, 4, False, static_kv_scale=True)[1] != built(target, 4, False, kv_page_stride=8)[1] != base
+
+
+@pytest.mark.parametrize("target", TARGET_NAMES)
+def test_gemv_part_tiles_are_padded_as_lowering_sizes_them(target):
+    """The device library's PART_ROW (the partial tiles' padded row) is the one the lowering
+    sizes the part LDS with; every reader and writer of a tile goes through it."""
+    from codegen.stages.gemv_fp8 import PART_ROW
+    ir, text = built(target, 16, False)
+    assert f"constexpr int PART_ROW = {PART_ROW};" in text and PART_ROW % 2 == 1  # odd: a column's rows on 16 banks
+    part = next(b for b in ir.lds if b.qualified_name == "stage_qkv::LDS_PART")
+    assert part.nbytes == (ir.threads // ir.target.wave_size) * 16 * PART_ROW * 4
+    assert not re.search(r"part\[[^\]]*\* 16 \+", text) and "wave * 256" not in text

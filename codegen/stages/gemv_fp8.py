@@ -26,6 +26,9 @@ CHUNK_BYTES = 16 * 32  # one chunk of a 16-row group: 16 bytes a lane (wave 32; 
 # 16-byte loads a thread keeps in flight while it stages token rows from the L2 (registers
 # beside the weights'); the batch evens them out: 12 loads a thread go as two batches of 6
 ROW_LOADS = 8
+# floats a row of a wave's 16 x 16 partial tile takes in LDS: padded so that the epilogue's
+# reads down a column are conflict-free (the device libraries' PART_ROW)
+PART_ROW = 17
 
 
 def row_batch(pieces: int, threads: int) -> int:
@@ -131,7 +134,7 @@ def lower(stage: Model, ctx) -> dict:
     mma_n = 16 if t.vendor == "amd" else 8  # token columns of one MMA
     stride_words = k // 4 + X8_ROW_PAD_WORDS
     ctx.lds(stage.name, "x8", "u32", tile * stride_words)
-    ctx.lds(stage.name, "part", "float", waves * ROWS_PER_TASK * 16)  # per-wave C tiles
+    ctx.lds(stage.name, "part", "float", waves * ROWS_PER_TASK * PART_ROW)  # per-wave C tiles
     ctx.lds(stage.name, "xs", "float", max(tokens, 1))
     ctx.lds(stage.name, "red", "float", 64)  # the inline norm's reductions
     return {

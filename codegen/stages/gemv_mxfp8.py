@@ -44,12 +44,11 @@ from typing import Literal
 from pydantic import field_validator
 
 from ..spec.models import Expr, Name, PerTarget, StageBase, per_target
-from .gemv_fp8 import K_CHUNK, row_batch
+from .gemv_fp8 import K_CHUNK, PART_ROW, row_batch
 from .mxfp8_quant import MX_BLOCK, check_rows, mx_fp8_max
 
 KIND = "gemv_mxfp8"
 ROWS_PER_UNIT = 16  # one MMA tile of output rows
-MMA_COLUMNS = 16  # token columns of one pass of the inner loop
 ROW_PAD_WORDS = 4  # LDS row padding: token rows land on different banks
 SCALE_PAD = 4
 SOURCES = ("mxfp8_quant", "mla_norm_rope")
@@ -163,7 +162,7 @@ def lower(stage: Model, ctx) -> dict:
     if bulk and parts != 1:
         ctx.fail(("bulk_weights",), "a group of units shares its activations: whole rows (k_parts: 1) needed",
                  "turn bulk_weights off for this stage")
-    tile_bytes = waves * ROWS_PER_UNIT * MMA_COLUMNS * 4  # one unit's partial tiles
+    tile_bytes = waves * ROWS_PER_UNIT * PART_ROW * 4  # one unit's partial tiles
     own = [_lds_size(tile * xstride), _lds_size(tile * sstride), 0, _lds_size(tokens * (head_dim - nope))]
     staged, group, halves = 0, 1, 1
     if bulk:  # as many units as fit beside the union (this stage's with one part tile) and the mbarrier
@@ -178,9 +177,12 @@ def lower(stage: Model, ctx) -> dict:
         halves = 2 if tile > 8 else 1  # token halves of a pass (an mma each): registers per chunk
         regs = PREFETCH_LOADS - (cpw if staged < upc else 0)  # less a unit in flight through registers
         group = max(g for g in range(1, max(1, min(staged, regs // (cpw * halves))) + 1) if fits(staged, g))
+    elif ilp and parts == 1:  # units whose weights are in registers, computed at once (the bulk rule)
+        halves = 2 if tile > 8 else 1
+        group = max(1, min(upc, PREFETCH_LOADS // (cpw * halves)))
     ctx.lds(stage.name, "x", "u32", tile * xstride)
     ctx.lds(stage.name, "xs", "float", tile * sstride)
-    ctx.lds(stage.name, "part", "float", group * waves * ROWS_PER_UNIT * MMA_COLUMNS)
+    ctx.lds(stage.name, "part", "float", group * waves * ROWS_PER_UNIT * PART_ROW)
     if bulk:
         ctx.lds_kernel(stage.name, "w", "u32", staged * unit_bytes // 4)  # unit i of the CTA at i * UNIT_BYTES
         ctx.lds_kernel(stage.name, "wbar", "u64", 1)  # the bulk copies' mbarrier

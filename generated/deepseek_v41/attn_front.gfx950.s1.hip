@@ -49,15 +49,15 @@
 //   qx8s     @    36096       160 B  40 words: its E8M0 codes (int32): token t at t * 40
 //   qrdy     @    36352         8 B  1 flags: ready flag of token t's QX8 (copy c: + c * QRDY_STRIDE)
 //
-// LDS (11104 bytes; stages reuse the same bytes, one after another):
+// LDS (11616 bytes; stages reuse the same bytes, one after another):
 //   stage_wqkv_a::LDS_X    @      0  644 x u32
 //   stage_wqkv_a::LDS_XS   @   2576  84 x float
-//   stage_wqkv_a::LDS_PART @   2912  2048 x float
+//   stage_wqkv_a::LDS_PART @   2912  2176 x float
 //   stage_qkv::LDS_RED     @      0  32 x float
 //   stage_wq_b::LDS_X      @      0  324 x u32
 //   stage_wq_b::LDS_XS     @   1296  44 x float
-//   stage_wq_b::LDS_PART   @   1472  2048 x float
-//   stage_wq_b::LDS_CS     @   9664  64 x float
+//   stage_wq_b::LDS_PART   @   1472  2176 x float
+//   stage_wq_b::LDS_CS     @  10176  64 x float
 //
 // stages (every CTA runs them in this order; a stage waits only on earlier ones):
 //   1. kt     key_table    1 tasks on CTAs 224..255 (round_robin)
@@ -226,7 +226,10 @@ MONO_DEVICE int min_i(int a, int b) { return a < b ? a : b; }
 // (the aiter (16, 16) preshuffle), fed as two MFMAs (bytes 0..7, then 8..15) against the
 // same k of token column min(l % 16, tokens - 1) read from x8 (LDS, STRIDE words a row).
 // w[c]: chunk first_chunk + c (a register array, or anything indexed by chunk).
-// The wave's f32 partial tile goes to part[row * 16 + column].
+// The wave's f32 partial tile goes to part[row * PART_ROW + column]: rows padded to 17 floats,
+// so that the epilogue's reads down a column (16 rows, one a lane) hit 16 different banks.
+constexpr int PART_ROW = 17;
+constexpr int PART_WAVE = 16 * PART_ROW;  // floats of one wave's tile
 constexpr int GEMV_K_CHUNK = 64;
 template <int CPW, int STRIDE, typename Chunks>
 MONO_DEVICE void gemv16_partial(const Chunks& w, int n, const u32* x8, int first_chunk, int tokens, float* part) {
@@ -240,7 +243,7 @@ MONO_DEVICE void gemv16_partial(const Chunks& w, int n, const u32* x8, int first
         acc = mfma_fp8_16x16x32(long(u64(w[c].x) | (u64(w[c].y) << 32)), long(u64(x.x) | (u64(x.y) << 32)), acc);
         acc = mfma_fp8_16x16x32(long(u64(w[c].z) | (u64(w[c].w) << 32)), long(u64(x.z) | (u64(x.w) << 32)), acc);
     }
-    for (int i = 0; i < 4; ++i) part[(4 * (lane / 16) + i) * 16 + lane % 16] = acc[i];
+    for (int i = 0; i < 4; ++i) part[(4 * (lane / 16) + i) * PART_ROW + lane % 16] = acc[i];
 }
 
 // ---- FP8 -> f32 (exact) --------------------------------------------------------------
@@ -297,7 +300,7 @@ MONO_DEVICE void st4(void* p, u32 v) { *static_cast<u32*>(p) = v; }
 // scales 2^(code - 127). x8: token rows in LDS (STRIDE words), xs: their block scales
 // (SSTRIDE a row). Per block and token column, in f32: d = mfma(w, x, 0); acc = acc +
 // (d * sx) * sw. Columns past `tokens` repeat the last token (ignored). The wave's tile ->
-// part[row * 16 + column].
+// part[row * PART_ROW + column].
 constexpr int MX_BLOCKS_PER_CHUNK = GEMV_K_CHUNK / 32;
 template <int CPW, int NC, int STRIDE, int SSTRIDE>
 MONO_DEVICE void mx_gemv16_partial(const u32x4 (&w)[CPW], const float (&sw)[CPW][MX_BLOCKS_PER_CHUNK],
@@ -322,7 +325,7 @@ MONO_DEVICE void mx_gemv16_partial(const u32x4 (&w)[CPW], const float (&sw)[CPW]
             }
         }
     }
-    for (int r = 0; r < 4; ++r) part[(4 * kq + r) * 16 + lane % 16] = acc[r];
+    for (int r = 0; r < 4; ++r) part[(4 * kq + r) * PART_ROW + lane % 16] = acc[r];
 }
 
 
@@ -442,7 +445,7 @@ struct Mailbox {
     u64* qrdy;  // 1 flags @ 36352
 };
 
-constexpr int LDS_BYTES = 11104;  // the union of the stages' LDS, plus the stamps
+constexpr int LDS_BYTES = 11616;  // the union of the stages' LDS, plus the stamps
 
 // ---- timeline ---------------------------------------------------------------------------
 constexpr int TL_START = 0;
@@ -514,7 +517,7 @@ constexpr int FIRST = 0;
 constexpr int CTAS = 256;
 constexpr int LDS_X = 0;  // LDS: 644 x u32
 constexpr int LDS_XS = 2576;  // LDS: 84 x float
-constexpr int LDS_PART = 2912;  // LDS: 2048 x float
+constexpr int LDS_PART = 2912;  // LDS: 2176 x float
 
 constexpr int ROWS = 1792;               // rows of wqkv
 constexpr int K = 5120;                   // its columns
@@ -601,7 +604,7 @@ MONO_DEVICE void stage_rows(const Args& a, const Mailbox&, int part, int tok0, i
 constexpr int ITEM_ROWS = 16;
 MONO_DEVICE void epilogue_item(const Args&, const Mailbox& mb, const float* part, const u8*, int row0, int kpart, int tok0, int r, int c) {
     float tot = 0.0f;
-    for (int wv = 0; wv < WAVES; ++wv) tot = tot + part[wv * 256 + r * 16 + c];
+    for (int wv = 0; wv < WAVES; ++wv) tot = tot + part[wv * PART_WAVE + r * PART_ROW + c];
     mailbox_put(mb.qkvp + (kpart * TOKENS + tok0 + c) * ROWS + row0 + r, float_as_u32(tot), mb.tag);
 }
 // A unit's epilogue: columns c < nt of its tiles, one item a thread.
@@ -642,7 +645,7 @@ MONO_DEVICE void run(const Args& a, const Mailbox& mb, u8* lds) {
                 for (int c0 = 0; c0 < nt; c0 += 16) {
                     const int nc = min_i(16, nt - c0);
                     mx_gemv16_partial<CPW, NC, XSTRIDE, SSTRIDE>(w[i], sw[i], xl + c0 * XSTRIDE, xs + c0 * SSTRIDE, nc,
-                                                                 part + wave_id() * 256);
+                                                                 part + wave_id() * PART_WAVE);
                     barrier();
                     epilogue(a, mb, part, lds, row0, kpart, tok0 + c0, nc);
                     barrier();  // part[] is reused
@@ -811,8 +814,8 @@ constexpr int FIRST = 0;
 constexpr int CTAS = 256;
 constexpr int LDS_X = 0;  // LDS: 324 x u32
 constexpr int LDS_XS = 1296;  // LDS: 44 x float
-constexpr int LDS_PART = 1472;  // LDS: 2048 x float
-constexpr int LDS_CS = 9664;  // LDS: 64 x float
+constexpr int LDS_PART = 1472;  // LDS: 2176 x float
+constexpr int LDS_CS = 10176;  // LDS: 64 x float
 
 constexpr int ROWS = 8192;               // rows of wqb
 constexpr int K = 1280;                   // its columns
@@ -910,8 +913,8 @@ MONO_DEVICE void epilogue_item(const Args& a, const Mailbox&, const float* part,
     const int t = tok0 + c;
     float v0 = 0.0f, v1 = 0.0f;
     for (int wv = 0; wv < WAVES; ++wv) {
-        v0 = v0 + part[wv * 256 + (2 * rp) * 16 + c];
-        v1 = v1 + part[wv * 256 + (2 * rp + 1) * 16 + c];
+        v0 = v0 + part[wv * PART_WAVE + (2 * rp) * PART_ROW + c];
+        v1 = v1 + part[wv * PART_WAVE + (2 * rp + 1) * PART_ROW + c];
     }
     v0 = bf16_round(v0);
     v1 = bf16_round(v1);
@@ -966,7 +969,7 @@ MONO_DEVICE void run(const Args& a, const Mailbox& mb, u8* lds) {
                 for (int c0 = 0; c0 < nt; c0 += 16) {
                     const int nc = min_i(16, nt - c0);
                     mx_gemv16_partial<CPW, NC, XSTRIDE, SSTRIDE>(w[i], sw[i], xl + c0 * XSTRIDE, xs + c0 * SSTRIDE, nc,
-                                                                 part + wave_id() * 256);
+                                                                 part + wave_id() * PART_WAVE);
                     barrier();
                     epilogue(a, mb, part, lds, row0, kpart, tok0 + c0, nc);
                     barrier();  // part[] is reused

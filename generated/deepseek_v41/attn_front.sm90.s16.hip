@@ -49,17 +49,17 @@
 //   qx8s     @   571648      2560 B  640 words: its E8M0 codes (int32): token t at t * 40
 //   qrdy     @   574208       128 B  16 flags: ready flag of token t's QX8 (copy c: + c * QRDY_STRIDE)
 //
-// LDS (144912 bytes; stages reuse the same bytes, one after another):
+// LDS (145936 bytes; stages reuse the same bytes, one after another):
 //   stage_wqkv_a::LDS_X    @      0  10304 x u32
 //   stage_wqkv_a::LDS_XS   @  41216  1344 x float
-//   stage_wqkv_a::LDS_PART @  46592  4096 x float
+//   stage_wqkv_a::LDS_PART @  46592  4352 x float
 //   stage_qkv::LDS_RED     @      0  32 x float
 //   stage_wq_b::LDS_X      @      0  5184 x u32
 //   stage_wq_b::LDS_XS     @  20736  704 x float
-//   stage_wq_b::LDS_PART   @  23552  8192 x float
-//   stage_wq_b::LDS_CS     @  56320  1024 x float
-//   stage_wq_b::LDS_W      @  62976  20480 x u32  (whole kernel: not reused)
-//   stage_wq_b::LDS_WBAR   @ 144896  1 x u64  (whole kernel: not reused)
+//   stage_wq_b::LDS_PART   @  23552  8704 x float
+//   stage_wq_b::LDS_CS     @  58368  1024 x float
+//   stage_wq_b::LDS_W      @  64000  20480 x u32  (whole kernel: not reused)
+//   stage_wq_b::LDS_WBAR   @ 145920  1 x u64  (whole kernel: not reused)
 //
 // stages (every CTA runs them in this order; a stage waits only on earlier ones):
 //   0. xq     mxfp8_quant  32 tasks on CTAs 92..131 (round_robin)
@@ -339,7 +339,10 @@ MONO_DEVICE int min_i(int a, int b) { return a < b ? a : b; }
 // B fragments are 4-byte LDS reads of token columns g and 8 + g (clamped to tokens - 1);
 // chunks first_chunk .. first_chunk + n - 1 (n <= CPW) from w[0 .. n - 1] (a register array,
 // or anything else indexed by chunk: LDS-staged weights).
-// The warp's f32 partial tile goes to part[row * 16 + column].
+// The warp's f32 partial tile goes to part[row * PART_ROW + column]: rows padded to 17 floats,
+// so that the epilogue's reads down a column (16 rows, one a lane) hit 16 different banks.
+constexpr int PART_ROW = 17;
+constexpr int PART_WAVE = 16 * PART_ROW;  // floats of one wave's tile
 constexpr int GEMV_K_CHUNK = 32;
 template <int CPW, int STRIDE, typename Chunks>
 MONO_DEVICE void gemv16_partial(const Chunks& w, int n, const u32* x8, int first_chunk, int tokens, float* part) {
@@ -356,10 +359,10 @@ MONO_DEVICE void gemv16_partial(const Chunks& w, int n, const u32* x8, int first
         if (tokens > 8) mma_fp8_16x8x32(acc[1], a, x_hi[k4], x_hi[k4 + 4]);
     }
     for (int j = 0; j < 2; ++j) {
-        part[g * 16 + 8 * j + 2 * q] = acc[j][0];
-        part[g * 16 + 8 * j + 2 * q + 1] = acc[j][1];
-        part[(g + 8) * 16 + 8 * j + 2 * q] = acc[j][2];
-        part[(g + 8) * 16 + 8 * j + 2 * q + 1] = acc[j][3];
+        part[g * PART_ROW + 8 * j + 2 * q] = acc[j][0];
+        part[g * PART_ROW + 8 * j + 2 * q + 1] = acc[j][1];
+        part[(g + 8) * PART_ROW + 8 * j + 2 * q] = acc[j][2];
+        part[(g + 8) * PART_ROW + 8 * j + 2 * q + 1] = acc[j][3];
     }
 }
 
@@ -416,7 +419,7 @@ MONO_DEVICE void st4(void* p, u32 v) { asm volatile("st.global.u32 [%0], %1;" ::
 // w[i] / sw[i][0]: its i-th chunk's bytes and weight block scale 2^(code - 127). x8: token
 // rows in LDS (STRIDE words, chunk c at word 8c), xs: their block scales (SSTRIDE a row).
 // Per block and token column, in f32: d = mma(w, x, 0); acc = acc + (d * sx) * sw. Columns
-// past `tokens` repeat the last token (ignored). The warp's tile -> part[row * 16 + column].
+// past `tokens` repeat the last token (ignored). The warp's tile -> part[row * PART_ROW + column].
 constexpr int MX_BLOCKS_PER_CHUNK = GEMV_K_CHUNK / 32;
 template <int CPW, int NC, int STRIDE, int SSTRIDE>
 MONO_DEVICE void mx_gemv16_partial(const u32x4 (&w)[CPW], const float (&sw)[CPW][MX_BLOCKS_PER_CHUNK],
@@ -447,10 +450,10 @@ MONO_DEVICE void mx_gemv16_partial(const u32x4 (&w)[CPW], const float (&sw)[CPW]
         }
     }
     for (int j = 0; j < 2; ++j) {
-        part[g * 16 + 8 * j + 2 * q] = acc[j][0];
-        part[g * 16 + 8 * j + 2 * q + 1] = acc[j][1];
-        part[(g + 8) * 16 + 8 * j + 2 * q] = acc[j][2];
-        part[(g + 8) * 16 + 8 * j + 2 * q + 1] = acc[j][3];
+        part[g * PART_ROW + 8 * j + 2 * q] = acc[j][0];
+        part[g * PART_ROW + 8 * j + 2 * q + 1] = acc[j][1];
+        part[(g + 8) * PART_ROW + 8 * j + 2 * q] = acc[j][2];
+        part[(g + 8) * PART_ROW + 8 * j + 2 * q + 1] = acc[j][3];
     }
 }
 
@@ -519,10 +522,10 @@ MONO_DEVICE void mx_gemv16_units_j(const u32x4 (&w)[G][CPW], const float (&sw)[G
         float* pt = part + u * PART_TILE;
 #pragma unroll
         for (int j = 0; j < 2; ++j) {
-            pt[g * 16 + 8 * j + 2 * q] = acc[j][0];
-            pt[g * 16 + 8 * j + 2 * q + 1] = acc[j][1];
-            pt[(g + 8) * 16 + 8 * j + 2 * q] = acc[j][2];
-            pt[(g + 8) * 16 + 8 * j + 2 * q + 1] = acc[j][3];
+            pt[g * PART_ROW + 8 * j + 2 * q] = acc[j][0];
+            pt[g * PART_ROW + 8 * j + 2 * q + 1] = acc[j][1];
+            pt[(g + 8) * PART_ROW + 8 * j + 2 * q] = acc[j][2];
+            pt[(g + 8) * PART_ROW + 8 * j + 2 * q + 1] = acc[j][3];
         }
     }
 }
@@ -649,7 +652,7 @@ struct Mailbox {
     u64* qrdy;  // 16 flags @ 574208
 };
 
-constexpr int LDS_BYTES = 144912;  // the union of the stages' LDS, plus the stamps
+constexpr int LDS_BYTES = 145936;  // the union of the stages' LDS, plus the stamps
 
 // ---- timeline ---------------------------------------------------------------------------
 constexpr int TL_START = 0;
@@ -765,7 +768,7 @@ constexpr int FIRST = 0;
 constexpr int CTAS = 132;
 constexpr int LDS_X = 0;  // LDS: 10304 x u32
 constexpr int LDS_XS = 41216;  // LDS: 1344 x float
-constexpr int LDS_PART = 46592;  // LDS: 4096 x float
+constexpr int LDS_PART = 46592;  // LDS: 4352 x float
 
 constexpr int ROWS = 1792;               // rows of wqkv
 constexpr int K = 5120;                   // its columns
@@ -851,7 +854,7 @@ MONO_DEVICE void await_rows(const Mailbox& mb, int part) {
 constexpr int ITEM_ROWS = 16;
 MONO_DEVICE void epilogue_item(const Args&, const Mailbox& mb, const float* part, const u8*, int row0, int kpart, int tok0, int r, int c) {
     float tot = 0.0f;
-    for (int wv = 0; wv < WAVES; ++wv) tot = tot + part[wv * 256 + r * 16 + c];
+    for (int wv = 0; wv < WAVES; ++wv) tot = tot + part[wv * PART_WAVE + r * PART_ROW + c];
     mailbox_put(mb.qkvp + (kpart * TOKENS + tok0 + c) * ROWS + row0 + r, float_as_u32(tot), mb.tag);
 }
 // A unit's epilogue: columns c < nt of its tiles, one item a thread.
@@ -893,7 +896,7 @@ MONO_DEVICE void run(const Args& a, const Mailbox& mb, u8* lds) {
                 for (int c0 = 0; c0 < nt; c0 += 16) {
                     const int nc = min_i(16, nt - c0);
                     mx_gemv16_partial<CPW, NC, XSTRIDE, SSTRIDE>(w[i], sw[i], xl + c0 * XSTRIDE, xs + c0 * SSTRIDE, nc,
-                                                                 part + wave_id() * 256);
+                                                                 part + wave_id() * PART_WAVE);
                     barrier();
                     epilogue(a, mb, part, lds, row0, kpart, tok0 + c0, nc);
                     barrier();  // part[] is reused
@@ -1062,10 +1065,10 @@ constexpr int FIRST = 0;
 constexpr int CTAS = 132;
 constexpr int LDS_X = 0;  // LDS: 5184 x u32
 constexpr int LDS_XS = 20736;  // LDS: 704 x float
-constexpr int LDS_PART = 23552;  // LDS: 8192 x float
-constexpr int LDS_CS = 56320;  // LDS: 1024 x float
-constexpr int LDS_W = 62976;  // LDS: 20480 x u32
-constexpr int LDS_WBAR = 144896;  // LDS: 1 x u64
+constexpr int LDS_PART = 23552;  // LDS: 8704 x float
+constexpr int LDS_CS = 58368;  // LDS: 1024 x float
+constexpr int LDS_W = 64000;  // LDS: 20480 x u32
+constexpr int LDS_WBAR = 145920;  // LDS: 1 x u64
 
 constexpr int ROWS = 8192;               // rows of wqb
 constexpr int K = 1280;                   // its columns
@@ -1090,7 +1093,7 @@ constexpr float MX_FP8_MAX = 448.0f;  // the MX maximum of this target's e4m3 fl
 constexpr int STAGED = 4;              // a CTA's first units whose weights the kernel's start copies into LDS
 constexpr int GROUP = 2;               // staged units computed at once (their part tiles side by side)
 constexpr int UNIT_BYTES = NC * 16 * GEMV_K_CHUNK;  // one unit's weights: contiguous in the preshuffle
-constexpr int PART_TILE = WAVES * 256;       // floats of one unit's wave tiles
+constexpr int PART_TILE = WAVES * PART_WAVE;       // floats of one unit's wave tiles
 constexpr int HEAD_DIM = 512;          // rows per head
 constexpr int NOPE = 448;              // head dims before the GPT-J RoPE dims
 constexpr int ROPE = 64;               // cos_sin row: cos[0 .. ROPE / 2), sin[..]
@@ -1194,8 +1197,8 @@ MONO_DEVICE void epilogue_item(const Args& a, const Mailbox&, const float* part,
     const int t = tok0 + c;
     float v0 = 0.0f, v1 = 0.0f;
     for (int wv = 0; wv < WAVES; ++wv) {
-        v0 = v0 + part[wv * 256 + (2 * rp) * 16 + c];
-        v1 = v1 + part[wv * 256 + (2 * rp + 1) * 16 + c];
+        v0 = v0 + part[wv * PART_WAVE + (2 * rp) * PART_ROW + c];
+        v1 = v1 + part[wv * PART_WAVE + (2 * rp + 1) * PART_ROW + c];
     }
     v0 = bf16_round(v0);
     v1 = bf16_round(v1);
@@ -1215,12 +1218,13 @@ MONO_DEVICE void epilogue(const Args& a, const Mailbox& mb, const float* part, c
     const int tid = thread_id();
     if (tid < ITEM_ROWS * nt) epilogue_item(a, mb, part, lds, row0, kpart, tok0, tid % ITEM_ROWS, tid / ITEM_ROWS);
 }
-// The epilogue of staged units i0 .. i0 + GROUP - 1 (tiles side by side in part): one item a
-// thread over the whole group, not one unit after another.
-MONO_DEVICE void epilogue_group(const Args& a, const Mailbox& mb, const float* part, const u8* lds, int b0, int i0, int tok0, int nt) {
+// The epilogue of the CTA's units i0 .. i0 + GROUP - 1 below `limit` (tiles side by side in
+// part): one item a thread over the whole group, not one unit after another.
+MONO_DEVICE void epilogue_group(const Args& a, const Mailbox& mb, const float* part, const u8* lds, int b0, int i0, int limit,
+                                int tok0, int nt) {
     for (int it = thread_id(); it < GROUP * ITEM_ROWS * nt; it += THREADS) {
         const int uu = it / (ITEM_ROWS * nt), rem = it % (ITEM_ROWS * nt), u = b0 + CTAS * (i0 + uu);
-        if (i0 + uu < STAGED && u < TASKS)
+        if (i0 + uu < limit && u < TASKS)
             epilogue_item(a, mb, part + uu * PART_TILE, lds, unit_row0(u), 0, tok0, rem % ITEM_ROWS, rem / ITEM_ROWS);
     }
 }
@@ -1271,9 +1275,9 @@ MONO_DEVICE void run(const Args& a, const Mailbox& mb, u8* lds) {
                     }
                 }
                 mx_gemv16_units<GROUP, CPW, NC, XSTRIDE, SSTRIDE, PART_TILE>(wg, swg, xl + c0 * XSTRIDE, xs + c0 * SSTRIDE, nc,
-                                                                              part + wave_id() * 256);
+                                                                              part + wave_id() * PART_WAVE);
                 barrier();
-                epilogue_group(a, mb, part, lds, b0, i0, tok0 + c0, nc);
+                epilogue_group(a, mb, part, lds, b0, i0, STAGED, tok0 + c0, nc);
                 barrier();  // part[] is reused
             }
         }
@@ -1297,7 +1301,7 @@ MONO_DEVICE void run(const Args& a, const Mailbox& mb, u8* lds) {
                     mx_gemv16_units<1, CPW, NC, XSTRIDE, SSTRIDE, PART_TILE>(
                         reinterpret_cast<const u32x4(&)[1][CPW]>(w[r]),
                         reinterpret_cast<const float(&)[1][CPW][MX_BLOCKS_PER_CHUNK]>(sw[r]),
-                        xl + c0 * XSTRIDE, xs + c0 * SSTRIDE, nc, part + wave_id() * 256);
+                        xl + c0 * XSTRIDE, xs + c0 * SSTRIDE, nc, part + wave_id() * PART_WAVE);
                     barrier();
                     epilogue(a, mb, part, lds, row0, 0, tok0 + c0, nc);
                     barrier();

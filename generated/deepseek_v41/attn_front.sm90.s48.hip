@@ -49,15 +49,15 @@
 //   qx8s     @  1714944      7680 B  1920 words: its E8M0 codes (int32): token t at t * 40
 //   qrdy     @  1722624       384 B  48 flags: ready flag of token t's QX8 (copy c: + c * QRDY_STRIDE)
 //
-// LDS (156160 bytes; stages reuse the same bytes, one after another):
+// LDS (157184 bytes; stages reuse the same bytes, one after another):
 //   stage_wqkv_a::LDS_X    @      0  30912 x u32
 //   stage_wqkv_a::LDS_XS   @ 123648  4032 x float
-//   stage_wqkv_a::LDS_PART @ 139776  4096 x float
+//   stage_wqkv_a::LDS_PART @ 139776  4352 x float
 //   stage_qkv::LDS_RED     @      0  32 x float
 //   stage_wq_b::LDS_X      @      0  15552 x u32
 //   stage_wq_b::LDS_XS     @  62208  2112 x float
-//   stage_wq_b::LDS_PART   @  70656  4096 x float
-//   stage_wq_b::LDS_CS     @  87040  3072 x float
+//   stage_wq_b::LDS_PART   @  70656  8704 x float
+//   stage_wq_b::LDS_CS     @ 105472  3072 x float
 //
 // stages (every CTA runs them in this order; a stage waits only on earlier ones):
 //   0. xq     mxfp8_quant  96 tasks on CTAs 92..131 (round_robin)
@@ -337,7 +337,10 @@ MONO_DEVICE int min_i(int a, int b) { return a < b ? a : b; }
 // B fragments are 4-byte LDS reads of token columns g and 8 + g (clamped to tokens - 1);
 // chunks first_chunk .. first_chunk + n - 1 (n <= CPW) from w[0 .. n - 1] (a register array,
 // or anything else indexed by chunk: LDS-staged weights).
-// The warp's f32 partial tile goes to part[row * 16 + column].
+// The warp's f32 partial tile goes to part[row * PART_ROW + column]: rows padded to 17 floats,
+// so that the epilogue's reads down a column (16 rows, one a lane) hit 16 different banks.
+constexpr int PART_ROW = 17;
+constexpr int PART_WAVE = 16 * PART_ROW;  // floats of one wave's tile
 constexpr int GEMV_K_CHUNK = 32;
 template <int CPW, int STRIDE, typename Chunks>
 MONO_DEVICE void gemv16_partial(const Chunks& w, int n, const u32* x8, int first_chunk, int tokens, float* part) {
@@ -354,10 +357,10 @@ MONO_DEVICE void gemv16_partial(const Chunks& w, int n, const u32* x8, int first
         if (tokens > 8) mma_fp8_16x8x32(acc[1], a, x_hi[k4], x_hi[k4 + 4]);
     }
     for (int j = 0; j < 2; ++j) {
-        part[g * 16 + 8 * j + 2 * q] = acc[j][0];
-        part[g * 16 + 8 * j + 2 * q + 1] = acc[j][1];
-        part[(g + 8) * 16 + 8 * j + 2 * q] = acc[j][2];
-        part[(g + 8) * 16 + 8 * j + 2 * q + 1] = acc[j][3];
+        part[g * PART_ROW + 8 * j + 2 * q] = acc[j][0];
+        part[g * PART_ROW + 8 * j + 2 * q + 1] = acc[j][1];
+        part[(g + 8) * PART_ROW + 8 * j + 2 * q] = acc[j][2];
+        part[(g + 8) * PART_ROW + 8 * j + 2 * q + 1] = acc[j][3];
     }
 }
 
@@ -414,7 +417,7 @@ MONO_DEVICE void st4(void* p, u32 v) { asm volatile("st.global.u32 [%0], %1;" ::
 // w[i] / sw[i][0]: its i-th chunk's bytes and weight block scale 2^(code - 127). x8: token
 // rows in LDS (STRIDE words, chunk c at word 8c), xs: their block scales (SSTRIDE a row).
 // Per block and token column, in f32: d = mma(w, x, 0); acc = acc + (d * sx) * sw. Columns
-// past `tokens` repeat the last token (ignored). The warp's tile -> part[row * 16 + column].
+// past `tokens` repeat the last token (ignored). The warp's tile -> part[row * PART_ROW + column].
 constexpr int MX_BLOCKS_PER_CHUNK = GEMV_K_CHUNK / 32;
 template <int CPW, int NC, int STRIDE, int SSTRIDE>
 MONO_DEVICE void mx_gemv16_partial(const u32x4 (&w)[CPW], const float (&sw)[CPW][MX_BLOCKS_PER_CHUNK],
@@ -445,10 +448,10 @@ MONO_DEVICE void mx_gemv16_partial(const u32x4 (&w)[CPW], const float (&sw)[CPW]
         }
     }
     for (int j = 0; j < 2; ++j) {
-        part[g * 16 + 8 * j + 2 * q] = acc[j][0];
-        part[g * 16 + 8 * j + 2 * q + 1] = acc[j][1];
-        part[(g + 8) * 16 + 8 * j + 2 * q] = acc[j][2];
-        part[(g + 8) * 16 + 8 * j + 2 * q + 1] = acc[j][3];
+        part[g * PART_ROW + 8 * j + 2 * q] = acc[j][0];
+        part[g * PART_ROW + 8 * j + 2 * q + 1] = acc[j][1];
+        part[(g + 8) * PART_ROW + 8 * j + 2 * q] = acc[j][2];
+        part[(g + 8) * PART_ROW + 8 * j + 2 * q + 1] = acc[j][3];
     }
 }
 
@@ -517,10 +520,10 @@ MONO_DEVICE void mx_gemv16_units_j(const u32x4 (&w)[G][CPW], const float (&sw)[G
         float* pt = part + u * PART_TILE;
 #pragma unroll
         for (int j = 0; j < 2; ++j) {
-            pt[g * 16 + 8 * j + 2 * q] = acc[j][0];
-            pt[g * 16 + 8 * j + 2 * q + 1] = acc[j][1];
-            pt[(g + 8) * 16 + 8 * j + 2 * q] = acc[j][2];
-            pt[(g + 8) * 16 + 8 * j + 2 * q + 1] = acc[j][3];
+            pt[g * PART_ROW + 8 * j + 2 * q] = acc[j][0];
+            pt[g * PART_ROW + 8 * j + 2 * q + 1] = acc[j][1];
+            pt[(g + 8) * PART_ROW + 8 * j + 2 * q] = acc[j][2];
+            pt[(g + 8) * PART_ROW + 8 * j + 2 * q + 1] = acc[j][3];
         }
     }
 }
@@ -647,7 +650,7 @@ struct Mailbox {
     u64* qrdy;  // 48 flags @ 1722624
 };
 
-constexpr int LDS_BYTES = 156160;  // the union of the stages' LDS, plus the stamps
+constexpr int LDS_BYTES = 157184;  // the union of the stages' LDS, plus the stamps
 
 // ---- timeline ---------------------------------------------------------------------------
 constexpr int TL_START = 0;
@@ -763,7 +766,7 @@ constexpr int FIRST = 0;
 constexpr int CTAS = 132;
 constexpr int LDS_X = 0;  // LDS: 30912 x u32
 constexpr int LDS_XS = 123648;  // LDS: 4032 x float
-constexpr int LDS_PART = 139776;  // LDS: 4096 x float
+constexpr int LDS_PART = 139776;  // LDS: 4352 x float
 
 constexpr int ROWS = 1792;               // rows of wqkv
 constexpr int K = 5120;                   // its columns
@@ -849,7 +852,7 @@ MONO_DEVICE void await_rows(const Mailbox& mb, int part) {
 constexpr int ITEM_ROWS = 16;
 MONO_DEVICE void epilogue_item(const Args&, const Mailbox& mb, const float* part, const u8*, int row0, int kpart, int tok0, int r, int c) {
     float tot = 0.0f;
-    for (int wv = 0; wv < WAVES; ++wv) tot = tot + part[wv * 256 + r * 16 + c];
+    for (int wv = 0; wv < WAVES; ++wv) tot = tot + part[wv * PART_WAVE + r * PART_ROW + c];
     mailbox_put(mb.qkvp + (kpart * TOKENS + tok0 + c) * ROWS + row0 + r, float_as_u32(tot), mb.tag);
 }
 // A unit's epilogue: columns c < nt of its tiles, one item a thread.
@@ -891,7 +894,7 @@ MONO_DEVICE void run(const Args& a, const Mailbox& mb, u8* lds) {
                 for (int c0 = 0; c0 < nt; c0 += 16) {
                     const int nc = min_i(16, nt - c0);
                     mx_gemv16_partial<CPW, NC, XSTRIDE, SSTRIDE>(w[i], sw[i], xl + c0 * XSTRIDE, xs + c0 * SSTRIDE, nc,
-                                                                 part + wave_id() * 256);
+                                                                 part + wave_id() * PART_WAVE);
                     barrier();
                     epilogue(a, mb, part, lds, row0, kpart, tok0 + c0, nc);
                     barrier();  // part[] is reused
@@ -1060,8 +1063,8 @@ constexpr int FIRST = 0;
 constexpr int CTAS = 132;
 constexpr int LDS_X = 0;  // LDS: 15552 x u32
 constexpr int LDS_XS = 62208;  // LDS: 2112 x float
-constexpr int LDS_PART = 70656;  // LDS: 4096 x float
-constexpr int LDS_CS = 87040;  // LDS: 3072 x float
+constexpr int LDS_PART = 70656;  // LDS: 8704 x float
+constexpr int LDS_CS = 105472;  // LDS: 3072 x float
 
 constexpr int ROWS = 8192;               // rows of wqb
 constexpr int K = 1280;                   // its columns
@@ -1083,6 +1086,8 @@ constexpr int COPIES = 1;              // the source's flag copies: CTA b polls 
 constexpr int FLAG_STRIDE = 48;
 constexpr int ROW_BATCH = 8;           // 16-byte loads a thread issues at once when it stages token rows
 constexpr float MX_FP8_MAX = 448.0f;  // the MX maximum of this target's e4m3 flavour
+constexpr int GROUP = 2;               // units computed at once from their registers (part tiles side by side)
+constexpr int PART_TILE = WAVES * PART_WAVE;       // floats of one unit's wave tiles
 constexpr int HEAD_DIM = 512;          // rows per head
 constexpr int NOPE = 448;              // head dims before the GPT-J RoPE dims
 constexpr int ROPE = 64;               // cos_sin row: cos[0 .. ROPE / 2), sin[..]
@@ -1159,8 +1164,8 @@ MONO_DEVICE void epilogue_item(const Args& a, const Mailbox&, const float* part,
     const int t = tok0 + c;
     float v0 = 0.0f, v1 = 0.0f;
     for (int wv = 0; wv < WAVES; ++wv) {
-        v0 = v0 + part[wv * 256 + (2 * rp) * 16 + c];
-        v1 = v1 + part[wv * 256 + (2 * rp + 1) * 16 + c];
+        v0 = v0 + part[wv * PART_WAVE + (2 * rp) * PART_ROW + c];
+        v1 = v1 + part[wv * PART_WAVE + (2 * rp + 1) * PART_ROW + c];
     }
     v0 = bf16_round(v0);
     v1 = bf16_round(v1);
@@ -1180,48 +1185,57 @@ MONO_DEVICE void epilogue(const Args& a, const Mailbox& mb, const float* part, c
     const int tid = thread_id();
     if (tid < ITEM_ROWS * nt) epilogue_item(a, mb, part, lds, row0, kpart, tok0, tid % ITEM_ROWS, tid / ITEM_ROWS);
 }
+// The epilogue of the CTA's units i0 .. i0 + GROUP - 1 below `limit` (tiles side by side in
+// part): one item a thread over the whole group, not one unit after another.
+MONO_DEVICE void epilogue_group(const Args& a, const Mailbox& mb, const float* part, const u8* lds, int b0, int i0, int limit,
+                                int tok0, int nt) {
+    for (int it = thread_id(); it < GROUP * ITEM_ROWS * nt; it += THREADS) {
+        const int uu = it / (ITEM_ROWS * nt), rem = it % (ITEM_ROWS * nt), u = b0 + CTAS * (i0 + uu);
+        if (i0 + uu < limit && u < TASKS)
+            epilogue_item(a, mb, part + uu * PART_TILE, lds, unit_row0(u), 0, tok0, rem % ITEM_ROWS, rem / ITEM_ROWS);
+    }
+}
 
-// The CTA's units: the first PREFETCH units' weights issued before anything waits, and
-// then always PREFETCH units ahead of the one computing; per LDS tile of tokens, 16 token columns at a time: the
-// waves' partial tiles, then the epilogue.
+// The CTA's units GROUP at a time (k_parts 1: they share the token rows), their weights in
+// registers: the first PREFETCH units' issued before anything waits, then each group, once
+// computed, issues as many more (PREFETCH units' registers in all). Per group and 16 token columns: one ILP pass over the group's units, one
+// barrier and one epilogue pass. A unit past TASKS computes a copy of the last (not stored).
 MONO_DEVICE void run(const Args& a, const Mailbox& mb, u8* lds) {
     const int b0 = block_id() - FIRST;
     if (b0 < 0 || b0 >= CTAS) return;
     u32* xl = reinterpret_cast<u32*>(lds + LDS_X);
     float* xs = reinterpret_cast<float*>(lds + LDS_XS);
     float* part = reinterpret_cast<float*>(lds + LDS_PART);
-    u32x4 w[UPC + PREFETCH][CPW];
-    float sw[UPC + PREFETCH][CPW][MX_BLOCKS_PER_CHUNK];
+    constexpr int SLOTS = (UPC + GROUP - 1) / GROUP * GROUP;  // whole groups
+    u32x4 w[SLOTS][CPW];
+    float sw[SLOTS][CPW][MX_BLOCKS_PER_CHUNK];
 #pragma unroll
-    for (int i = 0; i < PREFETCH; ++i)
-        if (b0 + CTAS * i < TASKS) load_unit(a, b0 + CTAS * i, w[i], sw[i]);
-    stage_cos_sin(a, reinterpret_cast<float*>(lds + LDS_CS));  // read after the first unit's barriers
+    for (int i = 0; i < PREFETCH; ++i) load_unit(a, min_i(b0 + CTAS * i, TASKS - 1), w[i], sw[i]);
+    stage_cos_sin(a, reinterpret_cast<float*>(lds + LDS_CS));  // read after the rows' barriers
+    await_rows(mb, 0);
 #pragma unroll
-    for (int i = 0; i < UPC; ++i) {
-        const int u = b0 + CTAS * i;
-        if (u < TASKS) {
-            const int un = u + CTAS * PREFETCH;  // keep PREFETCH units' weights in flight
-            if (i + PREFETCH < UPC && un < TASKS) load_unit(a, un, w[i + PREFETCH], sw[i + PREFETCH]);
-            const int row0 = unit_row0(u), kpart = unit_part(u);
-            const bool new_part = i == 0 || kpart != unit_part(u - CTAS);  // the previous unit's rows are not these
-            if (new_part) await_rows(mb, kpart);
-            for (int tile = 0; tile < N_LDS_TILES; ++tile) {
-                const int tok0 = tile * LDS_TOKENS, nt = min_i(LDS_TOKENS, TOKENS - tok0);
-                if (N_LDS_TILES > 1 || new_part) {  // rows of this part not in LDS yet
-                    barrier();
-                    stage_rows(a, mb, kpart, tok0, nt, xl, xs);
-                    barrier();
-                }
-                for (int c0 = 0; c0 < nt; c0 += 16) {
-                    const int nc = min_i(16, nt - c0);
-                    mx_gemv16_partial<CPW, NC, XSTRIDE, SSTRIDE>(w[i], sw[i], xl + c0 * XSTRIDE, xs + c0 * SSTRIDE, nc,
-                                                                 part + wave_id() * 256);
-                    barrier();
-                    epilogue(a, mb, part, lds, row0, kpart, tok0 + c0, nc);
-                    barrier();  // part[] is reused
-                }
+    for (int i0 = 0; i0 < UPC; i0 += GROUP) {
+        for (int tile = 0; tile < N_LDS_TILES; ++tile) {
+            const int tok0 = tile * LDS_TOKENS, nt = min_i(LDS_TOKENS, TOKENS - tok0);
+            if (N_LDS_TILES > 1 || i0 == 0) {  // the rows are not in LDS yet
+                barrier();
+                stage_rows(a, mb, 0, tok0, nt, xl, xs);
+                barrier();
+            }
+            for (int c0 = 0; c0 < nt; c0 += 16) {
+                const int nc = min_i(16, nt - c0);
+                mx_gemv16_units<GROUP, CPW, NC, XSTRIDE, SSTRIDE, PART_TILE>(
+                    reinterpret_cast<const u32x4(&)[GROUP][CPW]>(w[i0]),
+                    reinterpret_cast<const float(&)[GROUP][CPW][MX_BLOCKS_PER_CHUNK]>(sw[i0]), xl + c0 * XSTRIDE,
+                    xs + c0 * SSTRIDE, nc, part + wave_id() * PART_WAVE);
+                barrier();
+                epilogue_group(a, mb, part, lds, b0, i0, UPC, tok0 + c0, nc);
+                barrier();  // part[] is reused
             }
         }
+#pragma unroll
+        for (int i = i0 + PREFETCH; i < i0 + PREFETCH + GROUP && i < SLOTS; ++i)  // the group's registers, refilled
+            load_unit(a, min_i(b0 + CTAS * i, TASKS - 1), w[i], sw[i]);
     }
     stamp(lds, TL_WQB_DONE);
 }

@@ -49,11 +49,11 @@
 //   rdone    @   753920       128 B  16 flags: token t's residual (h_out) written: signal builds
 //   hdone    @   754176      2560 B  320 flags: head task h of token t done: pair t * N_HEAD_TASKS + h
 //
-// LDS (14624 bytes; stages reuse the same bytes, one after another):
+// LDS (15136 bytes; stages reuse the same bytes, one after another):
 //   stage_qkv::LDS_X8      @      0  1540 x u32
-//   stage_qkv::LDS_PART    @   6160  2048 x float
-//   stage_qkv::LDS_XS      @  14352  1 x float
-//   stage_qkv::LDS_RED     @  14368  64 x float
+//   stage_qkv::LDS_PART    @   6160  2176 x float
+//   stage_qkv::LDS_XS      @  14864  1 x float
+//   stage_qkv::LDS_RED     @  14880  64 x float
 //   stage_scores::LDS_IQ   @      0  144 x float
 //   stage_scores::LDS_BEST @    576  16 x float
 //   stage_scores::LDS_REQS @    640  5 x u32
@@ -229,7 +229,10 @@ MONO_DEVICE int min_i(int a, int b) { return a < b ? a : b; }
 // (the aiter (16, 16) preshuffle), fed as two MFMAs (bytes 0..7, then 8..15) against the
 // same k of token column min(l % 16, tokens - 1) read from x8 (LDS, STRIDE words a row).
 // w[c]: chunk first_chunk + c (a register array, or anything indexed by chunk).
-// The wave's f32 partial tile goes to part[row * 16 + column].
+// The wave's f32 partial tile goes to part[row * PART_ROW + column]: rows padded to 17 floats,
+// so that the epilogue's reads down a column (16 rows, one a lane) hit 16 different banks.
+constexpr int PART_ROW = 17;
+constexpr int PART_WAVE = 16 * PART_ROW;  // floats of one wave's tile
 constexpr int GEMV_K_CHUNK = 64;
 template <int CPW, int STRIDE, typename Chunks>
 MONO_DEVICE void gemv16_partial(const Chunks& w, int n, const u32* x8, int first_chunk, int tokens, float* part) {
@@ -243,7 +246,7 @@ MONO_DEVICE void gemv16_partial(const Chunks& w, int n, const u32* x8, int first
         acc = mfma_fp8_16x16x32(long(u64(w[c].x) | (u64(w[c].y) << 32)), long(u64(x.x) | (u64(x.y) << 32)), acc);
         acc = mfma_fp8_16x16x32(long(u64(w[c].z) | (u64(w[c].w) << 32)), long(u64(x.z) | (u64(x.w) << 32)), acc);
     }
-    for (int i = 0; i < 4; ++i) part[(4 * (lane / 16) + i) * 16 + lane % 16] = acc[i];
+    for (int i = 0; i < 4; ++i) part[(4 * (lane / 16) + i) * PART_ROW + lane % 16] = acc[i];
 }
 
 // ---- FP8 -> f32 (exact) --------------------------------------------------------------
@@ -300,7 +303,7 @@ MONO_DEVICE void st4(void* p, u32 v) { *static_cast<u32*>(p) = v; }
 // scales 2^(code - 127). x8: token rows in LDS (STRIDE words), xs: their block scales
 // (SSTRIDE a row). Per block and token column, in f32: d = mfma(w, x, 0); acc = acc +
 // (d * sx) * sw. Columns past `tokens` repeat the last token (ignored). The wave's tile ->
-// part[row * 16 + column].
+// part[row * PART_ROW + column].
 constexpr int MX_BLOCKS_PER_CHUNK = GEMV_K_CHUNK / 32;
 template <int CPW, int NC, int STRIDE, int SSTRIDE>
 MONO_DEVICE void mx_gemv16_partial(const u32x4 (&w)[CPW], const float (&sw)[CPW][MX_BLOCKS_PER_CHUNK],
@@ -325,7 +328,7 @@ MONO_DEVICE void mx_gemv16_partial(const u32x4 (&w)[CPW], const float (&sw)[CPW]
             }
         }
     }
-    for (int r = 0; r < 4; ++r) part[(4 * kq + r) * 16 + lane % 16] = acc[r];
+    for (int r = 0; r < 4; ++r) part[(4 * kq + r) * PART_ROW + lane % 16] = acc[r];
 }
 
 
@@ -444,7 +447,7 @@ struct Mailbox {
     u64* hdone;  // 320 flags @ 754176
 };
 
-constexpr int LDS_BYTES = 14624;  // the union of the stages' LDS, plus the stamps
+constexpr int LDS_BYTES = 15136;  // the union of the stages' LDS, plus the stamps
 
 // ---- timeline ---------------------------------------------------------------------------
 constexpr int TL_START = 0;
@@ -464,9 +467,9 @@ constexpr int TASKS = 160;  // task t runs on CTA FIRST + t % CTAS
 constexpr int FIRST = 0;
 constexpr int CTAS = 256;
 constexpr int LDS_X8 = 0;  // LDS: 1540 x u32
-constexpr int LDS_PART = 6160;  // LDS: 2048 x float
-constexpr int LDS_XS = 14352;  // LDS: 1 x float
-constexpr int LDS_RED = 14368;  // LDS: 64 x float
+constexpr int LDS_PART = 6160;  // LDS: 2176 x float
+constexpr int LDS_XS = 14864;  // LDS: 1 x float
+constexpr int LDS_RED = 14880;  // LDS: 64 x float
 
 constexpr int ROWS = 2560;              // output rows (all tasks)
 constexpr int K = 6144;
@@ -647,12 +650,12 @@ MONO_DEVICE void run(const Args& a, const Mailbox& mb, u8* lds) {
         for (int tile = 0; tile < N_TILES; ++tile) {
             const int tok0 = tile * TILE;
             const int nt = min_i(TILE, TOKENS - tok0);
-            gemv16_partial<CHUNKS_PER_WAVE, X8_STRIDE>(w, CHUNKS_PER_WAVE, x8, first_chunk, nt, part + wave * 256);
+            gemv16_partial<CHUNKS_PER_WAVE, X8_STRIDE>(w, CHUNKS_PER_WAVE, x8, first_chunk, nt, part + wave * PART_WAVE);
             barrier();
             if (tid < 16 * nt) {  // thread (row r, token c): the waves' partials in wave order
                 const int r = tid % 16, c = tid / 16;
                 float tot = 0.0f;
-                for (int wv = 0; wv < THREADS / WAVE; ++wv) tot = tot + part[wv * 256 + r * 16 + c];
+                for (int wv = 0; wv < THREADS / WAVE; ++wv) tot = tot + part[wv * PART_WAVE + r * PART_ROW + c];
                 const float val = bf16_round((tot * xs[tok0 + c]) * a.s_qkv[row0 + r]);
                 mailbox_put(mb.qkv + (tok0 + c) * ROWS + row0 + r, float_as_u32(val), mb.tag);
             }

@@ -49,13 +49,13 @@
 //   rdone    @   753920       128 B  16 flags: token t's residual (h_out) written: signal builds
 //   hdone    @   754176      2560 B  320 flags: head task h of token t done: pair t * N_HEAD_TASKS + h
 //
-// LDS (142128 bytes; stages reuse the same bytes, one after another):
+// LDS (143152 bytes; stages reuse the same bytes, one after another):
 //   stage_qkv::LDS_X8      @      0  1540 x u32
-//   stage_qkv::LDS_PART    @   6160  4096 x float
-//   stage_qkv::LDS_XS      @  22544  1 x float
-//   stage_qkv::LDS_RED     @  22560  64 x float
-//   stage_qkv::LDS_WSTAGE  @  22816  29824 x u32
-//   stage_qkv::LDS_WBAR    @ 142112  1 x u64
+//   stage_qkv::LDS_PART    @   6160  4352 x float
+//   stage_qkv::LDS_XS      @  23568  1 x float
+//   stage_qkv::LDS_RED     @  23584  64 x float
+//   stage_qkv::LDS_WSTAGE  @  23840  29824 x u32
+//   stage_qkv::LDS_WBAR    @ 143136  1 x u64
 //   stage_scores::LDS_IQ   @      0  594 x u32
 //   stage_scores::LDS_BEST @   2384  32 x float
 //   stage_scores::LDS_REQS @   2512  5 x u32
@@ -342,7 +342,10 @@ MONO_DEVICE int min_i(int a, int b) { return a < b ? a : b; }
 // B fragments are 4-byte LDS reads of token columns g and 8 + g (clamped to tokens - 1);
 // chunks first_chunk .. first_chunk + n - 1 (n <= CPW) from w[0 .. n - 1] (a register array,
 // or anything else indexed by chunk: LDS-staged weights).
-// The warp's f32 partial tile goes to part[row * 16 + column].
+// The warp's f32 partial tile goes to part[row * PART_ROW + column]: rows padded to 17 floats,
+// so that the epilogue's reads down a column (16 rows, one a lane) hit 16 different banks.
+constexpr int PART_ROW = 17;
+constexpr int PART_WAVE = 16 * PART_ROW;  // floats of one wave's tile
 constexpr int GEMV_K_CHUNK = 32;
 template <int CPW, int STRIDE, typename Chunks>
 MONO_DEVICE void gemv16_partial(const Chunks& w, int n, const u32* x8, int first_chunk, int tokens, float* part) {
@@ -359,10 +362,10 @@ MONO_DEVICE void gemv16_partial(const Chunks& w, int n, const u32* x8, int first
         if (tokens > 8) mma_fp8_16x8x32(acc[1], a, x_hi[k4], x_hi[k4 + 4]);
     }
     for (int j = 0; j < 2; ++j) {
-        part[g * 16 + 8 * j + 2 * q] = acc[j][0];
-        part[g * 16 + 8 * j + 2 * q + 1] = acc[j][1];
-        part[(g + 8) * 16 + 8 * j + 2 * q] = acc[j][2];
-        part[(g + 8) * 16 + 8 * j + 2 * q + 1] = acc[j][3];
+        part[g * PART_ROW + 8 * j + 2 * q] = acc[j][0];
+        part[g * PART_ROW + 8 * j + 2 * q + 1] = acc[j][1];
+        part[(g + 8) * PART_ROW + 8 * j + 2 * q] = acc[j][2];
+        part[(g + 8) * PART_ROW + 8 * j + 2 * q + 1] = acc[j][3];
     }
 }
 
@@ -419,7 +422,7 @@ MONO_DEVICE void st4(void* p, u32 v) { asm volatile("st.global.u32 [%0], %1;" ::
 // w[i] / sw[i][0]: its i-th chunk's bytes and weight block scale 2^(code - 127). x8: token
 // rows in LDS (STRIDE words, chunk c at word 8c), xs: their block scales (SSTRIDE a row).
 // Per block and token column, in f32: d = mma(w, x, 0); acc = acc + (d * sx) * sw. Columns
-// past `tokens` repeat the last token (ignored). The warp's tile -> part[row * 16 + column].
+// past `tokens` repeat the last token (ignored). The warp's tile -> part[row * PART_ROW + column].
 constexpr int MX_BLOCKS_PER_CHUNK = GEMV_K_CHUNK / 32;
 template <int CPW, int NC, int STRIDE, int SSTRIDE>
 MONO_DEVICE void mx_gemv16_partial(const u32x4 (&w)[CPW], const float (&sw)[CPW][MX_BLOCKS_PER_CHUNK],
@@ -450,10 +453,10 @@ MONO_DEVICE void mx_gemv16_partial(const u32x4 (&w)[CPW], const float (&sw)[CPW]
         }
     }
     for (int j = 0; j < 2; ++j) {
-        part[g * 16 + 8 * j + 2 * q] = acc[j][0];
-        part[g * 16 + 8 * j + 2 * q + 1] = acc[j][1];
-        part[(g + 8) * 16 + 8 * j + 2 * q] = acc[j][2];
-        part[(g + 8) * 16 + 8 * j + 2 * q + 1] = acc[j][3];
+        part[g * PART_ROW + 8 * j + 2 * q] = acc[j][0];
+        part[g * PART_ROW + 8 * j + 2 * q + 1] = acc[j][1];
+        part[(g + 8) * PART_ROW + 8 * j + 2 * q] = acc[j][2];
+        part[(g + 8) * PART_ROW + 8 * j + 2 * q + 1] = acc[j][3];
     }
 }
 
@@ -522,10 +525,10 @@ MONO_DEVICE void mx_gemv16_units_j(const u32x4 (&w)[G][CPW], const float (&sw)[G
         float* pt = part + u * PART_TILE;
 #pragma unroll
         for (int j = 0; j < 2; ++j) {
-            pt[g * 16 + 8 * j + 2 * q] = acc[j][0];
-            pt[g * 16 + 8 * j + 2 * q + 1] = acc[j][1];
-            pt[(g + 8) * 16 + 8 * j + 2 * q] = acc[j][2];
-            pt[(g + 8) * 16 + 8 * j + 2 * q + 1] = acc[j][3];
+            pt[g * PART_ROW + 8 * j + 2 * q] = acc[j][0];
+            pt[g * PART_ROW + 8 * j + 2 * q + 1] = acc[j][1];
+            pt[(g + 8) * PART_ROW + 8 * j + 2 * q] = acc[j][2];
+            pt[(g + 8) * PART_ROW + 8 * j + 2 * q + 1] = acc[j][3];
         }
     }
 }
@@ -651,7 +654,7 @@ struct Mailbox {
     u64* hdone;  // 320 flags @ 754176
 };
 
-constexpr int LDS_BYTES = 142128;  // the union of the stages' LDS, plus the stamps
+constexpr int LDS_BYTES = 143152;  // the union of the stages' LDS, plus the stamps
 
 // ---- timeline ---------------------------------------------------------------------------
 constexpr int TL_START = 0;
@@ -671,11 +674,11 @@ constexpr int TASKS = 160;  // task t runs on CTA FIRST + t % CTAS
 constexpr int FIRST = 0;
 constexpr int CTAS = 132;
 constexpr int LDS_X8 = 0;  // LDS: 1540 x u32
-constexpr int LDS_PART = 6160;  // LDS: 4096 x float
-constexpr int LDS_XS = 22544;  // LDS: 1 x float
-constexpr int LDS_RED = 22560;  // LDS: 64 x float
-constexpr int LDS_WSTAGE = 22816;  // LDS: 29824 x u32
-constexpr int LDS_WBAR = 142112;  // LDS: 1 x u64
+constexpr int LDS_PART = 6160;  // LDS: 4352 x float
+constexpr int LDS_XS = 23568;  // LDS: 1 x float
+constexpr int LDS_RED = 23584;  // LDS: 64 x float
+constexpr int LDS_WSTAGE = 23840;  // LDS: 29824 x u32
+constexpr int LDS_WBAR = 143136;  // LDS: 1 x u64
 
 constexpr int ROWS = 2560;              // output rows (all tasks)
 constexpr int K = 6144;
@@ -944,16 +947,16 @@ MONO_DEVICE void run(const Args& a, const Mailbox& mb, u8* lds) {
         const int row0 = task_row0(g);
         if (g != g_reg) {
             const StagedChunks ws{wl + (slot + first_chunk - seg.k0) * CHUNK_WORDS + 4 * lane};
-            gemv16_partial<CHUNKS_PER_WAVE, X8_STRIDE>(ws, n, x8, first_chunk, TOKENS, part + wave * 256);
+            gemv16_partial<CHUNKS_PER_WAVE, X8_STRIDE>(ws, n, x8, first_chunk, TOKENS, part + wave * PART_WAVE);
             slot += seg.k1 - seg.k0;
         } else {
-            gemv16_partial<CHUNKS_PER_WAVE, X8_STRIDE>(w, n, x8, first_chunk, TOKENS, part + wave * 256);
+            gemv16_partial<CHUNKS_PER_WAVE, X8_STRIDE>(w, n, x8, first_chunk, TOKENS, part + wave * PART_WAVE);
         }
         barrier();
         if (tid < 16 * TOKENS) {  // thread (row r, token c): the waves' partials in wave order
             const int r = tid % 16, c = tid / 16;
             float tot = 0.0f;
-            for (int wv = 0; wv < THREADS / WAVE; ++wv) tot = tot + part[wv * 256 + r * 16 + c];
+            for (int wv = 0; wv < THREADS / WAVE; ++wv) tot = tot + part[wv * PART_WAVE + r * PART_ROW + c];
             u64* piece = mb.qkv_part + (g * 16 + r) * 16 + c;
             if (seg.k1 < NCHUNK) {
                 mailbox_put(piece, float_as_u32(tot), mb.tag);  // head piece: the next CTA finishes
