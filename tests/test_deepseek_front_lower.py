@@ -210,3 +210,13 @@ def test_gemv_probe_points(stage, tokens):
     assert ns.index("stage_rows(a, mb,", ns.index("MONO_DEVICE void run(")) < ns.index("stamp(lds, TL_SPARE);")
     with pytest.raises(SpecError, match="no timeline point 'nowhere'"):
         ir_of(tokens=tokens, tune={f"{stage}.rows_point": "nowhere"})
+
+
+def test_qkv_probe_points():
+    """got_point / quant_point stamp the qkv stage's first token: after its partials' wait,
+    after its QX8 stores (before the flag)."""
+    text = render(ir_of(tokens=16, timeline=True, tune={"qkv.got_point": "spare", "qkv.quant_point": "spare2"}))
+    ns = text[text.index("namespace stage_qkv {"):text.index("}  // namespace stage_qkv")]
+    got, quant = ns.index("stamp(lds, TL_SPARE);"), ns.index("stamp(lds, TL_SPARE2);")
+    assert ns.index("mailbox_wait_all(p, mb.tag, v);") < got < ns.index("st8(mb.qx8") < quant < ns.index("publish(mb, t);")
+    assert "stamp(lds, TL_SPARE" not in render(ir_of(tokens=16, timeline=True)).split("namespace stage_qkv {")[1]

@@ -68,6 +68,8 @@ class Model(StageBase):
     swa_stride: Name = "swa_stride"
     swa_block: Name = "swa_block"
     qr_out: Name = "qr_out"
+    got_point: Name | None = None  # timeline point: thread 0 has the CTA's first token's partials
+    quant_point: Name | None = None  # timeline point: the first token's QX8 stored (before its flag)
 
     def published(self) -> dict:
         """What a consumer reads: QX8 regions, one flag a token."""

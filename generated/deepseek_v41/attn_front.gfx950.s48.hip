@@ -742,7 +742,7 @@ MONO_DEVICE float tree8(const float* g) {
 }
 
 // Token t (contract B.5.3, B.5.4; the order in codegen/stages/mla_norm_rope.py).
-MONO_DEVICE void token(const Args& a, const Mailbox& mb, float* red, int t) {
+MONO_DEVICE void token(const Args& a, const Mailbox& mb, u8* lds, float* red, int t) {
     const int tid = thread_id(), tt = min_i(tid, NORM_THREADS - 1);
     const bool mine = tid < NORM_THREADS, has_q = mine && tt < Q_THREADS;
     const int qc = min_i(tt, Q_THREADS - 1) * 8;
@@ -846,7 +846,7 @@ MONO_DEVICE void run(const Args& a, const Mailbox& mb, u8* lds) {
     const int b0 = block_id() - FIRST;
     if (b0 < 0 || b0 >= CTAS) return;
     float* red = reinterpret_cast<float*>(lds + LDS_RED);
-    for (int t = b0; t < TASKS; t += CTAS) token(a, mb, red, t);
+    for (int t = b0; t < TASKS; t += CTAS) token(a, mb, lds, red, t);
     stamp(lds, TL_QKV_DONE);
 }
 
