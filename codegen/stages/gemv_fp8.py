@@ -29,6 +29,7 @@ ROW_LOADS = 8
 # floats a row of a wave's 16 x 16 partial tile takes in LDS: padded so that the epilogue's
 # reads down a column are conflict-free (the device libraries' PART_ROW)
 PART_ROW = 17
+X8_ROW_PAD_WORDS = 4  # LDS row padding: token rows land on different banks
 
 
 def row_batch(pieces: int, threads: int) -> int:
@@ -36,7 +37,6 @@ def row_batch(pieces: int, threads: int) -> int:
     round trips as ROW_LOADS allows, each batch as small as that count of trips allows."""
     trips = -(-pieces // threads)
     return -(-trips // -(-trips // ROW_LOADS))
-X8_ROW_PAD_WORDS = 4  # LDS row padding: token rows land on different banks
 
 
 class LongStep(_Base):
