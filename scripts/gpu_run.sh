@@ -8,6 +8,8 @@
 #             BENCH_COMMIT=<this checkout's HEAD, written out> for RESULTS.md: the lent
 #             machine's own git checkout may be an older one
 #   timeline  both kernels' per-stage timelines (scripts/timeline_*.py)
+#   probes    the DeepSeek timeline with each of DS_PROBES ("a=1 b=2;c=3"; default: the spare points
+#             on the qkv stage, on wq_b, on wqkv_a: where each stage's time goes)
 #   tp        scripts/tp_run.py on every GPU of the machine
 #   scorer    the MiniMax scorer's variants side by side (scripts/timeline_probe.py --cold-keys,
 #             S = 1 / 4 / 16 at 4K and 64K): the spec's, then each of SCORER_TUNES ("a=1 b=2;c=3")
@@ -31,6 +33,11 @@ for what in "${@:-tests}"; do
                     # shellcheck disable=SC2086  # a tune is several words
                     python3 scripts/timeline_probe.py --cold-keys 1 4 16 $tune 2>&1 | grep "^S=\|graph replay\|scores_done"
                 done 2>&1 | tee "$OUT/scorer.log"; status=$((status | PIPESTATUS[0])) ;;
+        probes) IFS=';' read -ra tunes <<< "${DS_PROBES:-qkv.got_point=spare qkv.quant_point=spare2;wq_b.rows_point=spare wq_b.unit_point=spare2;wqkv_a.rows_point=spare wqkv_a.unit_point=spare2}"
+                for tune in "${tunes[@]}"; do
+                    # shellcheck disable=SC2086  # a tune is several words
+                    python3 scripts/timeline_deepseek_front.py $tune 2>&1
+                done 2>&1 | tee "$OUT/probes.log"; status=$((status | PIPESTATUS[0])) ;;
         tp) NCCL_NVLS_ENABLE=0 python3 -m torch.distributed.run --nproc-per-node "$(nvidia-smi -L | wc -l)" \
                 scripts/tp_run.py 2>&1 | tee "$OUT/tp-run.log"; status=$((status | PIPESTATUS[0])) ;;
         *) echo "unknown step $what"; status=1 ;;
