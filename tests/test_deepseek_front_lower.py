@@ -148,23 +148,37 @@ def test_wqb_knob_refusals(tune, message):
 
 
 def test_ilp_without_bulk_groups_the_register_units():
-    """ilp without bulk_weights: whole-row units (wq_b) go GROUP at a time from their registers
-    (as many as the bulk rule's register budget allows); split-K units (wqkv_a) one at a time."""
+    """ilp without bulk_weights: units go GROUP at a time from their registers (as many as the
+    bulk rule's register budget allows), split-K units (wqkv_a) too when no group of a CTA
+    holds two K parts; one at a time otherwise."""
     from codegen.spec.load import tune_items
     loaded = load_spec(SPEC, tune_items({"wq_b.bulk_weights": 0, "wqkv_a.ilp": {"default": 0, "sm90": 1}}))
-    for tokens, group in ((1, 4), (16, 2), (48, 2)):
+    for tokens, group, wqkv_group in ((1, 4, 2), (6, 4, 2), (16, 2, 1), (48, 2, 1)):
         ir = lower(loaded, make_build(loaded, "sm90", tokens=tokens))
         v = {s.name: s.values for s in ir.stages}
-        assert (v["wq_b"]["group"], v["wqkv_a"]["group"]) == (group, 1)
+        assert (v["wq_b"]["group"], v["wqkv_a"]["group"]) == (group, wqkv_group)
         text = render(ir)
         wqb = text[text.index("namespace stage_wq_b {"):text.index("}  // namespace stage_wq_b")]
         wqkv = text[text.index("namespace stage_wqkv_a {"):text.index("}  // namespace stage_wqkv_a")]
         assert "prologue(a, mb, lds)" not in text and f"constexpr int GROUP = {group};" in wqb
         assert "mx_gemv16_units<GROUP, CPW" in wqb and "epilogue_group(a, mb, part, lds, b0, i0, UPC," in wqb
-        assert "mx_gemv16_units<1, CPW, NC, XSTRIDE, SSTRIDE, WAVES * PART_WAVE>" in wqkv
+        assert "constexpr int kpart = 0;" in wqb and "lds, unit_row0(u), 0, tok0" in wqb  # k_parts 1: one part
+        if wqkv_group > 1:  # each group stages its own part's rows, puts its partials there
+            assert "const int kpart = unit_part(b0 + CTAS * i0);" in wqkv and "stage_rows(a, mb, kpart," in wqkv
+            assert "lds, unit_row0(u), unit_part(u), tok0" in wqkv
+        else:
+            assert "mx_gemv16_units<1, CPW, NC, XSTRIDE, SSTRIDE, WAVES * PART_WAVE>" in wqkv
     # the spec: TP2 above 16 tokens keeps the plain loop (its groups would spill)
     v = next(s for s in ir_of(tokens=48, tp=2).stages if s.name == "wq_b").values
     assert not v["ilp"] and v["group"] == 1
+
+
+def test_groups_never_span_k_parts():
+    from codegen.stages.gemv_mxfp8 import _group_spans_parts, unit_of
+    assert sorted(unit_of(u, 224, 132) for u in range(224)) == list(range(224))
+    assert not _group_spans_parts(224, 132, 112, 2)  # DeepSeek wqkv: the part boundary falls between CTAs
+    assert _group_spans_parts(226, 132, 113, 2)      # CTA 56 would hold units 112 (part 0) and 113 (part 1)
+    assert not _group_spans_parts(226, 132, 113, 1)
 
 
 @pytest.mark.parametrize("pieces,threads,batch", [
@@ -182,7 +196,7 @@ def test_row_batch_evens_out_round_trips(pieces, threads, batch):
 @pytest.mark.parametrize("target", list(TARGETS))
 @pytest.mark.parametrize("tokens", [1, 16, 48])
 def test_a_ctas_wqkv_units_share_their_k_part(target, tokens):
-    """unit_of (the template's task -> unit order, evaluated here on the build's constants):
+    """unit_of (the template's task -> unit order; its Python twin on the build's constants):
     every unit once, a CTA's units consecutive, so only a CTA across the K-part boundary
     stages its token rows twice."""
     ir = ir_of(target, tokens=tokens)
@@ -191,7 +205,8 @@ def test_a_ctas_wqkv_units_share_their_k_part(target, tokens):
     ns = text[text.index("namespace stage_wqkv_a {"):text.index("}  // namespace stage_wqkv_a")]
     assert "return c * UQ + min_i(c, UR) + u / CTAS;" in ns and "if (N_LDS_TILES > 1 || new_part)" in ns
     tasks, ctas, row_tiles = st.tasks, st.ctas, 1792 // 16
-    unit = [(u % ctas) * (tasks // ctas) + min(u % ctas, tasks % ctas) + u // ctas for u in range(tasks)]
+    from codegen.stages.gemv_mxfp8 import unit_of
+    unit = [unit_of(u, tasks, ctas) for u in range(tasks)]
     assert sorted(unit) == list(range(tasks))
     parts = {c: {unit[u] // row_tiles for u in range(c, tasks, ctas)} for c in range(ctas)}
     assert sum(len(p) - 1 for p in parts.values()) <= 1

@@ -90,6 +90,23 @@ class Model(StageBase):
         classmethod(lambda cls, v: per_target(v)))
 
 
+def unit_of(task: int, tasks: int, ctas: int) -> int:
+    """The unit task ``task`` computes (the template's ``unit_of``): a CTA's tasks take
+    consecutive units, CTA c from c (tasks // ctas) + min(c, tasks % ctas)."""
+    c = task % ctas
+    return c * (tasks // ctas) + min(c, tasks % ctas) + task // ctas
+
+
+def _group_spans_parts(tasks: int, ctas: int, row_tiles: int, group: int) -> bool:
+    """Whether some CTA's group of `group` consecutive units (its i-th .. i + group - 1-th)
+    holds units of two K parts."""
+    for c in range(ctas):
+        mine = [unit_of(u, tasks, ctas) // row_tiles for u in range(c, tasks, ctas)]
+        if any(len(set(mine[i:i + group])) > 1 for i in range(0, len(mine), group)):
+            return True
+    return False
+
+
 def _lds_size(words: int) -> int:
     """LDS bytes of a 4-byte-element buffer as the layout packs it (16-byte aligned)."""
     return -(-words * 4 // 16) * 16
@@ -177,9 +194,11 @@ def lower(stage: Model, ctx) -> dict:
         halves = 2 if tile > 8 else 1  # token halves of a pass (an mma each): registers per chunk
         regs = PREFETCH_LOADS - (cpw if staged < upc else 0)  # less a unit in flight through registers
         group = max(g for g in range(1, max(1, min(staged, regs // (cpw * halves))) + 1) if fits(staged, g))
-    elif ilp and parts == 1:  # units whose weights are in registers, computed at once (the bulk rule)
+    elif ilp:  # units whose weights are in registers, computed at once (the bulk rule) ...
         halves = 2 if tile > 8 else 1
         group = max(1, min(upc, PREFETCH_LOADS // (cpw * halves)))
+        if group > 1 and _group_spans_parts(units, ctx.stage_ctas, rows // ROWS_PER_UNIT, group):
+            group = 1  # ... when every group's units share their K part (they share the token rows)
     ctx.lds(stage.name, "x", "u32", tile * xstride)
     ctx.lds(stage.name, "xs", "float", tile * sstride)
     ctx.lds(stage.name, "part", "float", group * waves * ROWS_PER_UNIT * PART_ROW)

@@ -1196,10 +1196,11 @@ MONO_DEVICE void epilogue_group(const Args& a, const Mailbox& mb, const float* p
     }
 }
 
-// The CTA's units GROUP at a time (k_parts 1: they share the token rows), their weights in
-// registers: the first PREFETCH units' issued before anything waits, then each group, once
-// computed, issues as many more (PREFETCH units' registers in all). Per group and 16 token columns: one ILP pass over the group's units, one
-// barrier and one epilogue pass. A unit past TASKS computes a copy of the last (not stored).
+// The CTA's units GROUP at a time, their weights in registers: the first PREFETCH units'
+// issued before anything waits, then each group, once computed, issues as many more (PREFETCH
+// units' registers in all). A group's units share their K part (the lowering checks), so they
+// share the token rows. Per group and 16 token columns: one ILP pass over the group's units,
+// one barrier and one epilogue pass. A unit past TASKS computes a copy of the last (not stored).
 MONO_DEVICE void run(const Args& a, const Mailbox& mb, u8* lds) {
     const int b0 = block_id() - FIRST;
     if (b0 < 0 || b0 >= CTAS) return;
@@ -1215,11 +1216,13 @@ MONO_DEVICE void run(const Args& a, const Mailbox& mb, u8* lds) {
     await_rows(mb, 0);
 #pragma unroll
     for (int i0 = 0; i0 < UPC; i0 += GROUP) {
+        constexpr int kpart = 0;
+        const bool new_part = i0 == 0;
         for (int tile = 0; tile < N_LDS_TILES; ++tile) {
             const int tok0 = tile * LDS_TOKENS, nt = min_i(LDS_TOKENS, TOKENS - tok0);
-            if (N_LDS_TILES > 1 || i0 == 0) {  // the rows are not in LDS yet
+            if (N_LDS_TILES > 1 || new_part) {  // the rows are not in LDS yet
                 barrier();
-                stage_rows(a, mb, 0, tok0, nt, xl, xs);
+                stage_rows(a, mb, kpart, tok0, nt, xl, xs);
                 barrier();
             }
             for (int c0 = 0; c0 < nt; c0 += 16) {
