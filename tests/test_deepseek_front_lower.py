@@ -162,10 +162,10 @@ def test_ilp_without_bulk_groups_the_register_units():
         wqkv = text[text.index("namespace stage_wqkv_a {"):text.index("}  // namespace stage_wqkv_a")]
         assert "prologue(a, mb, lds)" not in text and f"constexpr int GROUP = {group};" in wqb
         assert "mx_gemv16_units<GROUP, CPW" in wqb and "epilogue_group(a, mb, part, lds, b0, i0, UPC," in wqb
-        assert "constexpr int kpart = 0;" in wqb and "lds, unit_row0(u), 0, tok0" in wqb  # k_parts 1: one part
+        assert "constexpr int K_PARTS = 1;" in wqb and "return K_PARTS == 1 ? 0 :" in wqb  # k_parts 1: one part
         if wqkv_group > 1:  # each group stages its own part's rows, puts its partials there
-            assert "const int kpart = unit_part(b0 + CTAS * i0);" in wqkv and "stage_rows(a, mb, kpart," in wqkv
-            assert "lds, unit_row0(u), unit_part(u), tok0" in wqkv
+            assert "const int kpart = unit_part(min_i(b0 + CTAS * i0, TASKS - 1));" in wqkv
+            assert "stage_rows(a, mb, kpart," in wqkv and "lds, unit_row0(u), unit_part(u), tok0" in wqkv
         else:
             assert "mx_gemv16_units<1, CPW, NC, XSTRIDE, SSTRIDE, WAVES * PART_WAVE>" in wqkv
     # the spec: TP2 above 16 tokens keeps the plain loop (its groups would spill)

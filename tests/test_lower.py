@@ -374,6 +374,8 @@ REFUSALS = [
      "mma_dots: {default: 1, sm90: 1}", "gfx942's device library has no bf16 m16n8k16 MMA"),
     ("scores-mma-batch", [("    tiles_ahead: 3 ", "    batch_items: {default: 1, sm90: 2}\n    tiles_ahead: 3 ")], "sm90", 1,
      "batch_items: {default: 1, sm90: 2}", "the tensor-core dots take items by warp groups, not in batches of 2"),
+    ("scores-mma-shape", [("mma_dots: {default: 0, sm90: 1}", "mma_dots: {default: 0, sm90: 1}\n    block: 64")], "sm90", 1,
+     "mma_dots: {default: 0, sm90: 1}", "the tensor-core dots take 128-dim keys in blocks of 8 tiles of 16"),
     ("scores-ahead-too-deep", [("tiles_ahead: 3 ", "tiles_ahead: {default: 3, sm90: 8} ")], "sm90", 1,
      "tiles_ahead: {default: 3, sm90: 8}", "8 tiles ahead: at most 7"),
     ("scores-ring-too-large", [("tiles_ahead: 3 ", "tiles_ahead: {default: 3, sm90: 6} ")], "sm90", 1,

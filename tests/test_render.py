@@ -327,7 +327,7 @@ def test_head_params_change_the_head_code(target):
 
 @pytest.mark.parametrize("target", TARGET_NAMES)
 def test_gemv_part_tiles_are_padded_as_lowering_sizes_them(target):
-    """The device library's PART_ROW (the partial tiles' padded row) is the one the lowering
+    """The kernel's PART_ROW (the partial tiles' padded row) is the one the lowering
     sizes the part LDS with; every reader and writer of a tile goes through it."""
     from codegen.stages.gemv_fp8 import PART_ROW
     ir, text = built(target, 16, False)

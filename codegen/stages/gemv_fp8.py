@@ -26,8 +26,9 @@ CHUNK_BYTES = 16 * 32  # one chunk of a 16-row group: 16 bytes a lane (wave 32; 
 # 16-byte loads a thread keeps in flight while it stages token rows from the L2 (registers
 # beside the weights'); the batch evens them out: 12 loads a thread go as two batches of 6
 ROW_LOADS = 8
-# floats a row of a wave's 16 x 16 partial tile takes in LDS: padded so that the epilogue's
-# reads down a column are conflict-free (the device libraries' PART_ROW)
+# floats a row of a wave's 16 x 16 partial tile takes in LDS (the kernel's PART_ROW, for the
+# device libraries and both GEMV kinds): odd, so that the epilogues' reads down a column are
+# conflict-free
 PART_ROW = 17
 X8_ROW_PAD_WORDS = 4  # LDS row padding: token rows land on different banks
 

@@ -181,7 +181,8 @@ def lower(stage: Model, ctx) -> dict:
                  "turn bulk_weights off for this stage")
     tile_bytes = waves * ROWS_PER_UNIT * PART_ROW * 4  # one unit's partial tiles
     own = [_lds_size(tile * xstride), _lds_size(tile * sstride), 0, _lds_size(tokens * (head_dim - nope))]
-    staged, group, halves = 0, 1, 1
+    staged, group = 0, 1
+    halves = 2 if tile > 8 else 1  # token halves of a pass (an mma each): registers per chunk
     if bulk:  # as many units as fit beside the union (this stage's with one part tile) and the mbarrier
         unit_bytes = nc * ROWS_PER_UNIT * chunk
         others = ctx.lds_left(stage.name) - ctx.lds_kernel_left()  # the other stages' union so far
@@ -191,11 +192,9 @@ def lower(stage: Model, ctx) -> dict:
         if staged == 0:
             ctx.fail(("bulk_weights",), f"not one unit's weights ({unit_bytes} B) fit in LDS beside the stages' "
                      f"union of {max(others, sum(own) + tile_bytes)} B", "turn bulk_weights off for this build")
-        halves = 2 if tile > 8 else 1  # token halves of a pass (an mma each): registers per chunk
         regs = PREFETCH_LOADS - (cpw if staged < upc else 0)  # less a unit in flight through registers
         group = max(g for g in range(1, max(1, min(staged, regs // (cpw * halves))) + 1) if fits(staged, g))
     elif ilp:  # units whose weights are in registers, computed at once (the bulk rule) ...
-        halves = 2 if tile > 8 else 1
         group = max(1, min(upc, PREFETCH_LOADS // (cpw * halves)))
         if group > 1 and _group_spans_parts(units, ctx.stage_ctas, rows // ROWS_PER_UNIT, group):
             group = 1  # ... when every group's units share their K part (they share the token rows)

@@ -143,6 +143,11 @@ def lower(stage: Model, ctx) -> dict:
         if ctx.target.vendor != "nvidia":
             ctx.fail(("mma_dots",), f"{ctx.target.name}'s device library has no bf16 m16n8k16 MMA",
                      "give mma_dots 0 for this target (it is an sm90 knob)")
+        tiles = block // MMA_TILE_KEYS
+        if head_dim != 128 or block % MMA_TILE_KEYS or tiles != 8 or waves % tiles:  # the template's static_assert
+            ctx.fail(("mma_dots",), f"the tensor-core dots take 128-dim keys in blocks of 8 tiles of {MMA_TILE_KEYS} "
+                     f"over a multiple of 8 warps (here {head_dim} dims, {block} keys a block, {waves} warps)",
+                     "give mma_dots 0 for this build")
         if ahead > MAX_TILES_AHEAD:
             ctx.fail(("tiles_ahead",), f"{ahead} tiles ahead: at most {MAX_TILES_AHEAD}",
                      f"give tiles_ahead 1 .. {MAX_TILES_AHEAD}")

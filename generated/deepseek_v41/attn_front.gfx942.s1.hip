@@ -107,6 +107,13 @@ constexpr int BLOCKS = 256;  // CTAs of the grid for the build's target
 constexpr int SCRATCH_BYTES = 36608;  // size of the scratch buffer (all regions, 256-byte aligned)
 
 
+// ---- GEMV partial tiles ---------------------------------------------------------------
+// A wave's f32 16 x 16 tile of partial sums sits in LDS at part[row * PART_ROW + column]: rows
+// padded so that the epilogues' reads down a column (16 rows, one a lane) hit 16 banks.
+constexpr int PART_ROW = 17;
+constexpr int PART_WAVE = 16 * PART_ROW;  // floats of one wave's tile
+
+
 // ---- device library: gfx942 (MI300X), compiled by clang / hiprtc --------
 // Self-contained: no ROCm headers. Wave of 64 lanes; FP8 is e4m3 FNUZ.
 typedef unsigned char u8;
@@ -226,10 +233,7 @@ MONO_DEVICE int min_i(int a, int b) { return a < b ? a : b; }
 // (the aiter (16, 16) preshuffle), fed as two MFMAs (bytes 0..7, then 8..15) against the
 // same k of token column min(l % 16, tokens - 1) read from x8 (LDS, STRIDE words a row).
 // w[c]: chunk first_chunk + c (a register array, or anything indexed by chunk).
-// The wave's f32 partial tile goes to part[row * PART_ROW + column]: rows padded to 17 floats,
-// so that the epilogue's reads down a column (16 rows, one a lane) hit 16 different banks.
-constexpr int PART_ROW = 17;
-constexpr int PART_WAVE = 16 * PART_ROW;  // floats of one wave's tile
+// The wave's f32 partial tile goes to part[row * PART_ROW + column].
 constexpr int GEMV_K_CHUNK = 64;
 template <int CPW, int STRIDE, typename Chunks>
 MONO_DEVICE void gemv16_partial(const Chunks& w, int n, const u32* x8, int first_chunk, int tokens, float* part) {
@@ -550,7 +554,7 @@ MONO_DEVICE int unit_of(int u) {
     return c * UQ + min_i(c, UR) + u / CTAS;
 }
 MONO_DEVICE int unit_row0(int u) { return unit_of(u) % ROW_TILES * 16; }
-MONO_DEVICE int unit_part(int u) { return unit_of(u) / ROW_TILES; }
+MONO_DEVICE int unit_part(int u) { return K_PARTS == 1 ? 0 : unit_of(u) / ROW_TILES; }  // a constant for whole rows
 
 // Unit u's weights: this lane's 16 bytes of each of its chunks and the chunk's block scales
 // (one byte per 32 x 32 block of wqkv_s), issued without waiting.
@@ -851,7 +855,7 @@ MONO_DEVICE int unit_of(int u) {
     return c * UQ + min_i(c, UR) + u / CTAS;
 }
 MONO_DEVICE int unit_row0(int u) { return unit_of(u) % ROW_TILES * 16; }
-MONO_DEVICE int unit_part(int u) { return unit_of(u) / ROW_TILES; }
+MONO_DEVICE int unit_part(int u) { return K_PARTS == 1 ? 0 : unit_of(u) / ROW_TILES; }  // a constant for whole rows
 
 // Unit u's weights: this lane's 16 bytes of each of its chunks and the chunk's block scales
 // (one byte per 32 x 32 block of wqb_s), issued without waiting.

@@ -107,6 +107,13 @@ constexpr int QRDY_STRIDE = 48;  // pairs between copies of QRDY
 constexpr int BLOCKS = 132;  // CTAs of the grid for the build's target
 constexpr int SCRATCH_BYTES = 1723136;  // size of the scratch buffer (all regions, 256-byte aligned)
 
+
+// ---- GEMV partial tiles ---------------------------------------------------------------
+// A wave's f32 16 x 16 tile of partial sums sits in LDS at part[row * PART_ROW + column]: rows
+// padded so that the epilogues' reads down a column (16 rows, one a lane) hit 16 banks.
+constexpr int PART_ROW = 17;
+constexpr int PART_WAVE = 16 * PART_ROW;  // floats of one wave's tile
+
 // ---- device library: sm90 (H100 / H200), compiled by nvrtc --------------------------
 // Self-contained: no CUDA headers. Warp of 32 lanes; FP8 is OCP e4m3fn.
 typedef unsigned char u8;
@@ -330,6 +337,18 @@ MONO_DEVICE void store_relaxed_u32(u32* p, u32 v) {
 }
 
 MONO_DEVICE int min_i(int a, int b) { return a < b ? a : b; }
+// A warp's 16-row tile of two m16n8 accumulators (acc[j]: token columns 8j ..) into part:
+// lane (g, q) holds rows g and g + 8, columns 2q and 2q + 1 of each.
+MONO_DEVICE void put_tile(float* part, const float (&acc)[2][4]) {
+    const int g = lane_id() / 4, q = lane_id() % 4;
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+        part[g * PART_ROW + 8 * j + 2 * q] = acc[j][0];
+        part[g * PART_ROW + 8 * j + 2 * q + 1] = acc[j][1];
+        part[(g + 8) * PART_ROW + 8 * j + 2 * q] = acc[j][2];
+        part[(g + 8) * PART_ROW + 8 * j + 2 * q + 1] = acc[j][3];
+    }
+}
 
 // ---- GEMV inner loop: one warp's share of a 16-row x 16-token FP8 tile ------------------
 // 32 k per weight chunk: lane l's 16 bytes are exactly its mma A fragment (rows g, g + 8;
@@ -337,10 +356,7 @@ MONO_DEVICE int min_i(int a, int b) { return a < b ? a : b; }
 // B fragments are 4-byte LDS reads of token columns g and 8 + g (clamped to tokens - 1);
 // chunks first_chunk .. first_chunk + n - 1 (n <= CPW) from w[0 .. n - 1] (a register array,
 // or anything else indexed by chunk: LDS-staged weights).
-// The warp's f32 partial tile goes to part[row * PART_ROW + column]: rows padded to 17 floats,
-// so that the epilogue's reads down a column (16 rows, one a lane) hit 16 different banks.
-constexpr int PART_ROW = 17;
-constexpr int PART_WAVE = 16 * PART_ROW;  // floats of one wave's tile
+// The warp's f32 partial tile goes to part[row * PART_ROW + column].
 constexpr int GEMV_K_CHUNK = 32;
 template <int CPW, int STRIDE, typename Chunks>
 MONO_DEVICE void gemv16_partial(const Chunks& w, int n, const u32* x8, int first_chunk, int tokens, float* part) {
@@ -356,12 +372,7 @@ MONO_DEVICE void gemv16_partial(const Chunks& w, int n, const u32* x8, int first
         mma_fp8_16x8x32(acc[0], a, x_lo[k4], x_lo[k4 + 4]);
         if (tokens > 8) mma_fp8_16x8x32(acc[1], a, x_hi[k4], x_hi[k4 + 4]);
     }
-    for (int j = 0; j < 2; ++j) {
-        part[g * PART_ROW + 8 * j + 2 * q] = acc[j][0];
-        part[g * PART_ROW + 8 * j + 2 * q + 1] = acc[j][1];
-        part[(g + 8) * PART_ROW + 8 * j + 2 * q] = acc[j][2];
-        part[(g + 8) * PART_ROW + 8 * j + 2 * q + 1] = acc[j][3];
-    }
+    put_tile(part, acc);
 }
 
 // ---- FP8 -> f32 (exact) --------------------------------------------------------------
@@ -447,12 +458,7 @@ MONO_DEVICE void mx_gemv16_partial(const u32x4 (&w)[CPW], const float (&sw)[CPW]
             }
         }
     }
-    for (int j = 0; j < 2; ++j) {
-        part[g * PART_ROW + 8 * j + 2 * q] = acc[j][0];
-        part[g * PART_ROW + 8 * j + 2 * q + 1] = acc[j][1];
-        part[(g + 8) * PART_ROW + 8 * j + 2 * q] = acc[j][2];
-        part[(g + 8) * PART_ROW + 8 * j + 2 * q + 1] = acc[j][3];
-    }
+    put_tile(part, acc);
 }
 
 // ---- MXFP8 GEMV inner loop, ILP form: G units of a warp at once -------------------------
@@ -518,13 +524,7 @@ MONO_DEVICE void mx_gemv16_units_j(const u32x4 (&w)[G][CPW], const float (&sw)[G
                 for (int r = 0; r < 4; ++r) acc[j][r] = live ? acc[j][r] + t[i][j][r] : acc[j][r];
         }
         float* pt = part + u * PART_TILE;
-#pragma unroll
-        for (int j = 0; j < 2; ++j) {
-            pt[g * PART_ROW + 8 * j + 2 * q] = acc[j][0];
-            pt[g * PART_ROW + 8 * j + 2 * q + 1] = acc[j][1];
-            pt[(g + 8) * PART_ROW + 8 * j + 2 * q] = acc[j][2];
-            pt[(g + 8) * PART_ROW + 8 * j + 2 * q + 1] = acc[j][3];
-        }
+        put_tile(pt, acc);
     }
 }
 template <int G, int CPW, int NC, int STRIDE, int SSTRIDE, int PART_TILE>
@@ -799,7 +799,7 @@ MONO_DEVICE int unit_of(int u) {
     return c * UQ + min_i(c, UR) + u / CTAS;
 }
 MONO_DEVICE int unit_row0(int u) { return unit_of(u) % ROW_TILES * 16; }
-MONO_DEVICE int unit_part(int u) { return unit_of(u) / ROW_TILES; }
+MONO_DEVICE int unit_part(int u) { return K_PARTS == 1 ? 0 : unit_of(u) / ROW_TILES; }  // a constant for whole rows
 
 // Unit u's weights: this lane's 16 bytes of each of its chunks and the chunk's block scales
 // (one byte per 32 x 32 block of wqkv_s), issued without waiting.
@@ -1102,7 +1102,7 @@ MONO_DEVICE int unit_of(int u) {
     return c * UQ + min_i(c, UR) + u / CTAS;
 }
 MONO_DEVICE int unit_row0(int u) { return unit_of(u) % ROW_TILES * 16; }
-MONO_DEVICE int unit_part(int u) { return unit_of(u) / ROW_TILES; }
+MONO_DEVICE int unit_part(int u) { return K_PARTS == 1 ? 0 : unit_of(u) / ROW_TILES; }  // a constant for whole rows
 
 // Unit u's weights: this lane's 16 bytes of each of its chunks and the chunk's block scales
 // (one byte per 32 x 32 block of wqb_s), issued without waiting.
@@ -1192,7 +1192,7 @@ MONO_DEVICE void epilogue_group(const Args& a, const Mailbox& mb, const float* p
     for (int it = thread_id(); it < GROUP * ITEM_ROWS * nt; it += THREADS) {
         const int uu = it / (ITEM_ROWS * nt), rem = it % (ITEM_ROWS * nt), u = b0 + CTAS * (i0 + uu);
         if (i0 + uu < limit && u < TASKS)
-            epilogue_item(a, mb, part + uu * PART_TILE, lds, unit_row0(u), 0, tok0, rem % ITEM_ROWS, rem / ITEM_ROWS);
+            epilogue_item(a, mb, part + uu * PART_TILE, lds, unit_row0(u), unit_part(u), tok0, rem % ITEM_ROWS, rem / ITEM_ROWS);
     }
 }
 
@@ -1213,11 +1213,12 @@ MONO_DEVICE void run(const Args& a, const Mailbox& mb, u8* lds) {
 #pragma unroll
     for (int i = 0; i < PREFETCH; ++i) load_unit(a, min_i(b0 + CTAS * i, TASKS - 1), w[i], sw[i]);
     stage_cos_sin(a, reinterpret_cast<float*>(lds + LDS_CS));  // read after the rows' barriers
-    await_rows(mb, 0);
+    await_rows(mb, unit_part(min_i(b0, TASKS - 1)));  // the first group's rows
 #pragma unroll
     for (int i0 = 0; i0 < UPC; i0 += GROUP) {
-        constexpr int kpart = 0;
-        const bool new_part = i0 == 0;
+        const int kpart = unit_part(min_i(b0 + CTAS * i0, TASKS - 1));  // past TASKS: the last unit's
+        const bool new_part = i0 == 0 || kpart != unit_part(b0 + CTAS * (i0 - GROUP));  // not the last group's rows
+        if (i0 > 0 && new_part) await_rows(mb, kpart);
         for (int tile = 0; tile < N_LDS_TILES; ++tile) {
             const int tok0 = tile * LDS_TOKENS, nt = min_i(LDS_TOKENS, TOKENS - tok0);
             if (N_LDS_TILES > 1 || new_part) {  // the rows are not in LDS yet

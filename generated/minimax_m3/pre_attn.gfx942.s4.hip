@@ -112,6 +112,13 @@ constexpr int BLOCKS = 256;  // CTAs of the grid for the build's target
 constexpr int SCRATCH_BYTES = 756736;  // size of the scratch buffer (all regions, 256-byte aligned)
 
 
+// ---- GEMV partial tiles ---------------------------------------------------------------
+// A wave's f32 16 x 16 tile of partial sums sits in LDS at part[row * PART_ROW + column]: rows
+// padded so that the epilogues' reads down a column (16 rows, one a lane) hit 16 banks.
+constexpr int PART_ROW = 17;
+constexpr int PART_WAVE = 16 * PART_ROW;  // floats of one wave's tile
+
+
 // ---- device library: gfx942 (MI300X), compiled by clang / hiprtc --------
 // Self-contained: no ROCm headers. Wave of 64 lanes; FP8 is e4m3 FNUZ.
 typedef unsigned char u8;
@@ -231,10 +238,7 @@ MONO_DEVICE int min_i(int a, int b) { return a < b ? a : b; }
 // (the aiter (16, 16) preshuffle), fed as two MFMAs (bytes 0..7, then 8..15) against the
 // same k of token column min(l % 16, tokens - 1) read from x8 (LDS, STRIDE words a row).
 // w[c]: chunk first_chunk + c (a register array, or anything indexed by chunk).
-// The wave's f32 partial tile goes to part[row * PART_ROW + column]: rows padded to 17 floats,
-// so that the epilogue's reads down a column (16 rows, one a lane) hit 16 different banks.
-constexpr int PART_ROW = 17;
-constexpr int PART_WAVE = 16 * PART_ROW;  // floats of one wave's tile
+// The wave's f32 partial tile goes to part[row * PART_ROW + column].
 constexpr int GEMV_K_CHUNK = 64;
 template <int CPW, int STRIDE, typename Chunks>
 MONO_DEVICE void gemv16_partial(const Chunks& w, int n, const u32* x8, int first_chunk, int tokens, float* part) {

@@ -113,6 +113,13 @@ constexpr int LAYER_SLOTS = 128;  // epoch stride: tag = step * LAYER_SLOTS + la
 constexpr int BLOCKS = 132;  // CTAs of the grid for the build's target
 constexpr int SCRATCH_BYTES = 756736;  // size of the scratch buffer (all regions, 256-byte aligned)
 
+
+// ---- GEMV partial tiles ---------------------------------------------------------------
+// A wave's f32 16 x 16 tile of partial sums sits in LDS at part[row * PART_ROW + column]: rows
+// padded so that the epilogues' reads down a column (16 rows, one a lane) hit 16 banks.
+constexpr int PART_ROW = 17;
+constexpr int PART_WAVE = 16 * PART_ROW;  // floats of one wave's tile
+
 // ---- device library: sm90 (H100 / H200), compiled by nvrtc --------------------------
 // Self-contained: no CUDA headers. Warp of 32 lanes; FP8 is OCP e4m3fn.
 typedef unsigned char u8;
@@ -336,6 +343,18 @@ MONO_DEVICE void store_relaxed_u32(u32* p, u32 v) {
 }
 
 MONO_DEVICE int min_i(int a, int b) { return a < b ? a : b; }
+// A warp's 16-row tile of two m16n8 accumulators (acc[j]: token columns 8j ..) into part:
+// lane (g, q) holds rows g and g + 8, columns 2q and 2q + 1 of each.
+MONO_DEVICE void put_tile(float* part, const float (&acc)[2][4]) {
+    const int g = lane_id() / 4, q = lane_id() % 4;
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+        part[g * PART_ROW + 8 * j + 2 * q] = acc[j][0];
+        part[g * PART_ROW + 8 * j + 2 * q + 1] = acc[j][1];
+        part[(g + 8) * PART_ROW + 8 * j + 2 * q] = acc[j][2];
+        part[(g + 8) * PART_ROW + 8 * j + 2 * q + 1] = acc[j][3];
+    }
+}
 
 // ---- GEMV inner loop: one warp's share of a 16-row x 16-token FP8 tile ------------------
 // 32 k per weight chunk: lane l's 16 bytes are exactly its mma A fragment (rows g, g + 8;
@@ -343,10 +362,7 @@ MONO_DEVICE int min_i(int a, int b) { return a < b ? a : b; }
 // B fragments are 4-byte LDS reads of token columns g and 8 + g (clamped to tokens - 1);
 // chunks first_chunk .. first_chunk + n - 1 (n <= CPW) from w[0 .. n - 1] (a register array,
 // or anything else indexed by chunk: LDS-staged weights).
-// The warp's f32 partial tile goes to part[row * PART_ROW + column]: rows padded to 17 floats,
-// so that the epilogue's reads down a column (16 rows, one a lane) hit 16 different banks.
-constexpr int PART_ROW = 17;
-constexpr int PART_WAVE = 16 * PART_ROW;  // floats of one wave's tile
+// The warp's f32 partial tile goes to part[row * PART_ROW + column].
 constexpr int GEMV_K_CHUNK = 32;
 template <int CPW, int STRIDE, typename Chunks>
 MONO_DEVICE void gemv16_partial(const Chunks& w, int n, const u32* x8, int first_chunk, int tokens, float* part) {
@@ -362,12 +378,7 @@ MONO_DEVICE void gemv16_partial(const Chunks& w, int n, const u32* x8, int first
         mma_fp8_16x8x32(acc[0], a, x_lo[k4], x_lo[k4 + 4]);
         if (tokens > 8) mma_fp8_16x8x32(acc[1], a, x_hi[k4], x_hi[k4 + 4]);
     }
-    for (int j = 0; j < 2; ++j) {
-        part[g * PART_ROW + 8 * j + 2 * q] = acc[j][0];
-        part[g * PART_ROW + 8 * j + 2 * q + 1] = acc[j][1];
-        part[(g + 8) * PART_ROW + 8 * j + 2 * q] = acc[j][2];
-        part[(g + 8) * PART_ROW + 8 * j + 2 * q + 1] = acc[j][3];
-    }
+    put_tile(part, acc);
 }
 
 // ---- FP8 -> f32 (exact) --------------------------------------------------------------
@@ -453,12 +464,7 @@ MONO_DEVICE void mx_gemv16_partial(const u32x4 (&w)[CPW], const float (&sw)[CPW]
             }
         }
     }
-    for (int j = 0; j < 2; ++j) {
-        part[g * PART_ROW + 8 * j + 2 * q] = acc[j][0];
-        part[g * PART_ROW + 8 * j + 2 * q + 1] = acc[j][1];
-        part[(g + 8) * PART_ROW + 8 * j + 2 * q] = acc[j][2];
-        part[(g + 8) * PART_ROW + 8 * j + 2 * q + 1] = acc[j][3];
-    }
+    put_tile(part, acc);
 }
 
 // ---- MXFP8 GEMV inner loop, ILP form: G units of a warp at once -------------------------
@@ -524,13 +530,7 @@ MONO_DEVICE void mx_gemv16_units_j(const u32x4 (&w)[G][CPW], const float (&sw)[G
                 for (int r = 0; r < 4; ++r) acc[j][r] = live ? acc[j][r] + t[i][j][r] : acc[j][r];
         }
         float* pt = part + u * PART_TILE;
-#pragma unroll
-        for (int j = 0; j < 2; ++j) {
-            pt[g * PART_ROW + 8 * j + 2 * q] = acc[j][0];
-            pt[g * PART_ROW + 8 * j + 2 * q + 1] = acc[j][1];
-            pt[(g + 8) * PART_ROW + 8 * j + 2 * q] = acc[j][2];
-            pt[(g + 8) * PART_ROW + 8 * j + 2 * q + 1] = acc[j][3];
-        }
+        put_tile(pt, acc);
     }
 }
 template <int G, int CPW, int NC, int STRIDE, int SSTRIDE, int PART_TILE>
