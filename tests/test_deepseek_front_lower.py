@@ -227,11 +227,19 @@ def test_gemv_probe_points(stage, tokens):
         ir_of(tokens=tokens, tune={f"{stage}.rows_point": "nowhere"})
 
 
+def test_wq_b_weights_point():
+    """weights_point stamps right after the bulk weights' mbarrier wait (bulk builds only)."""
+    text = render(ir_of(tokens=1, timeline=True, tune={"wq_b.weights_point": "spare"}))
+    ns = text[text.index("namespace stage_wq_b {"):text.index("}  // namespace stage_wq_b")]
+    wait = ns.index("bulk_wait(reinterpret_cast<u64*>(lds + LDS_WBAR), 0);")
+    assert ns.count("stamp(lds, TL_SPARE);") == 1 and wait < ns.index("stamp(lds, TL_SPARE);") < ns.index("mx_gemv16_units<")
+
+
 def test_qkv_probe_points():
     """got_point / quant_point stamp the qkv stage's first token: after its partials' wait,
     after its QX8 stores (before the flag)."""
     text = render(ir_of(tokens=16, timeline=True, tune={"qkv.got_point": "spare", "qkv.quant_point": "spare2"}))
     ns = text[text.index("namespace stage_qkv {"):text.index("}  // namespace stage_qkv")]
     got, quant = ns.index("stamp(lds, TL_SPARE);"), ns.index("stamp(lds, TL_SPARE2);")
-    assert ns.index("mailbox_wait_all(p, mb.tag, v);") < got < ns.index("st8(mb.qx8") < quant < ns.index("publish(mb, t);")
+    assert ns.index("mailbox_wait_all2(p, mb.tag, v);") < got < ns.index("st8(mb.qx8") < quant < ns.index("publish(mb, t);")
     assert "stamp(lds, TL_SPARE" not in render(ir_of(tokens=16, timeline=True)).split("namespace stage_qkv {")[1]

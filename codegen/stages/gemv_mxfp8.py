@@ -85,6 +85,7 @@ class Model(StageBase):
     bulk_weights: PerTarget = PerTarget(default=0)
     rows_point: Name | None = None  # timeline point: the CTA's first token rows in LDS
     unit_point: Name | None = None  # timeline point: the CTA's first unit (bulk: group) put
+    weights_point: Name | None = None  # timeline point: bulk_weights: the kernel-start copies landed
 
     _tile = field_validator("token_tile", "ilp", "bulk_weights", mode="before")(
         classmethod(lambda cls, v: per_target(v)))

@@ -1,9 +1,11 @@
 """Stage kind ``mla_norm_rope``: DeepSeek-V4.1's per-token step between the
 two GEMVs (contract B.5.3, B.5.4), one task per token.
 
-256 threads: thread tt owns q columns ``8tt .. 8tt + 7`` (tt < Q_RANK / 8)
-and kv columns ``2tt, 2tt + 1``; threads 256.. take part in the barriers and
-shuffles only.
+The token's partials come in through every thread of the CTA: couples of
+adjacent pairs (16-byte loads, coalesced across the warp), both K halves
+waited for at once, their bf16 sums into LDS (``vals``). Then 256 threads:
+thread tt owns q columns ``8tt .. 8tt + 7`` (tt < Q_RANK / 8) and kv columns
+``2tt, 2tt + 1``; threads 256.. take part in the barriers and shuffles only.
 
     v      = bf16(P_0 + P_1)                      the K halves' fp32 partials (f32 add)
     ss_tt  = v0*v0 + v1*v1 + ...                  plain f32 mul then add, columns in order
@@ -68,7 +70,7 @@ class Model(StageBase):
     swa_stride: Name = "swa_stride"
     swa_block: Name = "swa_block"
     qr_out: Name = "qr_out"
-    got_point: Name | None = None  # timeline point: thread 0 has the CTA's first token's partials
+    got_point: Name | None = None  # timeline point: thread 0 has its couples of the CTA's first token's partials
     quant_point: Name | None = None  # timeline point: the first token's QX8 stored (before its flag)
 
     def published(self) -> dict:
@@ -132,6 +134,7 @@ def lower(stage: Model, ctx) -> dict:
     ctx.abi_arg(stage.swa_block, ("swa_block",), dtype="i32", scalar=True, within=(1, None))  # a divisor
     ctx.abi_arg(stage.qr_out, ("qr_out",), dtype="bf16", shape=(s, q_rank), written=True)
     ctx.lds(stage.name, "red", "float", 32)  # group sums (q 0..7, kv 8..15), record codes 16..
+    ctx.lds(stage.name, "vals", "float", q_rank + kv_dim)  # the token's bf16(P_0 + P_1), as f32
     rope = kv_dim - nope
     return {
         "q_rank": q_rank,

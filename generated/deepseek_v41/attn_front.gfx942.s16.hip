@@ -54,6 +54,7 @@
 //   stage_wqkv_a::LDS_XS   @  41216  1344 x float
 //   stage_wqkv_a::LDS_PART @  46592  2176 x float
 //   stage_qkv::LDS_RED     @      0  32 x float
+//   stage_qkv::LDS_VALS    @    128  1792 x float
 //   stage_wq_b::LDS_X      @      0  5184 x u32
 //   stage_wq_b::LDS_XS     @  20736  704 x float
 //   stage_wq_b::LDS_PART   @  23552  2176 x float
@@ -201,6 +202,11 @@ MONO_DEVICE void mailbox_load(const u64* pair, u32& value, u32& tag) {
     u64 v = __hip_atomic_load(pair, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_AGENT);
     value = u32(v);
     tag = u32(v >> 32);
+}
+// two adjacent pairs: two 8-byte atomic loads (the wave's adjacent lanes coalesce them)
+MONO_DEVICE void mailbox_load2(const u64* pair, u32 (&value)[2], u32 (&tag)[2]) {
+    mailbox_load(pair, value[0], tag[0]);
+    mailbox_load(pair + 1, value[1], tag[1]);
 }
 MONO_DEVICE void pause() { __builtin_amdgcn_s_sleep(1); }
 
@@ -373,6 +379,21 @@ MONO_DEVICE void mailbox_wait_all(const u64* const (&pair)[N], u32 tag, u32 (&va
         bool all = true;
 #pragma unroll
         for (int i = 0; i < N; ++i) all = all && seen[i] == tag;
+        if (all) return;
+        pause();
+    }
+}
+// mailbox_wait_all over N couples of adjacent pairs (pair[i], pair[i] + 1; 16-byte aligned):
+// one 16-byte load a couple where the target has it (sm90), so a thread's requests halve
+template <int N>
+MONO_DEVICE void mailbox_wait_all2(const u64* const (&pair)[N], u32 tag, u32 (&value)[N][2]) {
+    for (;;) {
+        u32 seen[N][2];
+#pragma unroll
+        for (int i = 0; i < N; ++i) mailbox_load2(pair[i], value[i], seen[i]);
+        bool all = true;
+#pragma unroll
+        for (int i = 0; i < N; ++i) all = all && seen[i][0] == tag && seen[i][1] == tag;
         if (all) return;
         pause();
     }
@@ -713,10 +734,13 @@ constexpr int TASKS = 16;  // task t runs on CTA FIRST + t % CTAS
 constexpr int FIRST = 0;
 constexpr int CTAS = 256;
 constexpr int LDS_RED = 0;  // LDS: 32 x float
+constexpr int LDS_VALS = 128;  // LDS: 1792 x float
 
 constexpr int Q_RANK = 1280;          // q latent: thread tt < Q_THREADS holds columns 8tt .. 8tt + 7
 constexpr int KV_DIM = 512;           // kv: thread tt < 256 holds columns 2tt, 2tt + 1
 constexpr int QKV = Q_RANK + KV_DIM;         // partials of a token (one K half)
+constexpr int COUPLES = QKV / 2;             // 16-byte couples of pairs of a K half
+constexpr int COUPLES_PER_THREAD = (COUPLES + THREADS - 1) / THREADS;
 constexpr int Q_THREADS = Q_RANK / 8;
 constexpr int NORM_THREADS = 256;
 constexpr int NOPE = 448;             // kv dims before the GPT-J RoPE dims
@@ -746,7 +770,7 @@ MONO_DEVICE float tree8(const float* g) {
 }
 
 // Token t (contract B.5.3, B.5.4; the order in codegen/stages/mla_norm_rope.py).
-MONO_DEVICE void token(const Args& a, const Mailbox& mb, u8* lds, float* red, int t) {
+MONO_DEVICE void token(const Args& a, const Mailbox& mb, u8* lds, float* red, float* vals, int t) {
     const int tid = thread_id(), tt = min_i(tid, NORM_THREADS - 1);
     const bool mine = tid < NORM_THREADS, has_q = mine && tt < Q_THREADS;
     const int qc = min_i(tt, Q_THREADS - 1) * 8;
@@ -760,27 +784,34 @@ MONO_DEVICE void token(const Args& a, const Mailbox& mb, u8* lds, float* red, in
     const float* cs_row = a.cos_sin + (long long)pos * ROPE;
     const float cs = is_rope ? cs_row[jj] : 1.0f, sn = is_rope ? cs_row[ROPE / 2 + jj] : 0.0f;
 
-    // the two K halves' partials, all waited for together (one round trip), summed in
-    // f32 -> bf16; threads without q columns wait on their kv pairs only
+    // the two K halves' partials: every thread of the CTA waits for its couples of adjacent
+    // pairs (coalesced 16-byte loads, all at once: one round trip), sums them in f32 -> bf16
+    // into vals[]; then thread tt reads its own columns back
     const u64* p0 = mb.qkvp + (long long)t * QKV;
     const u64* p1 = mb.qkvp + (long long)(TOKENS + t) * QKV;
-    float xq[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f}, xk[2] = {0.0f, 0.0f};
-    if (mine) {
-        const u64* p[20];  // q columns of half 0, of half 1; kv columns of half 0, of half 1
-        for (int j = 0; j < 8; ++j) {
-            p[j] = has_q ? p0 + qc + j : p0 + Q_RANK + 2 * tt + j % 2;
-            p[8 + j] = has_q ? p1 + qc + j : p1 + Q_RANK + 2 * tt + j % 2;
+    {
+        const u64* p[2 * COUPLES_PER_THREAD];  // half 0, half 1 of each couple
+#pragma unroll
+        for (int k = 0; k < COUPLES_PER_THREAD; ++k) {
+            const int c = min_i(tid + k * THREADS, COUPLES - 1);  // past COUPLES: a repeat, not stored
+            p[2 * k] = p0 + 2 * c;
+            p[2 * k + 1] = p1 + 2 * c;
         }
-        for (int j = 0; j < 2; ++j) {
-            p[16 + j] = p0 + Q_RANK + 2 * tt + j;
-            p[18 + j] = p1 + Q_RANK + 2 * tt + j;
+        u32 v[2 * COUPLES_PER_THREAD][2];
+        mailbox_wait_all2(p, mb.tag, v);
+#pragma unroll
+        for (int k = 0; k < COUPLES_PER_THREAD; ++k) {
+            const int c = tid + k * THREADS;
+            if (c < COUPLES)
+                for (int e = 0; e < 2; ++e) vals[2 * c + e] = bf16_round(u32_as_float(v[2 * k][e]) + u32_as_float(v[2 * k + 1][e]));
         }
-        u32 v[20];
-        mailbox_wait_all(p, mb.tag, v);
-        if (has_q)
-            for (int j = 0; j < 8; ++j) xq[j] = bf16_round(u32_as_float(v[j]) + u32_as_float(v[8 + j]));
-        for (int j = 0; j < 2; ++j) xk[j] = bf16_round(u32_as_float(v[16 + j]) + u32_as_float(v[18 + j]));
     }
+    barrier();
+    float xq[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f}, xk[2] = {0.0f, 0.0f};
+    if (has_q)
+        for (int j = 0; j < 8; ++j) xq[j] = vals[qc + j];
+    if (mine)
+        for (int j = 0; j < 2; ++j) xk[j] = vals[Q_RANK + 2 * tt + j];
 
     // sums of squares: per thread in column order, per 32-lane group a butterfly, the 8
     // groups as a fixed tree (threads without q columns add 0)
@@ -843,14 +874,15 @@ MONO_DEVICE void token(const Args& a, const Mailbox& mb, u8* lds, float* red, in
         }
     }
     if (!EARLY_READY) publish(mb, t);
-    barrier();  // red[] is reused by the next token
+    barrier();  // red[] and vals[] are reused by the next token
 }
 
 MONO_DEVICE void run(const Args& a, const Mailbox& mb, u8* lds) {
     const int b0 = block_id() - FIRST;
     if (b0 < 0 || b0 >= CTAS) return;
     float* red = reinterpret_cast<float*>(lds + LDS_RED);
-    for (int t = b0; t < TASKS; t += CTAS) token(a, mb, lds, red, t);
+    float* vals = reinterpret_cast<float*>(lds + LDS_VALS);
+    for (int t = b0; t < TASKS; t += CTAS) token(a, mb, lds, red, vals, t);
     stamp(lds, TL_QKV_DONE);
 }
 

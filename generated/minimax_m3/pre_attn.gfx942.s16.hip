@@ -206,6 +206,11 @@ MONO_DEVICE void mailbox_load(const u64* pair, u32& value, u32& tag) {
     value = u32(v);
     tag = u32(v >> 32);
 }
+// two adjacent pairs: two 8-byte atomic loads (the wave's adjacent lanes coalesce them)
+MONO_DEVICE void mailbox_load2(const u64* pair, u32 (&value)[2], u32 (&tag)[2]) {
+    mailbox_load(pair, value[0], tag[0]);
+    mailbox_load(pair + 1, value[1], tag[1]);
+}
 MONO_DEVICE void pause() { __builtin_amdgcn_s_sleep(1); }
 
 // ---- timer --------------------------------------------------------------------------
@@ -377,6 +382,21 @@ MONO_DEVICE void mailbox_wait_all(const u64* const (&pair)[N], u32 tag, u32 (&va
         bool all = true;
 #pragma unroll
         for (int i = 0; i < N; ++i) all = all && seen[i] == tag;
+        if (all) return;
+        pause();
+    }
+}
+// mailbox_wait_all over N couples of adjacent pairs (pair[i], pair[i] + 1; 16-byte aligned):
+// one 16-byte load a couple where the target has it (sm90), so a thread's requests halve
+template <int N>
+MONO_DEVICE void mailbox_wait_all2(const u64* const (&pair)[N], u32 tag, u32 (&value)[N][2]) {
+    for (;;) {
+        u32 seen[N][2];
+#pragma unroll
+        for (int i = 0; i < N; ++i) mailbox_load2(pair[i], value[i], seen[i]);
+        bool all = true;
+#pragma unroll
+        for (int i = 0; i < N; ++i) all = all && seen[i][0] == tag && seen[i][1] == tag;
         if (all) return;
         pause();
     }

@@ -216,6 +216,15 @@ MONO_DEVICE void mailbox_put(u64* pair, u32 value, u32 tag) {
 MONO_DEVICE void mailbox_load(const u64* pair, u32& value, u32& tag) {
     asm volatile("ld.relaxed.gpu.global.v2.u32 {%0, %1}, [%2];" : "=r"(value), "=r"(tag) : "l"(pair) : "memory");
 }
+// two adjacent pairs (16-byte aligned) in one 16-byte load: two single-copy-atomic u64s
+MONO_DEVICE void mailbox_load2(const u64* pair, u32 (&value)[2], u32 (&tag)[2]) {
+    u64 lo, hi;
+    asm volatile("ld.relaxed.gpu.global.v2.u64 {%0, %1}, [%2];" : "=l"(lo), "=l"(hi) : "l"(pair) : "memory");
+    value[0] = u32(lo);
+    tag[0] = u32(lo >> 32);
+    value[1] = u32(hi);
+    tag[1] = u32(hi >> 32);
+}
 MONO_DEVICE void pause() { __nanosleep(64); }
 
 // the shared-window address of an LDS pointer, as the asm below takes it
@@ -505,28 +514,20 @@ MONO_DEVICE void mx_gemv16_units_j(const u32x4 (&w)[G][CPW], const float (&sw)[G
     }
 #pragma unroll
     for (int u = 0; u < G; ++u) {
-        float t[CPW][J][4];
+        float acc[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
 #pragma unroll
         for (int i = 0; i < CPW; ++i) {
             const u32 a[4] = {w[u][i].x, w[u][i].y, w[u][i].z, w[u][i].w};
+            const bool live = wave + WAVES_ * i < NC;  // warp-uniform
 #pragma unroll
             for (int j = 0; j < J; ++j) {
                 float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
                 mma_fp8_16x8x32_free(d, a, xb[i][j][0], xb[i][j][1]);
-                t[i][j][0] = (d[0] * sx[i][j][0]) * sw[u][i][0];
-                t[i][j][1] = (d[1] * sx[i][j][1]) * sw[u][i][0];
-                t[i][j][2] = (d[2] * sx[i][j][0]) * sw[u][i][0];
-                t[i][j][3] = (d[3] * sx[i][j][1]) * sw[u][i][0];
+                const float t[4] = {(d[0] * sx[i][j][0]) * sw[u][i][0], (d[1] * sx[i][j][1]) * sw[u][i][0],
+                                    (d[2] * sx[i][j][0]) * sw[u][i][0], (d[3] * sx[i][j][1]) * sw[u][i][0]};
+#pragma unroll
+                for (int r = 0; r < 4; ++r) acc[j][r] = live ? acc[j][r] + t[r] : acc[j][r];
             }
-        }
-        float acc[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
-#pragma unroll
-        for (int i = 0; i < CPW; ++i) {
-            const bool live = wave + WAVES_ * i < NC;  // warp-uniform
-#pragma unroll
-            for (int j = 0; j < J; ++j)
-#pragma unroll
-                for (int r = 0; r < 4; ++r) acc[j][r] = live ? acc[j][r] + t[i][j][r] : acc[j][r];
         }
         float* pt = part + u * PART_TILE;
         put_tile(pt, acc);
@@ -578,6 +579,21 @@ MONO_DEVICE void mailbox_wait_all(const u64* const (&pair)[N], u32 tag, u32 (&va
         bool all = true;
 #pragma unroll
         for (int i = 0; i < N; ++i) all = all && seen[i] == tag;
+        if (all) return;
+        pause();
+    }
+}
+// mailbox_wait_all over N couples of adjacent pairs (pair[i], pair[i] + 1; 16-byte aligned):
+// one 16-byte load a couple where the target has it (sm90), so a thread's requests halve
+template <int N>
+MONO_DEVICE void mailbox_wait_all2(const u64* const (&pair)[N], u32 tag, u32 (&value)[N][2]) {
+    for (;;) {
+        u32 seen[N][2];
+#pragma unroll
+        for (int i = 0; i < N; ++i) mailbox_load2(pair[i], value[i], seen[i]);
+        bool all = true;
+#pragma unroll
+        for (int i = 0; i < N; ++i) all = all && seen[i][0] == tag && seen[i][1] == tag;
         if (all) return;
         pause();
     }
