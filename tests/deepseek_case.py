@@ -153,6 +153,12 @@ def _const(ir, name):
     return next(c.value for c in ir.constants if c.name == name)
 
 
+def publishes_qx8(ir) -> bool:
+    """Whether the build's qkv stage writes QX8 and its flags (else wq_b norms q itself:
+    q_inline, and QX8 is never in the scratch)."""
+    return next(st for st in ir.stages if st.kind == "mla_norm_rope").values["publish"]
+
+
 def simulate(case: Case, ir, args: dict) -> None:
     """What the kernel writes, computed by the reference in the kernel's order,
     into ``args`` (CPU tensors): scratch mailboxes (tag of epoch 0), q, kt, klen,
@@ -179,9 +185,10 @@ def simulate(case: Case, ir, args: dict) -> None:
     qkv = bf16_rn(parts[0] + parts[1])
     ys, kn = ref.front_norms(qkv, inp["qn_w"], inp["kvn_w"])
     qx8, qs = ref.mxfp8_quantize(ys, target)
-    _region(ir, raw, "qx8").copy_(qx8.view(torch.uint8).reshape(-1))
-    _region(ir, raw, "qx8s").view(torch.int32).copy_(qs.reshape(-1))
-    for name in ("xrdy", "qrdy"):
+    if publishes_qx8(ir):
+        _region(ir, raw, "qx8").copy_(qx8.view(torch.uint8).reshape(-1))
+        _region(ir, raw, "qx8s").view(torch.int32).copy_(qs.reshape(-1))
+    for name in ("xrdy", "qrdy") if publishes_qx8(ir) else ("xrdy",):
         fl = _region(ir, raw, name).view(torch.int32).view(-1, 2)
         fl[:, 0], fl[:, 1] = 1, tag
     qv = bf16_rn(ref.mx_gemv_kernel_order(qx8, qs, lg["wqb"], lg["wqb_s"], waves, chunk))
@@ -257,11 +264,15 @@ def check(case: Case, ir, args: dict, epoch: int = 0) -> dict:
     qkv = bf16_rn(got["partials"][0] + got["partials"][1])
     ys, kn = ref.front_norms(qkv, inp["qn_w"], inp["kvn_w"])
     qx8, qs = ref.mxfp8_quantize(ys, target)
-    bad = (got["qx8"].view(torch.uint8) != qx8.view(torch.uint8)).nonzero()
-    expect(bad.numel() == 0, f"QX8 differs at {bad[:5].tolist()} ({bad.shape[0]} bytes)")
-    expect(torch.equal(got["qx8s"], qs), "QX8S codes")
-    tags = got["qrdy"].view(-1, q_stride, 2)[:copies, :s]
-    expect((tags[..., 1] == tag).all() and (tags[..., 0] == 1).all(), "QRDY flags (every copy)")
+    if publishes_qx8(ir):
+        bad = (got["qx8"].view(torch.uint8) != qx8.view(torch.uint8)).nonzero()
+        expect(bad.numel() == 0, f"QX8 differs at {bad[:5].tolist()} ({bad.shape[0]} bytes)")
+        expect(torch.equal(got["qx8s"], qs), "QX8S codes")
+        tags = got["qrdy"].view(-1, q_stride, 2)[:copies, :s]
+        expect((tags[..., 1] == tag).all() and (tags[..., 0] == 1).all(), "QRDY flags (every copy)")
+        q_in, q_codes = got["qx8"], got["qx8s"]
+    else:  # q_inline: wq_b's CTAs computed QX8 in LDS (test_q_inline_same_bits: the published bits)
+        q_in, q_codes = qx8, qs
     if index:
         want = ys.bfloat16().view(torch.int16)
         expect(torch.equal(args["qr_out"].cpu().view(torch.int16), want), "qr_out")
@@ -274,7 +285,7 @@ def check(case: Case, ir, args: dict, epoch: int = 0) -> dict:
     expect(bad.numel() == 0, f"SWA cache differs at {bad.numel()} bytes, first {bad[:8].tolist()}")
 
     # q within tolerance of the exact wq_b of the kernel's own QX8
-    exact, absdot = ref.mx_gemv(got["qx8"], got["qx8s"], lg["wqb"], lg["wqb_s"])
+    exact, absdot = ref.mx_gemv(q_in, q_codes, lg["wqb"], lg["wqb_s"])
     v = bf16_rn(exact.float()).reshape(s, case.heads, ref.HEAD_DIM)
     q_ref = ref.q_rope(v, inp["pos"], inp["cos_sin"])
     q = args["q"].cpu().float()

@@ -1,7 +1,8 @@
 """DeepSeek-V4.1 attn_front on the GPU against the PyTorch reference
 (contract B, C.2; the checks and tolerances: tests/deepseek_case.py).
 
-Builds: S in {1, 6, 16, 17, 48} (16, 17 and 48 through the xq stage), TP 2 and 4,
+Builds: S in {1, 6, 16, 17, 48} (16, 17 and 48 through the xq stage; S = 1 with wq_b
+norming q itself, q_inline, also against the publishing build), TP 2 and 4,
 ratio 0 / 1 / 2, index and tuned on and off, timeline; pad rows (slot -1),
 SWA blocks of 64 and 128 tokens, padded block strides. Each build launches
 twice (the second launch: the next epoch's tags, the same bits); one build
@@ -109,6 +110,23 @@ def test_front(c):
             v = tl[:, pts.index(p)]
             assert ((v == 0) | ((v >= start) & (v <= done))).all(), p
         assert (tl[:, pts.index("wqb_done")] > 0).all(), "every CTA has wq_b tasks"
+
+
+@pytest.mark.parametrize("s", [1, 6])
+def test_q_inline_same_bits(s):
+    """wq_b's CTAs norming the q latent themselves (q_inline) write the very q and records of
+    the build in which the qkv stage publishes QX8 (same inputs): the q math is one macro."""
+    builds = [codegen.load(SPEC, tokens=s, tune={"symbols.INLINE_Q_TOKENS": n}) for n in (s, 0)]
+    assert [dc.publishes_qx8(k.ir) for k in builds] == [False, True]
+    case = dc.make_case(s, 4, 1, "sm90", seed=31 + s, pad_rows=(1,) if s > 1 else ())
+    outs = []
+    for kernel in builds:
+        args = dc.launch_args(case, kernel.workspace("cuda"))
+        launch(kernel, args)
+        dc.check(case, kernel.ir, args)
+        outs.append((args["q"].view(torch.int16).cpu(), args["swa"].cpu()))
+    assert torch.equal(outs[0][0], outs[1][0]), "q differs between the q_inline and the publishing build"
+    assert torch.equal(outs[0][1], outs[1][1]), "the SWA records differ"
 
 
 def test_graph_replays():

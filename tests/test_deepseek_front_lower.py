@@ -42,7 +42,8 @@ def test_tuned_flag_copies(tokens):
         stride = -(-per_copy // 32) * 32  # each copy its own 256-byte stretch
         assert r.count == 8 * stride and r.offset % 256 == 0 and (stride * 8) % 256 == 0
     text = render(ir)
-    assert "constexpr int COPIES = 8;" in text and "block_id() % COPIES" in text
+    assert "constexpr int COPIES = 8;" in text
+    assert ("block_id() % COPIES" in text) is (tokens > 1)  # S = 1: wq_b norms q itself, xq is off: no flag waits
 
 
 @pytest.mark.parametrize("target", list(TARGETS))
@@ -56,7 +57,9 @@ def test_stages_and_placement(target, tokens):
     assert st["kt"].first == free and st["wqkv_a"].ctas == ir.blocks
     if "xq" in st:
         assert st["xq"].first == free and st["xq"].tasks == 2 * tokens
-    assert st["wq_b"].tasks == 16 * 512 // 16 and st["qkv"].first == 0
+    assert st["wq_b"].tasks == 16 * 512 // 16
+    # q_inline builds (S = 1): the qkv tasks on the CTAs with the fewest wq_b (sm90) or wqkv units
+    assert st["qkv"].first == (0 if tokens > 1 else 512 % 132 if target == "sm90" else n_wqkv)
     assert ir.lds_bytes <= ir.target.lds_bytes
     assert ir.tag_stride == 2 and ir.layer_arg is None and ir.counter_arg == "epoch"
 
@@ -165,7 +168,7 @@ def test_ilp_without_bulk_groups_the_register_units():
         assert "constexpr int K_PARTS = 1;" in wqb and "return K_PARTS == 1 ? 0 :" in wqb  # k_parts 1: one part
         if wqkv_group > 1:  # each group stages its own part's rows, puts its partials there
             assert "const int kpart = unit_part(min_i(b0 + CTAS * i0, TASKS - 1));" in wqkv
-            assert "stage_rows(a, mb, kpart," in wqkv and "lds, unit_row0(u), unit_part(u), tok0" in wqkv
+            assert "stage_rows(a, mb, lds, kpart," in wqkv and "lds, unit_row0(u), unit_part(u), tok0" in wqkv
         else:
             assert "mx_gemv16_units<1, CPW, NC, XSTRIDE, SSTRIDE, WAVES * PART_WAVE>" in wqkv
     # the spec: TP2 above 16 tokens keeps the plain loop (its groups would spill)
@@ -235,11 +238,39 @@ def test_wq_b_weights_point():
     assert ns.count("stamp(lds, TL_SPARE);") == 1 and wait < ns.index("stamp(lds, TL_SPARE);") < ns.index("mx_gemv16_units<")
 
 
+def test_q_inline_builds():
+    """Up to INLINE_Q_TOKENS rows wq_b norms q itself from the partials (no QX8 wait) and the
+    qkv stage publishes nothing, on the CTAs with one wq_b unit fewer (sm90); above, QX8 and
+    its flags as before. Both emit the one q latent math (mla_q_math)."""
+    for tokens, inline in ((1, True), (6, False)):
+        ir = ir_of(tokens=tokens)
+        qkv, wqb = (next(s for s in ir.stages if s.name == n) for n in ("qkv", "wq_b"))
+        assert wqb.values["q_inline"] is inline and qkv.values["publish"] is not inline
+        assert qkv.first == (512 % 132 if inline else 0)
+        text = render(ir)
+        ns = text[text.index("namespace stage_wq_b {"):text.index("}  // namespace stage_wq_b")]
+        assert ("await_rows(" in ns) is not inline
+        assert ("sum_partials<LDS_TOKENS * Q_RANK, LDS_TOKENS>(mb.qkvp, mb.tag, tok0, vals);" in ns) is inline
+        assert f"constexpr bool PUBLISH = {'false' if inline else 'true'};" in text
+        assert text.count("MONO_DEVICE int q_quant(") == 1 + inline
+    assert {b.name for b in ir_of(tokens=1, tune={"symbols.INLINE_Q_TOKENS": 6}).lds if b.stage == "wq_b"} >= {"qv", "qred"}
+
+
+@pytest.mark.parametrize("tune,field,message", [
+    ({"wqkv_a.q_inline": True}, "stages.2.q_inline", "only an mla_norm_rope source's q latent"),
+    ({"qkv.publish": False}, "stages.4.x_from", "does not publish QX8 in this build"),
+])
+def test_q_inline_refusals(tune, field, message):
+    with pytest.raises(SpecError, match=message) as e:
+        ir_of(tokens=6, tune=tune)
+    assert field in str(e.value)
+
+
 def test_qkv_probe_points():
-    """got_point / quant_point stamp the qkv stage's first token: after its partials' wait,
+    """got_point / quant_point stamp the qkv stage's first token: after its partials' wait and sums,
     after its QX8 stores (before the flag)."""
     text = render(ir_of(tokens=16, timeline=True, tune={"qkv.got_point": "spare", "qkv.quant_point": "spare2"}))
     ns = text[text.index("namespace stage_qkv {"):text.index("}  // namespace stage_qkv")]
     got, quant = ns.index("stamp(lds, TL_SPARE);"), ns.index("stamp(lds, TL_SPARE2);")
-    assert ns.index("mailbox_wait_all2(p, mb.tag, v);") < got < ns.index("st8(mb.qx8") < quant < ns.index("publish(mb, t);")
+    assert ns.index("sum_partials<QKV, 1>(mb.qkvp, mb.tag, t, vals);") < got < ns.index("st8(mb.qx8") < quant < ns.index("publish(mb, t);")
     assert "stamp(lds, TL_SPARE" not in render(ir_of(tokens=16, timeline=True)).split("namespace stage_qkv {")[1]

@@ -35,7 +35,9 @@ reference bounds.
 The activations come from the stage named by ``x_from``: an ``mxfp8_quant``
 stage's words after its flags, or, when that stage is not in the build, x
 quantized by the GEMV CTA itself (every token of its K part, into LDS; the
-same bits); or an ``mla_norm_rope`` stage's QX8 after its flags."""
+same bits); or an ``mla_norm_rope`` stage's QX8 after its flags, or, with
+``q_inline``, QX8 computed by the GEMV CTA itself from that stage's partials
+(template macro ``mla_q_math``, shared with the stage: the same bits)."""
 
 from __future__ import annotations
 
@@ -44,6 +46,7 @@ from typing import Literal
 from pydantic import field_validator
 
 from ..spec.models import Expr, Name, PerTarget, StageBase, per_target
+from . import mla_norm_rope
 from .gemv_fp8 import K_CHUNK, PART_ROW, row_batch
 from .mxfp8_quant import MX_BLOCK, check_rows, mx_fp8_max
 
@@ -83,6 +86,11 @@ class Model(StageBase):
     # LDS no stage reuses, so they land while earlier stages run; those units are computed
     # `group` at a time (one barrier and one epilogue pass a group)
     bulk_weights: PerTarget = PerTarget(default=0)
+    # mla_norm_rope source: the CTAs norm and quantize the q latent themselves from the source's
+    # partials (template macro mla_q_math, the same bits as its QX8) instead of waiting for QX8:
+    # one hand-off less (the source's QX8 store, fence and flag, this stage's flag poll and row
+    # copy); every CTA reads every token's q partials, so for few tokens only
+    q_inline: Expr = False
     rows_point: Name | None = None  # timeline point: the CTA's first token rows in LDS
     unit_point: Name | None = None  # timeline point: the CTA's first unit (bulk: group) put
     weights_point: Name | None = None  # timeline point: bulk_weights: the kernel-start copies landed
@@ -148,6 +156,14 @@ def lower(stage: Model, ctx) -> dict:
     inline = not ctx.stage_active(src.name)
     if inline and src.kind != "mxfp8_quant":
         ctx.fail(("x_from",), f"stage {src.name!r} is not in this build and only an mxfp8_quant source can be inlined")
+    q_inline = bool(ctx.evaluate(stage.q_inline, ("q_inline",)))
+    if q_inline and src.kind != "mla_norm_rope":
+        ctx.fail(("q_inline",), f"stage {src.name!r} is of kind {src.kind}: only an mla_norm_rope source's q latent "
+                 "can be normed here", "set q_inline false")
+    if src.kind == "mla_norm_rope" and not q_inline and ctx.stage_active(src.name) \
+            and not ctx.evaluate(src.publish, ("x_from",)):
+        ctx.fail(("x_from",), f"stage {src.name!r} does not publish QX8 in this build (publish false), so this "
+                 "stage would wait for it forever", "set q_inline for the same builds as the source's publish is false")
     src_k = ctx.integer(src.k if src.kind == "mxfp8_quant" else src.q_rank, ("x_from",))
     src_parts = ctx.integer(pub["parts"], ("x_from",))
     if src_k != k or src_parts not in (1, parts):
@@ -158,9 +174,20 @@ def lower(stage: Model, ctx) -> dict:
 
     tokens = ctx.tokens
     tile = min(tokens, ctx.integer(stage.token_tile.for_target(t.name), ("token_tile",)))
-    if inline and tile < tokens:
+    if (inline or q_inline) and tile < tokens:
         ctx.fail(("token_tile",), f"quantizing x here needs every token in LDS ({tile} < {tokens})",
                  "raise token_tile or let the quant stage run for this build")
+    q_math = {}
+    if q_inline:  # the source's partials and q_norm weight, reported at its lines
+        here, ctx.loc = ctx.loc, ("stages", [s.name for s in ctx.loaded.spec.stages].index(src.name))
+        q_math = mla_norm_rope.q_math(src, ctx)
+        mla_norm_rope.check_producer(src, ctx, q_math["q_rank"] + q_math["kv_dim"], 2)
+        ctx.loc = here
+        if parts != 1:
+            ctx.fail(("k_parts",), "q_inline norms whole q rows: k_parts 1 needed")
+        q_threads = q_math["q_rank"] // mla_norm_rope.Q_PER_THREAD
+        ctx.lds(stage.name, "qv", "float", tokens * q_math["q_rank"])  # every token's bf16(P_0 + P_1) of q
+        ctx.lds(stage.name, "qred", "float", 8 * (ctx.threads // q_threads))  # group sums of the tokens normed at once
     if inline:  # this stage quantizes x itself: the source's bindings, reported at its lines
         here, ctx.loc = ctx.loc, ("stages", [s.name for s in ctx.loaded.spec.stages].index(src.name))
         check_rows(src, ctx, k)
@@ -242,6 +269,8 @@ def lower(stage: Model, ctx) -> dict:
         "row_batch": row_batch(tile * kp // (8 if inline else 16), ctx.threads),
         "sstride": sstride,
         "inline": inline,
+        "q_inline": q_inline,
+        "q_math": q_math,
         "src": pub,
         "src_kind": src.kind,
         "src_fields": src,

@@ -60,6 +60,9 @@ class Model(StageBase):
     flag_stride: Expr
     index: Expr = "index"  # index builds: write qr_out
     tuned: Expr = "tuned"  # QRDY before the record
+    # QX8, its codes and the QRDY flags (false where the consuming GEMV norms q itself from the
+    # partials, gemv_mxfp8 q_inline: nothing in the launch waits for them)
+    publish: Expr = True
     # ABI arguments (the seed's names)
     qn_w: Name = "qn_w"
     kvn_w: Name = "kvn_w"
@@ -70,7 +73,7 @@ class Model(StageBase):
     swa_stride: Name = "swa_stride"
     swa_block: Name = "swa_block"
     qr_out: Name = "qr_out"
-    got_point: Name | None = None  # timeline point: thread 0 has its couples of the CTA's first token's partials
+    got_point: Name | None = None  # timeline point: thread 0 summed its couples of the CTA's first token's partials
     quant_point: Name | None = None  # timeline point: the first token's QX8 stored (before its flag)
 
     def published(self) -> dict:
@@ -97,6 +100,13 @@ def check_producer(stage: Model, ctx, width: int, parts: int) -> None:
     if (rows, kp) != (width, parts):
         ctx.fail(("partials",), f"stage {w.name!r} writes {rows} rows in {kp} K part(s) a token; this stage reads "
                  f"q_rank + kv_dim = {width} rows in {parts}", "make the GEMV's rows q_rank + kv_dim")
+
+
+def q_math(stage: Model, ctx) -> dict:
+    """The sizes of the q latent norm (template macro ``mla_q_math``), for this stage and for
+    a gemv_mxfp8 that computes it itself."""
+    return {"q_rank": ctx.integer(stage.q_rank, ("q_rank",)), "kv_dim": ctx.integer(stage.kv_dim, ("kv_dim",)),
+            "eps": float(ctx.evaluate(stage.eps, ("eps",)))}
 
 
 def lower(stage: Model, ctx) -> dict:
@@ -137,15 +147,14 @@ def lower(stage: Model, ctx) -> dict:
     ctx.lds(stage.name, "vals", "float", q_rank + kv_dim)  # the token's bf16(P_0 + P_1), as f32
     rope = kv_dim - nope
     return {
-        "q_rank": q_rank,
-        "kv_dim": kv_dim,
+        "q_math": q_math(stage, ctx),
         "nope": nope,
         "rope": rope,
         "record_data": nope + 2 * rope,
         "record_blocks": nope // RECORD_BLOCK,
-        "eps": float(ctx.evaluate(stage.eps, ("eps",))),
         "index": bool(ctx.evaluate(stage.index, ("index",))),
         "tuned": bool(ctx.evaluate(stage.tuned, ("tuned",))),
+        "publish": bool(ctx.evaluate(stage.publish, ("publish",))),
         "copies": copies,
         "flag_stride": stride,
         "mx_fp8_max": mx_fp8_max(ctx.target),

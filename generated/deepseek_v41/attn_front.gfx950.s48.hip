@@ -97,6 +97,7 @@ constexpr int MX_BLOCK = 32;  // values per E8M0 scale (activations: 1 x 32; wei
 constexpr int K_PARTS = 2;  // wqkv's K split: two CTAs per row tile
 constexpr int WQKV_TASKS = 224;  // (16-row tile, K half) units: 224
 constexpr int INLINE_QUANT_TOKENS = 8;
+constexpr int INLINE_Q_TOKENS = 1;
 constexpr int MAX_TOKENS = 48;
 constexpr int SWA_RECORD = 584;  // fp8_ds_mla bytes a token: 576 data (448 e4m3 + 64 bf16) + 8 scale
 constexpr int EPOCH_STRIDE = 2;  // tags 2e + 1 (this kernel) and 2e + 2 (the attention kernel K2)
@@ -643,7 +644,7 @@ MONO_DEVICE void load_unit(const Args& a, int u, u32x4 (&w)[CPW], float (&sw)[CP
 
 // Tokens tok0 .. tok0 + nt of xq's x8 (K part `part`) and their codes into LDS
 // (16-byte loads through L2: written in this launch, published behind the flags).
-MONO_DEVICE void stage_rows(const Args&, const Mailbox& mb, int part, int tok0, int nt, u32* xl, float* xs) {
+MONO_DEVICE void stage_rows(const Args&, const Mailbox& mb, u8*, int part, int tok0, int nt, u32* xl, float* xs) {
     constexpr int VECS = KP / 16, SVECS = KP / 128;  // 16-byte pieces of a row part, of its codes
     copy16_batched<ROW_BATCH>(
         nt * VECS, [&](int i) { return mb.x8 + (tok0 + i / VECS) * (K / 4) + part * (KP / 4) + 4 * (i % VECS); },
@@ -709,7 +710,7 @@ MONO_DEVICE void run(const Args& a, const Mailbox& mb, u8* lds) {
                 const int tok0 = tile * LDS_TOKENS, nt = min_i(LDS_TOKENS, TOKENS - tok0);
                 if (N_LDS_TILES > 1 || new_part) {  // rows of this part not in LDS yet
                     barrier();
-                    stage_rows(a, mb, kpart, tok0, nt, xl, xs);
+                    stage_rows(a, mb, lds, kpart, tok0, nt, xl, xs);
                     barrier();
                 }
                 for (int c0 = 0; c0 < nt; c0 += 16) {
@@ -736,37 +737,81 @@ constexpr int CTAS = 256;
 constexpr int LDS_RED = 0;  // LDS: 32 x float
 constexpr int LDS_VALS = 128;  // LDS: 1792 x float
 
+constexpr float MX_FP8_MAX = 448.0f;  // the MX maximum of this target's e4m3 flavour
 constexpr int Q_RANK = 1280;          // q latent: thread tt < Q_THREADS holds columns 8tt .. 8tt + 7
 constexpr int KV_DIM = 512;           // kv: thread tt < 256 holds columns 2tt, 2tt + 1
 constexpr int QKV = Q_RANK + KV_DIM;         // partials of a token (one K half)
-constexpr int COUPLES = QKV / 2;             // 16-byte couples of pairs of a K half
-constexpr int COUPLES_PER_THREAD = (COUPLES + THREADS - 1) / THREADS;
 constexpr int Q_THREADS = Q_RANK / 8;
-constexpr int NORM_THREADS = 256;
+constexpr int NORM_THREADS = 256;            // a token's threads: 8 groups of 32 (q: the first Q_THREADS)
+constexpr float NORM_EPS = 1e-20f;   // q_norm / kv_norm eps
+static_assert(QKV % 2 == 0 && Q_RANK % 32 == 0 && Q_THREADS <= NORM_THREADS, "couples of pairs; whole 32-blocks");
+
+// ((G0 + G1) + (G2 + G3)) + ((G4 + G5) + (G6 + G7)) of 8 group sums in LDS
+MONO_DEVICE float tree8(const float* g) {
+    return ((g[0] + g[1]) + (g[2] + g[3])) + ((g[4] + g[5]) + (g[6] + g[7]));
+}
+
+// Columns 0 .. N of token t's partials, both K halves (pairs of the wqkv GEMV at half h:
+// parts + (h * TOKENS + t) * QKV): every thread of the CTA waits for its couples of adjacent
+// pairs (16-byte loads, coalesced across the warp, all at once: one round trip) and puts
+// bf16(P_0 + P_1) (f32 add) as f32 at vals[column]. N may cover NT tokens' first N / NT
+// columns each (row r of vals at r * N / NT): token t0 + r.
+template <int N, int NT, typename TagT>
+MONO_DEVICE void sum_partials(const u64* parts, const TagT& tag, int t0, float* vals) {
+    constexpr int ROW = N / NT, COUPLES = N / 2, PER_THREAD = (COUPLES + THREADS - 1) / THREADS;
+    static_assert(N % NT == 0 && ROW % 2 == 0, "whole couples a token");
+    const u64* p[2 * PER_THREAD];  // half 0, half 1 of each couple
+#pragma unroll
+    for (int k = 0; k < PER_THREAD; ++k) {
+        const int c = min_i(thread_id() + k * THREADS, COUPLES - 1), r = 2 * c / ROW;  // past COUPLES: a repeat
+        const u64* tok = parts + (long long)(t0 + r) * QKV + (2 * c - r * ROW);
+        p[2 * k] = tok;
+        p[2 * k + 1] = tok + (long long)TOKENS * QKV;
+    }
+    u32 v[2 * PER_THREAD][2];
+    mailbox_wait_all2(p, tag, v);
+#pragma unroll
+    for (int k = 0; k < PER_THREAD; ++k) {
+        const int c = thread_id() + k * THREADS;
+        if (c < COUPLES)
+            for (int e = 0; e < 2; ++e) vals[2 * c + e] = bf16_round(u32_as_float(v[2 * k][e]) + u32_as_float(v[2 * k + 1][e]));
+    }
+}
+
+// A thread's q columns' sum of squares (plain f32 mul then add, in column order), summed over
+// its 32-lane group (butterfly 16..1); every lane calls it (0 for threads past Q_THREADS)
+MONO_DEVICE float q_group_sumsq(const float (&xq)[8]) {
+    float ss = xq[0] * xq[0];
+    for (int j = 1; j < 8; ++j) ss = ss + xq[j] * xq[j];
+    return sum32(ss);
+}
+// r = rsq(RN(tot / Q_RANK) + EPS) of the 8 group sums in red[] (groups past Q_THREADS: 0)
+MONO_DEVICE float q_rsq(const float* red) { return rsq(div_rn(tree8(red), float(Q_RANK)) + NORM_EPS); }
+// ys = bf16((x * r) * f32(qn_w)) -> MXFP8 (a 32-block = 4 threads): the QX8 words w0, w1 of
+// columns 8tt .., the block's E8M0 code returned; every lane calls it (shuffles)
+MONO_DEVICE int q_quant(const float (&xq)[8], float rq, const float (&qw)[8], float (&ys)[8], u32& w0, u32& w1) {
+    for (int j = 0; j < 8; ++j) ys[j] = bf16_round((xq[j] * rq) * qw[j]);
+    return mx_quant8f(ys, MX_FP8_MAX, w0, w1);
+}
 constexpr int NOPE = 448;             // kv dims before the GPT-J RoPE dims
 constexpr int ROPE = 64;              // cos_sin row: cos[0 .. ROPE / 2), sin[..]
 constexpr int RECORD_DATA = 576;      // fp8_ds_mla data row: NOPE e4m3 bytes, ROPE bf16
 constexpr int RECORD_SCALE = 8;              // scale row: one UE8M0 code per 64 NoPE dims, then 0
 constexpr int RECORD_BLOCKS = 7;       // NoPE blocks of 64 dims (32 threads each)
-constexpr float NORM_EPS = 1e-20f;   // q_norm / kv_norm eps
 constexpr float RECORD_FLOOR = 1e-4f;        // amax floor of a record block
-constexpr float MX_FP8_MAX = 448.0f;  // the MX maximum of this target's e4m3 flavour
 constexpr int COPIES = 1;              // copies of each QRDY flag
 constexpr int FLAG_STRIDE = 48;
 constexpr bool WRITE_QR = false;         // index build: qr_out = bf16 normed q latent
 constexpr bool EARLY_READY = false;      // tuned: QRDY before the record's stores
+constexpr bool PUBLISH = true;          // QX8 and QRDY (false: its GEMV norms q itself)
 constexpr int RED_Q = 0, RED_KV = 8, RED_CODES = 16;  // red[]: q group sums, kv group sums, record codes
 
 // Token t's QX8 published: this CTA's stores drained device-wide, then the flag (all copies).
 MONO_DEVICE void publish(const Mailbox& mb, int t) {
+    if (!PUBLISH) return;
     fence_release();
     barrier();
     if (thread_id() < COPIES) mailbox_put(mb.qrdy + thread_id() * FLAG_STRIDE + t, 1u, mb.tag);
-}
-
-// ((G0 + G1) + (G2 + G3)) + ((G4 + G5) + (G6 + G7)) of 8 group sums in LDS
-MONO_DEVICE float tree8(const float* g) {
-    return ((g[0] + g[1]) + (g[2] + g[3])) + ((g[4] + g[5]) + (g[6] + g[7]));
 }
 
 // Token t (contract B.5.3, B.5.4; the order in codegen/stages/mla_norm_rope.py).
@@ -784,28 +829,9 @@ MONO_DEVICE void token(const Args& a, const Mailbox& mb, u8* lds, float* red, fl
     const float* cs_row = a.cos_sin + (long long)pos * ROPE;
     const float cs = is_rope ? cs_row[jj] : 1.0f, sn = is_rope ? cs_row[ROPE / 2 + jj] : 0.0f;
 
-    // the two K halves' partials: every thread of the CTA waits for its couples of adjacent
-    // pairs (coalesced 16-byte loads, all at once: one round trip), sums them in f32 -> bf16
-    // into vals[]; then thread tt reads its own columns back
-    const u64* p0 = mb.qkvp + (long long)t * QKV;
-    const u64* p1 = mb.qkvp + (long long)(TOKENS + t) * QKV;
-    {
-        const u64* p[2 * COUPLES_PER_THREAD];  // half 0, half 1 of each couple
-#pragma unroll
-        for (int k = 0; k < COUPLES_PER_THREAD; ++k) {
-            const int c = min_i(tid + k * THREADS, COUPLES - 1);  // past COUPLES: a repeat, not stored
-            p[2 * k] = p0 + 2 * c;
-            p[2 * k + 1] = p1 + 2 * c;
-        }
-        u32 v[2 * COUPLES_PER_THREAD][2];
-        mailbox_wait_all2(p, mb.tag, v);
-#pragma unroll
-        for (int k = 0; k < COUPLES_PER_THREAD; ++k) {
-            const int c = tid + k * THREADS;
-            if (c < COUPLES)
-                for (int e = 0; e < 2; ++e) vals[2 * c + e] = bf16_round(u32_as_float(v[2 * k][e]) + u32_as_float(v[2 * k + 1][e]));
-        }
-    }
+    // the two K halves' partials summed into vals[] by every thread (sum_partials), then
+    // thread tt's columns read back
+    sum_partials<QKV, 1>(mb.qkvp, mb.tag, t, vals);
     barrier();
     float xq[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f}, xk[2] = {0.0f, 0.0f};
     if (has_q)
@@ -815,31 +841,29 @@ MONO_DEVICE void token(const Args& a, const Mailbox& mb, u8* lds, float* red, fl
 
     // sums of squares: per thread in column order, per 32-lane group a butterfly, the 8
     // groups as a fixed tree (threads without q columns add 0)
-    float ssq = xq[0] * xq[0];
-    for (int j = 1; j < 8; ++j) ssq = ssq + xq[j] * xq[j];
+    const float ssq = q_group_sumsq(xq);
     float ssk = xk[0] * xk[0];
     ssk = ssk + xk[1] * xk[1];
-    ssq = sum32(ssq);
     ssk = sum32(ssk);
     if (mine && tid % 32 == 0) {
         red[RED_Q + tid / 32] = ssq;
         red[RED_KV + tid / 32] = ssk;
     }
     barrier();
-    const float rq = rsq(div_rn(tree8(red + RED_Q), float(Q_RANK)) + NORM_EPS);
+    const float rq = q_rsq(red + RED_Q);
     const float rk = rsq(div_rn(tree8(red + RED_KV), float(KV_DIM)) + NORM_EPS);
 
     // q: the bf16 normed latent -> MXFP8 (a 32-block = 4 threads) -> QX8
     float ys[8];
-    for (int j = 0; j < 8; ++j) ys[j] = bf16_round((xq[j] * rq) * qw[j]);
     u32 w0, w1;
-    const int code = mx_quant8f(ys, MX_FP8_MAX, w0, w1);
-    if (has_q) {
+    const int code = q_quant(xq, rq, qw, ys, w0, w1);
+    if (has_q && PUBLISH) {
         st8(mb.qx8 + t * (Q_RANK / 4) + 2 * tt, w0, w1);
         if (tt % 4 == 0) st4(mb.qx8s + t * (Q_RANK / 32) + tt / 4, u32(code));
-        if (WRITE_QR && a.qr_out != nullptr)
-            st16(a.qr_out + (long long)t * Q_RANK + 8 * tt,
-                 u32x4{pack_bf16x2(ys[0], ys[1]), pack_bf16x2(ys[2], ys[3]), pack_bf16x2(ys[4], ys[5]), pack_bf16x2(ys[6], ys[7])});
+    }
+    if (has_q && WRITE_QR && a.qr_out != nullptr) {
+        st16(a.qr_out + (long long)t * Q_RANK + 8 * tt,
+             u32x4{pack_bf16x2(ys[0], ys[1]), pack_bf16x2(ys[2], ys[3]), pack_bf16x2(ys[4], ys[5]), pack_bf16x2(ys[6], ys[7])});
     }
     if (EARLY_READY) publish(mb, t);
 
@@ -955,7 +979,7 @@ MONO_DEVICE void load_unit(const Args& a, int u, u32x4 (&w)[CPW], float (&sw)[CP
 
 // Tokens tok0 .. tok0 + nt of qkv's qx8 (K part `part`) and their codes into LDS
 // (16-byte loads through L2: written in this launch, published behind the flags).
-MONO_DEVICE void stage_rows(const Args&, const Mailbox& mb, int part, int tok0, int nt, u32* xl, float* xs) {
+MONO_DEVICE void stage_rows(const Args&, const Mailbox& mb, u8*, int part, int tok0, int nt, u32* xl, float* xs) {
     constexpr int VECS = KP / 16, SVECS = KP / 128;  // 16-byte pieces of a row part, of its codes
     copy16_batched<ROW_BATCH>(
         nt * VECS, [&](int i) { return mb.qx8 + (tok0 + i / VECS) * (K / 4) + part * (KP / 4) + 4 * (i % VECS); },
@@ -1044,7 +1068,7 @@ MONO_DEVICE void run(const Args& a, const Mailbox& mb, u8* lds) {
                 const int tok0 = tile * LDS_TOKENS, nt = min_i(LDS_TOKENS, TOKENS - tok0);
                 if (N_LDS_TILES > 1 || new_part) {  // rows of this part not in LDS yet
                     barrier();
-                    stage_rows(a, mb, kpart, tok0, nt, xl, xs);
+                    stage_rows(a, mb, lds, kpart, tok0, nt, xl, xs);
                     barrier();
                 }
                 for (int c0 = 0; c0 < nt; c0 += 16) {

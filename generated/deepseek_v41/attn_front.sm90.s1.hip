@@ -49,23 +49,25 @@
 //   qx8s     @    36096       160 B  40 words: its E8M0 codes (int32): token t at t * 40
 //   qrdy     @    36352         8 B  1 flags: ready flag of token t's QX8 (copy c: + c * QRDY_STRIDE)
 //
-// LDS (153296 bytes; stages reuse the same bytes, one after another):
+// LDS (158512 bytes; stages reuse the same bytes, one after another):
 //   stage_wqkv_a::LDS_X    @      0  644 x u32
 //   stage_wqkv_a::LDS_XS   @   2576  84 x float
 //   stage_wqkv_a::LDS_PART @   2912  4352 x float
 //   stage_qkv::LDS_RED     @      0  32 x float
 //   stage_qkv::LDS_VALS    @    128  1792 x float
-//   stage_wq_b::LDS_X      @      0  324 x u32
-//   stage_wq_b::LDS_XS     @   1296  44 x float
-//   stage_wq_b::LDS_PART   @   1472  17408 x float
-//   stage_wq_b::LDS_CS     @  71104  64 x float
-//   stage_wq_b::LDS_W      @  71360  20480 x u32  (whole kernel: not reused)
-//   stage_wq_b::LDS_WBAR   @ 153280  1 x u64  (whole kernel: not reused)
+//   stage_wq_b::LDS_QV     @      0  1280 x float
+//   stage_wq_b::LDS_QRED   @   5120  24 x float
+//   stage_wq_b::LDS_X      @   5216  324 x u32
+//   stage_wq_b::LDS_XS     @   6512  44 x float
+//   stage_wq_b::LDS_PART   @   6688  17408 x float
+//   stage_wq_b::LDS_CS     @  76320  64 x float
+//   stage_wq_b::LDS_W      @  76576  20480 x u32  (whole kernel: not reused)
+//   stage_wq_b::LDS_WBAR   @ 158496  1 x u64  (whole kernel: not reused)
 //
 // stages (every CTA runs them in this order; a stage waits only on earlier ones):
 //   1. kt     key_table    1 tasks on CTAs 92..131 (round_robin)
 //   2. wqkv_a gemv_mxfp8   224 tasks on CTAs 0..131 (round_robin)
-//   3. qkv    mla_norm_rope 1 tasks on CTAs 0..131 (round_robin), waits on wqkv_a
+//   3. qkv    mla_norm_rope 1 tasks on CTAs 116..131 (round_robin), waits on wqkv_a
 //   4. wq_b   gemv_mxfp8   512 tasks on CTAs 0..131 (round_robin), waits on qkv
 
 // ---- build constants ------------------------------------------------------------------
@@ -98,6 +100,7 @@ constexpr int MX_BLOCK = 32;  // values per E8M0 scale (activations: 1 x 32; wei
 constexpr int K_PARTS = 2;  // wqkv's K split: two CTAs per row tile
 constexpr int WQKV_TASKS = 224;  // (16-row tile, K half) units: 224
 constexpr int INLINE_QUANT_TOKENS = 8;
+constexpr int INLINE_Q_TOKENS = 1;
 constexpr int MAX_TOKENS = 48;
 constexpr int SWA_RECORD = 584;  // fp8_ds_mla bytes a token: 576 data (448 e4m3 + 64 bf16) + 8 scale
 constexpr int EPOCH_STRIDE = 2;  // tags 2e + 1 (this kernel) and 2e + 2 (the attention kernel K2)
@@ -668,7 +671,7 @@ struct Mailbox {
     u64* qrdy;  // 1 flags @ 36352
 };
 
-constexpr int LDS_BYTES = 153296;  // the union of the stages' LDS, plus the stamps
+constexpr int LDS_BYTES = 158512;  // the union of the stages' LDS, plus the stamps
 
 // ---- timeline ---------------------------------------------------------------------------
 constexpr int TL_START = 0;
@@ -797,7 +800,7 @@ MONO_DEVICE void load_unit(const Args& a, int u, u32x4 (&w)[CPW], float (&sw)[CP
 // Tokens tok0 .. tok0 + nt of x, K part `part`, quantized here (no xq stage in this
 // build: contract B.4, the same bits as its X8) into LDS: words xl, block scales xs. A thread
 // loads ROW_BATCH items before it quantizes any: one L2 round trip per batch, not per item.
-MONO_DEVICE void stage_rows(const Args& a, const Mailbox&, int part, int tok0, int nt, u32* xl, float* xs) {
+MONO_DEVICE void stage_rows(const Args& a, const Mailbox&, u8*, int part, int tok0, int nt, u32* xl, float* xs) {
     constexpr int ITEMS = KP / 8;  // 8-value items of a row part; a 32-block = 4 lanes
     const int n = nt * ITEMS;
     for (int b = 0; b < n; b += ROW_BATCH * THREADS) {  // uniform trips: every lane shuffles
@@ -862,7 +865,7 @@ MONO_DEVICE void run(const Args& a, const Mailbox& mb, u8* lds) {
                 const int tok0 = tile * LDS_TOKENS, nt = min_i(LDS_TOKENS, TOKENS - tok0);
                 if (N_LDS_TILES > 1 || new_part) {  // rows of this part not in LDS yet
                     barrier();
-                    stage_rows(a, mb, kpart, tok0, nt, xl, xs);
+                    stage_rows(a, mb, lds, kpart, tok0, nt, xl, xs);
                     barrier();
                 }
                 for (int c0 = 0; c0 < nt; c0 += 16) {
@@ -884,42 +887,86 @@ MONO_DEVICE void run(const Args& a, const Mailbox& mb, u8* lds) {
 // stage 3: qkv (mla_norm_rope) -- token t: q_norm -> MXFP8 QX8 (+ flag); kv_norm -> RoPE -> fp8_ds_mla record
 namespace stage_qkv {
 constexpr int TASKS = 1;  // task t runs on CTA FIRST + t % CTAS
-constexpr int FIRST = 0;
-constexpr int CTAS = 132;
+constexpr int FIRST = 116;
+constexpr int CTAS = 16;
 constexpr int LDS_RED = 0;  // LDS: 32 x float
 constexpr int LDS_VALS = 128;  // LDS: 1792 x float
 
+constexpr float MX_FP8_MAX = 448.0f;  // the MX maximum of this target's e4m3 flavour
 constexpr int Q_RANK = 1280;          // q latent: thread tt < Q_THREADS holds columns 8tt .. 8tt + 7
 constexpr int KV_DIM = 512;           // kv: thread tt < 256 holds columns 2tt, 2tt + 1
 constexpr int QKV = Q_RANK + KV_DIM;         // partials of a token (one K half)
-constexpr int COUPLES = QKV / 2;             // 16-byte couples of pairs of a K half
-constexpr int COUPLES_PER_THREAD = (COUPLES + THREADS - 1) / THREADS;
 constexpr int Q_THREADS = Q_RANK / 8;
-constexpr int NORM_THREADS = 256;
+constexpr int NORM_THREADS = 256;            // a token's threads: 8 groups of 32 (q: the first Q_THREADS)
+constexpr float NORM_EPS = 1e-20f;   // q_norm / kv_norm eps
+static_assert(QKV % 2 == 0 && Q_RANK % 32 == 0 && Q_THREADS <= NORM_THREADS, "couples of pairs; whole 32-blocks");
+
+// ((G0 + G1) + (G2 + G3)) + ((G4 + G5) + (G6 + G7)) of 8 group sums in LDS
+MONO_DEVICE float tree8(const float* g) {
+    return ((g[0] + g[1]) + (g[2] + g[3])) + ((g[4] + g[5]) + (g[6] + g[7]));
+}
+
+// Columns 0 .. N of token t's partials, both K halves (pairs of the wqkv GEMV at half h:
+// parts + (h * TOKENS + t) * QKV): every thread of the CTA waits for its couples of adjacent
+// pairs (16-byte loads, coalesced across the warp, all at once: one round trip) and puts
+// bf16(P_0 + P_1) (f32 add) as f32 at vals[column]. N may cover NT tokens' first N / NT
+// columns each (row r of vals at r * N / NT): token t0 + r.
+template <int N, int NT, typename TagT>
+MONO_DEVICE void sum_partials(const u64* parts, const TagT& tag, int t0, float* vals) {
+    constexpr int ROW = N / NT, COUPLES = N / 2, PER_THREAD = (COUPLES + THREADS - 1) / THREADS;
+    static_assert(N % NT == 0 && ROW % 2 == 0, "whole couples a token");
+    const u64* p[2 * PER_THREAD];  // half 0, half 1 of each couple
+#pragma unroll
+    for (int k = 0; k < PER_THREAD; ++k) {
+        const int c = min_i(thread_id() + k * THREADS, COUPLES - 1), r = 2 * c / ROW;  // past COUPLES: a repeat
+        const u64* tok = parts + (long long)(t0 + r) * QKV + (2 * c - r * ROW);
+        p[2 * k] = tok;
+        p[2 * k + 1] = tok + (long long)TOKENS * QKV;
+    }
+    u32 v[2 * PER_THREAD][2];
+    mailbox_wait_all2(p, tag, v);
+#pragma unroll
+    for (int k = 0; k < PER_THREAD; ++k) {
+        const int c = thread_id() + k * THREADS;
+        if (c < COUPLES)
+            for (int e = 0; e < 2; ++e) vals[2 * c + e] = bf16_round(u32_as_float(v[2 * k][e]) + u32_as_float(v[2 * k + 1][e]));
+    }
+}
+
+// A thread's q columns' sum of squares (plain f32 mul then add, in column order), summed over
+// its 32-lane group (butterfly 16..1); every lane calls it (0 for threads past Q_THREADS)
+MONO_DEVICE float q_group_sumsq(const float (&xq)[8]) {
+    float ss = xq[0] * xq[0];
+    for (int j = 1; j < 8; ++j) ss = ss + xq[j] * xq[j];
+    return sum32(ss);
+}
+// r = rsq(RN(tot / Q_RANK) + EPS) of the 8 group sums in red[] (groups past Q_THREADS: 0)
+MONO_DEVICE float q_rsq(const float* red) { return rsq(div_rn(tree8(red), float(Q_RANK)) + NORM_EPS); }
+// ys = bf16((x * r) * f32(qn_w)) -> MXFP8 (a 32-block = 4 threads): the QX8 words w0, w1 of
+// columns 8tt .., the block's E8M0 code returned; every lane calls it (shuffles)
+MONO_DEVICE int q_quant(const float (&xq)[8], float rq, const float (&qw)[8], float (&ys)[8], u32& w0, u32& w1) {
+    for (int j = 0; j < 8; ++j) ys[j] = bf16_round((xq[j] * rq) * qw[j]);
+    return mx_quant8f(ys, MX_FP8_MAX, w0, w1);
+}
 constexpr int NOPE = 448;             // kv dims before the GPT-J RoPE dims
 constexpr int ROPE = 64;              // cos_sin row: cos[0 .. ROPE / 2), sin[..]
 constexpr int RECORD_DATA = 576;      // fp8_ds_mla data row: NOPE e4m3 bytes, ROPE bf16
 constexpr int RECORD_SCALE = 8;              // scale row: one UE8M0 code per 64 NoPE dims, then 0
 constexpr int RECORD_BLOCKS = 7;       // NoPE blocks of 64 dims (32 threads each)
-constexpr float NORM_EPS = 1e-20f;   // q_norm / kv_norm eps
 constexpr float RECORD_FLOOR = 1e-4f;        // amax floor of a record block
-constexpr float MX_FP8_MAX = 448.0f;  // the MX maximum of this target's e4m3 flavour
 constexpr int COPIES = 1;              // copies of each QRDY flag
 constexpr int FLAG_STRIDE = 1;
 constexpr bool WRITE_QR = false;         // index build: qr_out = bf16 normed q latent
 constexpr bool EARLY_READY = false;      // tuned: QRDY before the record's stores
+constexpr bool PUBLISH = false;          // QX8 and QRDY (false: its GEMV norms q itself)
 constexpr int RED_Q = 0, RED_KV = 8, RED_CODES = 16;  // red[]: q group sums, kv group sums, record codes
 
 // Token t's QX8 published: this CTA's stores drained device-wide, then the flag (all copies).
 MONO_DEVICE void publish(const Mailbox& mb, int t) {
+    if (!PUBLISH) return;
     fence_release();
     barrier();
     if (thread_id() < COPIES) mailbox_put(mb.qrdy + thread_id() * FLAG_STRIDE + t, 1u, mb.tag);
-}
-
-// ((G0 + G1) + (G2 + G3)) + ((G4 + G5) + (G6 + G7)) of 8 group sums in LDS
-MONO_DEVICE float tree8(const float* g) {
-    return ((g[0] + g[1]) + (g[2] + g[3])) + ((g[4] + g[5]) + (g[6] + g[7]));
 }
 
 // Token t (contract B.5.3, B.5.4; the order in codegen/stages/mla_norm_rope.py).
@@ -937,28 +984,9 @@ MONO_DEVICE void token(const Args& a, const Mailbox& mb, u8* lds, float* red, fl
     const float* cs_row = a.cos_sin + (long long)pos * ROPE;
     const float cs = is_rope ? cs_row[jj] : 1.0f, sn = is_rope ? cs_row[ROPE / 2 + jj] : 0.0f;
 
-    // the two K halves' partials: every thread of the CTA waits for its couples of adjacent
-    // pairs (coalesced 16-byte loads, all at once: one round trip), sums them in f32 -> bf16
-    // into vals[]; then thread tt reads its own columns back
-    const u64* p0 = mb.qkvp + (long long)t * QKV;
-    const u64* p1 = mb.qkvp + (long long)(TOKENS + t) * QKV;
-    {
-        const u64* p[2 * COUPLES_PER_THREAD];  // half 0, half 1 of each couple
-#pragma unroll
-        for (int k = 0; k < COUPLES_PER_THREAD; ++k) {
-            const int c = min_i(tid + k * THREADS, COUPLES - 1);  // past COUPLES: a repeat, not stored
-            p[2 * k] = p0 + 2 * c;
-            p[2 * k + 1] = p1 + 2 * c;
-        }
-        u32 v[2 * COUPLES_PER_THREAD][2];
-        mailbox_wait_all2(p, mb.tag, v);
-#pragma unroll
-        for (int k = 0; k < COUPLES_PER_THREAD; ++k) {
-            const int c = tid + k * THREADS;
-            if (c < COUPLES)
-                for (int e = 0; e < 2; ++e) vals[2 * c + e] = bf16_round(u32_as_float(v[2 * k][e]) + u32_as_float(v[2 * k + 1][e]));
-        }
-    }
+    // the two K halves' partials summed into vals[] by every thread (sum_partials), then
+    // thread tt's columns read back
+    sum_partials<QKV, 1>(mb.qkvp, mb.tag, t, vals);
     barrier();
     float xq[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f}, xk[2] = {0.0f, 0.0f};
     if (has_q)
@@ -968,31 +996,29 @@ MONO_DEVICE void token(const Args& a, const Mailbox& mb, u8* lds, float* red, fl
 
     // sums of squares: per thread in column order, per 32-lane group a butterfly, the 8
     // groups as a fixed tree (threads without q columns add 0)
-    float ssq = xq[0] * xq[0];
-    for (int j = 1; j < 8; ++j) ssq = ssq + xq[j] * xq[j];
+    const float ssq = q_group_sumsq(xq);
     float ssk = xk[0] * xk[0];
     ssk = ssk + xk[1] * xk[1];
-    ssq = sum32(ssq);
     ssk = sum32(ssk);
     if (mine && tid % 32 == 0) {
         red[RED_Q + tid / 32] = ssq;
         red[RED_KV + tid / 32] = ssk;
     }
     barrier();
-    const float rq = rsq(div_rn(tree8(red + RED_Q), float(Q_RANK)) + NORM_EPS);
+    const float rq = q_rsq(red + RED_Q);
     const float rk = rsq(div_rn(tree8(red + RED_KV), float(KV_DIM)) + NORM_EPS);
 
     // q: the bf16 normed latent -> MXFP8 (a 32-block = 4 threads) -> QX8
     float ys[8];
-    for (int j = 0; j < 8; ++j) ys[j] = bf16_round((xq[j] * rq) * qw[j]);
     u32 w0, w1;
-    const int code = mx_quant8f(ys, MX_FP8_MAX, w0, w1);
-    if (has_q) {
+    const int code = q_quant(xq, rq, qw, ys, w0, w1);
+    if (has_q && PUBLISH) {
         st8(mb.qx8 + t * (Q_RANK / 4) + 2 * tt, w0, w1);
         if (tt % 4 == 0) st4(mb.qx8s + t * (Q_RANK / 32) + tt / 4, u32(code));
-        if (WRITE_QR && a.qr_out != nullptr)
-            st16(a.qr_out + (long long)t * Q_RANK + 8 * tt,
-                 u32x4{pack_bf16x2(ys[0], ys[1]), pack_bf16x2(ys[2], ys[3]), pack_bf16x2(ys[4], ys[5]), pack_bf16x2(ys[6], ys[7])});
+    }
+    if (has_q && WRITE_QR && a.qr_out != nullptr) {
+        st16(a.qr_out + (long long)t * Q_RANK + 8 * tt,
+             u32x4{pack_bf16x2(ys[0], ys[1]), pack_bf16x2(ys[2], ys[3]), pack_bf16x2(ys[4], ys[5]), pack_bf16x2(ys[6], ys[7])});
     }
     if (EARLY_READY) publish(mb, t);
 
@@ -1046,12 +1072,14 @@ namespace stage_wq_b {
 constexpr int TASKS = 512;  // task t runs on CTA FIRST + t % CTAS
 constexpr int FIRST = 0;
 constexpr int CTAS = 132;
-constexpr int LDS_X = 0;  // LDS: 324 x u32
-constexpr int LDS_XS = 1296;  // LDS: 44 x float
-constexpr int LDS_PART = 1472;  // LDS: 17408 x float
-constexpr int LDS_CS = 71104;  // LDS: 64 x float
-constexpr int LDS_W = 71360;  // LDS: 20480 x u32
-constexpr int LDS_WBAR = 153280;  // LDS: 1 x u64
+constexpr int LDS_QV = 0;  // LDS: 1280 x float
+constexpr int LDS_QRED = 5120;  // LDS: 24 x float
+constexpr int LDS_X = 5216;  // LDS: 324 x u32
+constexpr int LDS_XS = 6512;  // LDS: 44 x float
+constexpr int LDS_PART = 6688;  // LDS: 17408 x float
+constexpr int LDS_CS = 76320;  // LDS: 64 x float
+constexpr int LDS_W = 76576;  // LDS: 20480 x u32
+constexpr int LDS_WBAR = 158496;  // LDS: 1 x u64
 
 constexpr int ROWS = 8192;               // rows of wqb
 constexpr int K = 1280;                   // its columns
@@ -1139,31 +1167,100 @@ MONO_DEVICE void prologue(const Args& a, const Mailbox&, u8* lds) {
     }
 }
 
-// Tokens tok0 .. tok0 + nt of qkv's qx8 (K part `part`) and their codes into LDS
-// (16-byte loads through L2: written in this launch, published behind the flags).
-MONO_DEVICE void stage_rows(const Args&, const Mailbox& mb, int part, int tok0, int nt, u32* xl, float* xs) {
-    constexpr int VECS = KP / 16, SVECS = KP / 128;  // 16-byte pieces of a row part, of its codes
-    copy16_batched<ROW_BATCH>(
-        nt * VECS, [&](int i) { return mb.qx8 + (tok0 + i / VECS) * (K / 4) + part * (KP / 4) + 4 * (i % VECS); },
-        [&](int i, u32x4 x) { *reinterpret_cast<u32x4*>(xl + (i / VECS) * XSTRIDE + 4 * (i % VECS)) = x; });
-    copy16_batched<ROW_BATCH>(
-        nt * SVECS, [&](int i) { return mb.qx8s + (tok0 + i / SVECS) * (K / 32) + part * (KP / 32) + 4 * (i % SVECS); },
-        [&](int i, u32x4 code) {
-            float* s = xs + (i / SVECS) * SSTRIDE + 4 * (i % SVECS);
-            s[0] = e8m0_scale(int(code.x));
-            s[1] = e8m0_scale(int(code.y));
-            s[2] = e8m0_scale(int(code.z));
-            s[3] = e8m0_scale(int(code.w));
-        });
+// ---- q_inline: this CTA norms the q latent itself from qkv's partials (no QX8 wait) ----
+constexpr int Q_RANK = 1280;          // q latent: thread tt < Q_THREADS holds columns 8tt .. 8tt + 7
+constexpr int KV_DIM = 512;           // kv: thread tt < 256 holds columns 2tt, 2tt + 1
+constexpr int QKV = Q_RANK + KV_DIM;         // partials of a token (one K half)
+constexpr int Q_THREADS = Q_RANK / 8;
+constexpr int NORM_THREADS = 256;            // a token's threads: 8 groups of 32 (q: the first Q_THREADS)
+constexpr float NORM_EPS = 1e-20f;   // q_norm / kv_norm eps
+static_assert(QKV % 2 == 0 && Q_RANK % 32 == 0 && Q_THREADS <= NORM_THREADS, "couples of pairs; whole 32-blocks");
+
+// ((G0 + G1) + (G2 + G3)) + ((G4 + G5) + (G6 + G7)) of 8 group sums in LDS
+MONO_DEVICE float tree8(const float* g) {
+    return ((g[0] + g[1]) + (g[2] + g[3])) + ((g[4] + g[5]) + (g[6] + g[7]));
 }
 
-// Thread t < TOKENS waits for token t's flag of K part `part` (this CTA's copy); then the
-// CTA reads what the flags' writers published.
-MONO_DEVICE void await_rows(const Mailbox& mb, int part) {
-    const int copy = block_id() % COPIES;
-    if (thread_id() < TOKENS) mailbox_wait(mb.qrdy + copy * FLAG_STRIDE + thread_id() * SRC_PARTS + part % SRC_PARTS, mb.tag);
+// Columns 0 .. N of token t's partials, both K halves (pairs of the wqkv GEMV at half h:
+// parts + (h * TOKENS + t) * QKV): every thread of the CTA waits for its couples of adjacent
+// pairs (16-byte loads, coalesced across the warp, all at once: one round trip) and puts
+// bf16(P_0 + P_1) (f32 add) as f32 at vals[column]. N may cover NT tokens' first N / NT
+// columns each (row r of vals at r * N / NT): token t0 + r.
+template <int N, int NT, typename TagT>
+MONO_DEVICE void sum_partials(const u64* parts, const TagT& tag, int t0, float* vals) {
+    constexpr int ROW = N / NT, COUPLES = N / 2, PER_THREAD = (COUPLES + THREADS - 1) / THREADS;
+    static_assert(N % NT == 0 && ROW % 2 == 0, "whole couples a token");
+    const u64* p[2 * PER_THREAD];  // half 0, half 1 of each couple
+#pragma unroll
+    for (int k = 0; k < PER_THREAD; ++k) {
+        const int c = min_i(thread_id() + k * THREADS, COUPLES - 1), r = 2 * c / ROW;  // past COUPLES: a repeat
+        const u64* tok = parts + (long long)(t0 + r) * QKV + (2 * c - r * ROW);
+        p[2 * k] = tok;
+        p[2 * k + 1] = tok + (long long)TOKENS * QKV;
+    }
+    u32 v[2 * PER_THREAD][2];
+    mailbox_wait_all2(p, tag, v);
+#pragma unroll
+    for (int k = 0; k < PER_THREAD; ++k) {
+        const int c = thread_id() + k * THREADS;
+        if (c < COUPLES)
+            for (int e = 0; e < 2; ++e) vals[2 * c + e] = bf16_round(u32_as_float(v[2 * k][e]) + u32_as_float(v[2 * k + 1][e]));
+    }
+}
+
+// A thread's q columns' sum of squares (plain f32 mul then add, in column order), summed over
+// its 32-lane group (butterfly 16..1); every lane calls it (0 for threads past Q_THREADS)
+MONO_DEVICE float q_group_sumsq(const float (&xq)[8]) {
+    float ss = xq[0] * xq[0];
+    for (int j = 1; j < 8; ++j) ss = ss + xq[j] * xq[j];
+    return sum32(ss);
+}
+// r = rsq(RN(tot / Q_RANK) + EPS) of the 8 group sums in red[] (groups past Q_THREADS: 0)
+MONO_DEVICE float q_rsq(const float* red) { return rsq(div_rn(tree8(red), float(Q_RANK)) + NORM_EPS); }
+// ys = bf16((x * r) * f32(qn_w)) -> MXFP8 (a 32-block = 4 threads): the QX8 words w0, w1 of
+// columns 8tt .., the block's E8M0 code returned; every lane calls it (shuffles)
+MONO_DEVICE int q_quant(const float (&xq)[8], float rq, const float (&qw)[8], float (&ys)[8], u32& w0, u32& w1) {
+    for (int j = 0; j < 8; ++j) ys[j] = bf16_round((xq[j] * rq) * qw[j]);
+    return mx_quant8f(ys, MX_FP8_MAX, w0, w1);
+}
+constexpr int NORM_PAR = THREADS / Q_THREADS;  // tokens normed at once: Q_THREADS threads (whole 32-lane groups) each
+static_assert(N_LDS_TILES == 1 && K_PARTS == 1, "q_inline: every token's whole row in LDS");
+
+// Tokens tok0 .. tok0 + nt (all of them) of qkv's QX8, computed here from the partials as
+// qkv computes them (mla_q_math: the same bits) into LDS: words xl, block scales xs.
+// One wait for every token's partials; then NORM_PAR tokens at a time, thread tt of token
+// r holding columns 8tt .. as in qkv, whose group sums land in red[8r ..] (groups past
+// Q_THREADS: 0, as qkv's idle threads add).
+MONO_DEVICE void stage_rows(const Args& a, const Mailbox& mb, u8* lds, int, int tok0, int nt, u32* xl, float* xs) {
+    float* vals = reinterpret_cast<float*>(lds + LDS_QV);
+    float* red = reinterpret_cast<float*>(lds + LDS_QRED);
+    const int r0 = min_i(thread_id() / Q_THREADS, NORM_PAR - 1), tt = thread_id() - r0 * Q_THREADS;
+    const bool mine = thread_id() < NORM_PAR * Q_THREADS;
+    float qw[8];
+    for (int j = 0; j < 8; ++j) qw[j] = bf16_to_f32(a.qn_w[8 * min_i(tt, Q_THREADS - 1) + j]);
+    sum_partials<LDS_TOKENS * Q_RANK, LDS_TOKENS>(mb.qkvp, mb.tag, tok0, vals);
     barrier();
-    fence_acquire();
+    for (int rb = 0; rb < nt; rb += NORM_PAR) {
+        const int r = rb + r0;
+        const bool live = mine && r < nt;
+        float xq[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+        if (live)
+            for (int j = 0; j < 8; ++j) xq[j] = vals[r * Q_RANK + 8 * tt + j];
+        const float ss = q_group_sumsq(xq);
+        if (live && tt % 32 == 0) red[8 * r0 + tt / 32] = ss;
+        if (live && tt == 0)
+            for (int g = Q_THREADS / 32; g < 8; ++g) red[8 * r0 + g] = 0.0f;
+        barrier();
+        float ys[8];
+        u32 w0, w1;
+        const int code = q_quant(xq, q_rsq(red + 8 * r0), qw, ys, w0, w1);
+        if (live) {
+            xl[r * XSTRIDE + 2 * tt] = w0;
+            xl[r * XSTRIDE + 2 * tt + 1] = w1;
+            if (tt % 4 == 0) xs[r * SSTRIDE + tt / 4] = e8m0_scale(code);
+        }
+        barrier();  // red[] is reused
+    }
 }
 
 // Every token's cos / sin row into LDS (cs[t * ROPE ..]) at the start, behind the wait for
@@ -1234,11 +1331,10 @@ MONO_DEVICE void run(const Args& a, const Mailbox& mb, u8* lds) {
     for (int i = 0; i < RP; ++i)
         if (b0 + CTAS * (STAGED + i) < TASKS) load_unit(a, b0 + CTAS * (STAGED + i), w[i], sw[i]);
     stage_cos_sin(a, reinterpret_cast<float*>(lds + LDS_CS));  // read after the rows' barriers
-    await_rows(mb, 0);
     for (int tile = 0; tile < N_LDS_TILES; ++tile) {
         const int tok0 = tile * LDS_TOKENS, nt = min_i(LDS_TOKENS, TOKENS - tok0);
         barrier();
-        stage_rows(a, mb, 0, tok0, nt, xl, xs);
+        stage_rows(a, mb, lds, 0, tok0, nt, xl, xs);
         barrier();
         if (tile == 0) bulk_wait(reinterpret_cast<u64*>(lds + LDS_WBAR), 0);  // the staged weights have landed
         for (int c0 = 0; c0 < nt; c0 += 16) {
@@ -1276,7 +1372,7 @@ MONO_DEVICE void run(const Args& a, const Mailbox& mb, u8* lds) {
                 const int tok0 = tile * LDS_TOKENS, nt = min_i(LDS_TOKENS, TOKENS - tok0);
                 if (N_LDS_TILES > 1) {  // the staged units left the last tile in LDS
                     barrier();
-                    stage_rows(a, mb, 0, tok0, nt, xl, xs);
+                    stage_rows(a, mb, lds, 0, tok0, nt, xl, xs);
                     barrier();
                 }
                 for (int c0 = 0; c0 < nt; c0 += 16) {
