@@ -252,6 +252,14 @@ def test_q_inline_builds():
         assert ("await_rows(" in ns) is not inline
         assert ("sum_partials<LDS_TOKENS * Q_RANK, LDS_TOKENS>(mb.qkvp, mb.tag, tok0, vals);" in ns) is inline
         assert f"constexpr bool PUBLISH = {'false' if inline else 'true'};" in text
+        run = ns[ns.index("MONO_DEVICE void run("):]
+        if inline:  # nothing ahead of the partials' wait waits on memory: cos / sin behind it
+            order = ["const long long cs_pos = a.pos[csi / ROPE];", "stage_rows(a, mb, lds, 0,",
+                     "cs_val = a.cos_sin[", "mx_gemv16_units<GROUP", "[thread_id()] = cs_val;", "epilogue_group("]
+            assert [run.index(o) for o in order] == sorted(run.index(o) for o in order) and "stage_cos_sin(a," not in run
+        else:
+            assert run.index("stage_cos_sin(a,") < run.index("await_rows(mb, 0);")
+        assert "int sws[STAGED][CPW][MX_BLOCKS_PER_CHUNK];" in run and "e8m0_scale(sws[i][j][b])" in run
         assert text.count("MONO_DEVICE int q_quant(") == 1 + inline
     assert {b.name for b in ir_of(tokens=1, tune={"symbols.INLINE_Q_TOKENS": 6}).lds if b.stage == "wq_b"} >= {"qv", "qred"}
 

@@ -1140,13 +1140,14 @@ MONO_DEVICE void load_unit(const Args& a, int u, u32x4 (&w)[CPW], float (&sw)[CP
     }
 }
 
-// Unit u's block scales alone (its weights were staged at the kernel's start).
-MONO_DEVICE void load_scales(const Args& a, int u, float (&sw)[CPW][MX_BLOCKS_PER_CHUNK]) {
+// Unit u's block scale codes alone (its weights were staged at the kernel's start), as
+// loaded: converted where used, so nothing waits for them before the rows' wait.
+MONO_DEVICE void load_scales(const Args& a, int u, int (&code)[CPW][MX_BLOCKS_PER_CHUNK]) {
     const u8* srow = a.wqb_s + (unit_row0(u) / 32) * KB;
 #pragma unroll
     for (int i = 0; i < CPW; ++i) {
         const int c = min_i(wave_id() + WAVES * i, NC - 1);  // past NC: dropped by the loop
-        for (int b = 0; b < MX_BLOCKS_PER_CHUNK; ++b) sw[i][b] = e8m0_scale(srow[c * MX_BLOCKS_PER_CHUNK + b]);
+        for (int b = 0; b < MX_BLOCKS_PER_CHUNK; ++b) code[i][b] = srow[c * MX_BLOCKS_PER_CHUNK + b];
     }
 }
 
@@ -1322,7 +1323,7 @@ MONO_DEVICE void run(const Args& a, const Mailbox& mb, u8* lds) {
     const u8* wl = lds + LDS_W;
     constexpr int REST = UPC - STAGED;  // units whose weights come through registers
     constexpr int RP = 0;  // of them, weights in flight (registers beside a group's)
-    float sws[STAGED][CPW][MX_BLOCKS_PER_CHUNK];
+    int sws[STAGED][CPW][MX_BLOCKS_PER_CHUNK];
     u32x4 w[REST > 0 ? REST : 1][CPW];
     float sw[REST > 0 ? REST : 1][CPW][MX_BLOCKS_PER_CHUNK];
 #pragma unroll
@@ -1330,12 +1331,19 @@ MONO_DEVICE void run(const Args& a, const Mailbox& mb, u8* lds) {
 #pragma unroll
     for (int i = 0; i < RP; ++i)
         if (b0 + CTAS * (STAGED + i) < TASKS) load_unit(a, b0 + CTAS * (STAGED + i), w[i], sw[i]);
-    stage_cos_sin(a, reinterpret_cast<float*>(lds + LDS_CS));  // read after the rows' barriers
+    // q_inline: this CTA's own wait on the partials gives the rows, and nothing may hold it up:
+    // the cos / sin row is loaded behind it (pos before, the value after) and put in LDS
+    // during the first pass (one value a thread)
+    static_assert(TOKENS * ROPE <= THREADS, "one cos / sin value a thread");
+    const int csi = min_i(thread_id(), TOKENS * ROPE - 1);
+    const long long cs_pos = a.pos[csi / ROPE];
+    float cs_val = 0.0f;
     for (int tile = 0; tile < N_LDS_TILES; ++tile) {
         const int tok0 = tile * LDS_TOKENS, nt = min_i(LDS_TOKENS, TOKENS - tok0);
         barrier();
         stage_rows(a, mb, lds, 0, tok0, nt, xl, xs);
         barrier();
+        cs_val = a.cos_sin[(long long)int(cs_pos) * ROPE + csi % ROPE];
         if (tile == 0) bulk_wait(reinterpret_cast<u64*>(lds + LDS_WBAR), 0);  // the staged weights have landed
         for (int c0 = 0; c0 < nt; c0 += 16) {
             const int nc = min_i(16, nt - c0);
@@ -1350,11 +1358,12 @@ MONO_DEVICE void run(const Args& a, const Mailbox& mb, u8* lds) {
                     for (int j = 0; j < CPW; ++j) {
                         const int c = min_i(wave_id() + WAVES * j, NC - 1);
                         wg[uu][j] = ld16_lds(wl + i * UNIT_BYTES + c * 16 * GEMV_K_CHUNK + lane_id() * 16);
-                        for (int b = 0; b < MX_BLOCKS_PER_CHUNK; ++b) swg[uu][j][b] = sws[i][j][b];
+                        for (int b = 0; b < MX_BLOCKS_PER_CHUNK; ++b) swg[uu][j][b] = e8m0_scale(sws[i][j][b]);
                     }
                 }
                 mx_gemv16_units<GROUP, CPW, NC, XSTRIDE, SSTRIDE, PART_TILE>(wg, swg, xl + c0 * XSTRIDE, xs + c0 * SSTRIDE, nc,
                                                                               part + wave_id() * PART_WAVE);
+                if (c0 == 0 && i0 == 0 && thread_id() < TOKENS * ROPE) reinterpret_cast<float*>(lds + LDS_CS)[thread_id()] = cs_val;
                 barrier();
                 epilogue_group(a, mb, part, lds, b0, i0, STAGED, tok0 + c0, nc);
                 barrier();  // part[] is reused

@@ -1181,13 +1181,14 @@ MONO_DEVICE void load_unit(const Args& a, int u, u32x4 (&w)[CPW], float (&sw)[CP
     }
 }
 
-// Unit u's block scales alone (its weights were staged at the kernel's start).
-MONO_DEVICE void load_scales(const Args& a, int u, float (&sw)[CPW][MX_BLOCKS_PER_CHUNK]) {
+// Unit u's block scale codes alone (its weights were staged at the kernel's start), as
+// loaded: converted where used, so nothing waits for them before the rows' wait.
+MONO_DEVICE void load_scales(const Args& a, int u, int (&code)[CPW][MX_BLOCKS_PER_CHUNK]) {
     const u8* srow = a.wqb_s + (unit_row0(u) / 32) * KB;
 #pragma unroll
     for (int i = 0; i < CPW; ++i) {
         const int c = min_i(wave_id() + WAVES * i, NC - 1);  // past NC: dropped by the loop
-        for (int b = 0; b < MX_BLOCKS_PER_CHUNK; ++b) sw[i][b] = e8m0_scale(srow[c * MX_BLOCKS_PER_CHUNK + b]);
+        for (int b = 0; b < MX_BLOCKS_PER_CHUNK; ++b) code[i][b] = srow[c * MX_BLOCKS_PER_CHUNK + b];
     }
 }
 
@@ -1294,7 +1295,7 @@ MONO_DEVICE void run(const Args& a, const Mailbox& mb, u8* lds) {
     const u8* wl = lds + LDS_W;
     constexpr int REST = UPC - STAGED;  // units whose weights come through registers
     constexpr int RP = 0;  // of them, weights in flight (registers beside a group's)
-    float sws[STAGED][CPW][MX_BLOCKS_PER_CHUNK];
+    int sws[STAGED][CPW][MX_BLOCKS_PER_CHUNK];
     u32x4 w[REST > 0 ? REST : 1][CPW];
     float sw[REST > 0 ? REST : 1][CPW][MX_BLOCKS_PER_CHUNK];
 #pragma unroll
@@ -1323,7 +1324,7 @@ MONO_DEVICE void run(const Args& a, const Mailbox& mb, u8* lds) {
                     for (int j = 0; j < CPW; ++j) {
                         const int c = min_i(wave_id() + WAVES * j, NC - 1);
                         wg[uu][j] = ld16_lds(wl + i * UNIT_BYTES + c * 16 * GEMV_K_CHUNK + lane_id() * 16);
-                        for (int b = 0; b < MX_BLOCKS_PER_CHUNK; ++b) swg[uu][j][b] = sws[i][j][b];
+                        for (int b = 0; b < MX_BLOCKS_PER_CHUNK; ++b) swg[uu][j][b] = e8m0_scale(sws[i][j][b]);
                     }
                 }
                 mx_gemv16_units<GROUP, CPW, NC, XSTRIDE, SSTRIDE, PART_TILE>(wg, swg, xl + c0 * XSTRIDE, xs + c0 * SSTRIDE, nc,
