@@ -58,8 +58,10 @@ def test_stages_and_placement(target, tokens):
     if "xq" in st:
         assert st["xq"].first == free and st["xq"].tasks == 2 * tokens
     assert st["wq_b"].tasks == 16 * 512 // 16
-    # q_inline builds (S = 1): the qkv tasks on the CTAs with the fewest wq_b (sm90) or wqkv units
-    assert st["qkv"].first == (0 if tokens > 1 else 512 % 132 if target == "sm90" else n_wqkv)
+    # q_inline builds (S = 1): the qkv task on the last CTA, which has no wq_b unit (sm90), or on
+    # the CTAs with no wqkv unit
+    assert st["qkv"].first == (0 if tokens > 1 else 131 if target == "sm90" else n_wqkv)
+    assert st["wq_b"].ctas == ir.blocks - (tokens == 1 and target == "sm90")
     assert ir.lds_bytes <= ir.target.lds_bytes
     assert ir.tag_stride == 2 and ir.layer_arg is None and ir.counter_arg == "epoch"
 
@@ -240,13 +242,13 @@ def test_wq_b_weights_point():
 
 def test_q_inline_builds():
     """Up to INLINE_Q_TOKENS rows wq_b norms q itself from the partials (no QX8 wait) and the
-    qkv stage publishes nothing, on the CTAs with one wq_b unit fewer (sm90); above, QX8 and
+    qkv stage publishes nothing, on the last CTA, which has no wq_b unit (sm90); above, QX8 and
     its flags as before. Both emit the one q latent math (mla_q_math)."""
     for tokens, inline in ((1, True), (6, False)):
         ir = ir_of(tokens=tokens)
         qkv, wqb = (next(s for s in ir.stages if s.name == n) for n in ("qkv", "wq_b"))
         assert wqb.values["q_inline"] is inline and qkv.values["publish"] is not inline
-        assert qkv.first == (512 % 132 if inline else 0)
+        assert qkv.first == (131 if inline else 0) and wqb.ctas == (131 if inline else 132)
         text = render(ir)
         ns = text[text.index("namespace stage_wq_b {"):text.index("}  // namespace stage_wq_b")]
         assert ("await_rows(" in ns) is not inline

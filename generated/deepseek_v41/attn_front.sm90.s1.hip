@@ -67,8 +67,8 @@
 // stages (every CTA runs them in this order; a stage waits only on earlier ones):
 //   1. kt     key_table    1 tasks on CTAs 92..131 (round_robin)
 //   2. wqkv_a gemv_mxfp8   224 tasks on CTAs 0..131 (round_robin)
-//   3. qkv    mla_norm_rope 1 tasks on CTAs 116..131 (round_robin), waits on wqkv_a
-//   4. wq_b   gemv_mxfp8   512 tasks on CTAs 0..131 (round_robin), waits on qkv
+//   3. qkv    mla_norm_rope 1 tasks on CTAs 131..131 (round_robin), waits on wqkv_a
+//   4. wq_b   gemv_mxfp8   512 tasks on CTAs 0..130 (round_robin), waits on qkv
 
 // ---- build constants ------------------------------------------------------------------
 constexpr int TOKENS = 1;  // decode rows S of the launch
@@ -887,8 +887,8 @@ MONO_DEVICE void run(const Args& a, const Mailbox& mb, u8* lds) {
 // stage 3: qkv (mla_norm_rope) -- token t: q_norm -> MXFP8 QX8 (+ flag); kv_norm -> RoPE -> fp8_ds_mla record
 namespace stage_qkv {
 constexpr int TASKS = 1;  // task t runs on CTA FIRST + t % CTAS
-constexpr int FIRST = 116;
-constexpr int CTAS = 16;
+constexpr int FIRST = 131;
+constexpr int CTAS = 1;
 constexpr int LDS_RED = 0;  // LDS: 32 x float
 constexpr int LDS_VALS = 128;  // LDS: 1792 x float
 
@@ -1071,7 +1071,7 @@ MONO_DEVICE void run(const Args& a, const Mailbox& mb, u8* lds) {
 namespace stage_wq_b {
 constexpr int TASKS = 512;  // task t runs on CTA FIRST + t % CTAS
 constexpr int FIRST = 0;
-constexpr int CTAS = 132;
+constexpr int CTAS = 131;
 constexpr int LDS_QV = 0;  // LDS: 1280 x float
 constexpr int LDS_QRED = 5120;  // LDS: 24 x float
 constexpr int LDS_X = 5216;  // LDS: 324 x u32
