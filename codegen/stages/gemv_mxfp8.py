@@ -185,7 +185,6 @@ def lower(stage: Model, ctx) -> dict:
         ctx.loc = here
         if parts != 1:
             ctx.fail(("k_parts",), "q_inline norms whole q rows: k_parts 1 needed")
-
         q_threads = q_math["q_rank"] // mla_norm_rope.Q_PER_THREAD
         ctx.lds(stage.name, "qv", "float", tokens * q_math["q_rank"])  # every token's bf16(P_0 + P_1) of q
         ctx.lds(stage.name, "qred", "float", 8 * (ctx.threads // q_threads))  # group sums of the tokens normed at once

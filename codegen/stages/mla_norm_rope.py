@@ -26,7 +26,9 @@ threads 32b .. 32b + 31, ``rcode = ceil_exp(RN(max(amax, 1e-4) / FP8_MAX))``,
 bytes ``fp8(clamp(e * 2^(127 - rcode), +-FP8_MAX))``; RoPE dims as bf16; the 7
 codes and a zero pad byte in the block's scale row. Non-tuned builds raise
 QRDY after the record's stores; tuned builds before them (only QX8 is waited
-on in this launch)."""
+on in this launch). With ``publish`` false (the GEMV norms q itself from the
+partials: gemv_mxfp8 ``q_inline``) neither QX8 nor QRDY is stored. The q
+latent's math is the template macro ``mla_q_math``, which that GEMV emits too."""
 
 from __future__ import annotations
 
