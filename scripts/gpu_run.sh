@@ -9,7 +9,8 @@
 #             machine's own git checkout may be an older one
 #   timeline  both kernels' per-stage timelines (scripts/timeline_*.py)
 #   probes    the DeepSeek timeline with each of DS_PROBES ("a=1 b=2;c=3"; default: the spare points
-#             on the qkv stage, on wq_b, on wqkv_a: where each stage's time goes)
+#             on the qkv stage, on wq_b, on wqkv_a: where each stage's time goes; an entry may add
+#             --slowest=POINT: the CTAs that stamped POINT last, with all their stamps)
 #   tp        scripts/tp_run.py on every GPU of the machine
 #   scorer    the MiniMax scorer's variants side by side (scripts/timeline_probe.py --cold-keys,
 #             S = 1 / 4 / 16 at 4K and 64K): the spec's, then each of SCORER_TUNES ("a=1 b=2;c=3")

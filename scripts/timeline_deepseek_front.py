@@ -2,9 +2,11 @@
 build's per-CTA stamps (%globaltimer, ns), as microseconds after the first
 CTA's start: min / median / max over the CTAs that reached each point.
 
-    PYTHONPATH=. python3 scripts/timeline_deepseek_front.py [out.txt] [stage.field=value ...]
+    PYTHONPATH=. python3 scripts/timeline_deepseek_front.py [out.txt] [--slowest=POINT] [stage.field=value ...]
 
-(stage.field=value: spec knob overrides, codegen.load's tune, e.g. wq_b.bulk_weights=0)"""
+(stage.field=value: spec knob overrides, codegen.load's tune, e.g. wq_b.bulk_weights=0;
+--slowest=POINT also lists the 8 CTAs that stamped POINT last, each with all its stamps:
+a straggler's role shows in its other stamps)"""
 
 from __future__ import annotations
 
@@ -21,8 +23,10 @@ BUILDS = [dict(tokens=1, tp=4), dict(tokens=16, tp=4), dict(tokens=48, tp=4), di
 
 
 def main() -> None:
-    files = [a for a in sys.argv[1:] if "=" not in a]
-    tune = name_values([a for a in sys.argv[1:] if "=" in a]) or None
+    slowest = next((a.split("=", 1)[1] for a in sys.argv[1:] if a.startswith("--slowest=")), None)
+    words = [a for a in sys.argv[1:] if not a.startswith("--slowest=")]
+    files = [a for a in words if "=" not in a]
+    tune = name_values([a for a in words if "=" in a]) or None
     out = open(files[0], "w") if files else sys.stdout
     if tune is None:
         dc.precompile([dict(b, timeline=True) for b in BUILDS])
@@ -41,6 +45,11 @@ def main() -> None:
             v = (v[v > 0] - t0) / 1e3
             if v.numel():
                 print(f"  {name:12s} {v.min():7.2f} {v.median():7.2f} {v.max():7.2f}  ({v.numel()} CTAs)", file=out)
+        if slowest is not None:
+            pts = k.ir.timeline_points
+            us = (tl - t0) / 1e3 * (tl > 0)  # 0: not stamped
+            for c in us[:, pts.index(slowest)].argsort(descending=True)[:8].tolist():
+                print(f"  CTA {c:3d}: " + " ".join(f"{n} {us[c, i]:.2f}" for i, n in enumerate(pts) if tl[c, i] > 0), file=out)
     out.flush()
 
 
