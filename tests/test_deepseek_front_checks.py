@@ -27,6 +27,7 @@ def run_case(tokens, tp=4, ratio=1, target="sm90", **flags):
 
 @pytest.mark.parametrize("tokens,tp,ratio,flags", [
     (1, 4, 1, {}), (6, 2, 2, {}), (17, 4, 0, {}), (6, 4, 1, {"index": True}), (17, 4, 2, {"tuned": True}),
+    (1, 4, 2, {"index": True}),
 ])
 def test_simulated_kernel_passes(tokens, tp, ratio, flags):
     ir, case, args = run_case(tokens, tp, ratio, **flags)
@@ -65,5 +66,23 @@ def test_corruptions_are_caught(simulated, corrupt):
         sc[r("qkvp").offset + 8 * 77: r("qkvp").offset + 8 * 77 + 4].view(torch.float32).mul_(1.01)
     elif corrupt == "tag":
         sc[r("qkvp").offset + 8 * 5 + 4] ^= 2
+    with pytest.raises(AssertionError):
+        dc.check(case, ir, args)
+
+
+@pytest.mark.parametrize("corrupt", ["q", "qr_out", "partial"])
+def test_q_inline_corruptions_are_caught(corrupt):
+    """S = 1 index build: wq_b norms q itself (no QX8 in the scratch), and the checks still
+    catch a wrong q, qr_out or partial."""
+    ir, case, args = run_case(1, 4, 2, index=True)
+    assert not dc.publishes_qx8(ir)
+    dc.check(case, ir, args)
+    if corrupt == "q":
+        args["q"][0, 5, 470] = args["q"][0, 5, 470] * 1.5 + 1
+    elif corrupt == "qr_out":
+        args["qr_out"][0, 17] = args["qr_out"][0, 17] * 2 + 1
+    else:
+        sc, off = args["scratch"], ir.region("qkvp").offset
+        sc[off + 8 * 33: off + 8 * 33 + 4].view(torch.float32).mul_(1.01)
     with pytest.raises(AssertionError):
         dc.check(case, ir, args)

@@ -36,6 +36,7 @@ CASES = [
     (16, 2, 1, {}, 128, (2,), 64),
     (48, 2, 1, {}, 64, (7,), 0),
     (6, 4, 1, {"index": True}, 128, (2,), 0),
+    (1, 4, 2, {"index": True}, 64, (), 0),  # q_inline: the qkv stage writes qr_out but no QX8
     (48, 2, 2, {"index": True}, 64, (1,), 8),
     (1, 4, 1, {"tuned": True}, 128, (), 0),
     (17, 2, 2, {"tuned": True}, 64, (3,), 0),
