@@ -185,10 +185,11 @@ def simulate(case: Case, ir, args: dict) -> None:
     qkv = bf16_rn(parts[0] + parts[1])
     ys, kn = ref.front_norms(qkv, inp["qn_w"], inp["kvn_w"])
     qx8, qs = ref.mxfp8_quantize(ys, target)
-    if publishes_qx8(ir):
+    publish = publishes_qx8(ir)
+    if publish:
         _region(ir, raw, "qx8").copy_(qx8.view(torch.uint8).reshape(-1))
         _region(ir, raw, "qx8s").view(torch.int32).copy_(qs.reshape(-1))
-    for name in ("xrdy", "qrdy") if publishes_qx8(ir) else ("xrdy",):
+    for name in ("xrdy", "qrdy") if publish else ("xrdy",):
         fl = _region(ir, raw, name).view(torch.int32).view(-1, 2)
         fl[:, 0], fl[:, 1] = 1, tag
     qv = bf16_rn(ref.mx_gemv_kernel_order(qx8, qs, lg["wqb"], lg["wqb_s"], waves, chunk))

@@ -257,7 +257,7 @@ def test_q_inline_builds():
         run = ns[ns.index("MONO_DEVICE void run("):]
         if inline:  # nothing ahead of the partials' wait waits on memory: cos / sin behind it
             order = ["const long long cs_pos = a.pos[csi / ROPE];", "stage_rows(a, mb, lds, 0,",
-                     "cs_val = a.cos_sin[", "mx_gemv16_units<GROUP", "[thread_id()] = cs_val;", "epilogue_group("]
+                     "cs_val = cos_sin_value(a, cs_pos, csi);", "mx_gemv16_units<GROUP", "[thread_id()] = cs_val;", "epilogue_group("]
             assert [run.index(o) for o in order] == sorted(run.index(o) for o in order) and "stage_cos_sin(a," not in run
         else:
             assert run.index("stage_cos_sin(a,") < run.index("await_rows(mb, 0);")

@@ -149,7 +149,8 @@ def lower(stage: Model, ctx) -> dict:
     if src is None or src.kind not in SOURCES:
         ctx.fail(("x_from",), f"no stage {stage.x_from!r} of kind {' or '.join(SOURCES)}",
                  "name the stage that publishes the activations")
-    if [s.name for s in ctx.loaded.spec.stages].index(src.name) > ctx.loc[1]:  # a wait on work queued behind it
+    src_loc = ("stages", [s.name for s in ctx.loaded.spec.stages].index(src.name))  # its errors' location
+    if src_loc[1] > ctx.loc[1]:  # a wait on work queued behind it
         ctx.fail(("x_from",), f"stage {src.name!r} comes after this stage: a deadlock (CTAs run stages in order)",
                  "list the source stage before its GEMV")
     pub = src.published()
@@ -177,19 +178,19 @@ def lower(stage: Model, ctx) -> dict:
     if (inline or q_inline) and tile < tokens:
         ctx.fail(("token_tile",), f"quantizing x here needs every token in LDS ({tile} < {tokens})",
                  "raise token_tile or let the quant stage run for this build")
-    q_math = {}
+    q_math, norm_par = {}, 0
     if q_inline:  # the source's partials and q_norm weight, reported at its lines
-        here, ctx.loc = ctx.loc, ("stages", [s.name for s in ctx.loaded.spec.stages].index(src.name))
+        here, ctx.loc = ctx.loc, src_loc
         q_math = mla_norm_rope.q_math(src, ctx)
         mla_norm_rope.check_producer(src, ctx, q_math["q_rank"] + q_math["kv_dim"], 2)
         ctx.loc = here
         if parts != 1:
             ctx.fail(("k_parts",), "q_inline norms whole q rows: k_parts 1 needed")
-        q_threads = q_math["q_rank"] // mla_norm_rope.Q_PER_THREAD
+        norm_par = ctx.threads // (q_math["q_rank"] // mla_norm_rope.Q_PER_THREAD)  # tokens normed at once
         ctx.lds(stage.name, "qv", "float", tokens * q_math["q_rank"])  # every token's bf16(P_0 + P_1) of q
-        ctx.lds(stage.name, "qred", "float", 8 * (ctx.threads // q_threads))  # group sums of the tokens normed at once
+        ctx.lds(stage.name, "qred", "float", 8 * norm_par)  # the group sums of the tokens normed at once
     if inline:  # this stage quantizes x itself: the source's bindings, reported at its lines
-        here, ctx.loc = ctx.loc, ("stages", [s.name for s in ctx.loaded.spec.stages].index(src.name))
+        here, ctx.loc = ctx.loc, src_loc
         check_rows(src, ctx, k)
         ctx.loc = here
     xstride = kp // 4 + ROW_PAD_WORDS
@@ -271,6 +272,7 @@ def lower(stage: Model, ctx) -> dict:
         "inline": inline,
         "q_inline": q_inline,
         "q_math": q_math,
+        "norm_par": norm_par,
         "src": pub,
         "src_kind": src.kind,
         "src_fields": src,

@@ -113,8 +113,8 @@ def q_math(stage: Model, ctx) -> dict:
 
 def lower(stage: Model, ctx) -> dict:
     """Template values: the thread layout's sizes, record layout, build switches."""
-    q_rank = ctx.integer(stage.q_rank, ("q_rank",))
-    kv_dim = ctx.integer(stage.kv_dim, ("kv_dim",))
+    qm = q_math(stage, ctx)
+    q_rank, kv_dim = qm["q_rank"], qm["kv_dim"]
     nope = ctx.integer(stage.nope, ("nope",))
     parts = ctx.integer(stage.k_parts, ("k_parts",))
     if q_rank % (4 * Q_PER_THREAD) or q_rank > Q_PER_THREAD * NORM_THREADS:
@@ -149,7 +149,7 @@ def lower(stage: Model, ctx) -> dict:
     ctx.lds(stage.name, "vals", "float", q_rank + kv_dim)  # the token's bf16(P_0 + P_1), as f32
     rope = kv_dim - nope
     return {
-        "q_math": q_math(stage, ctx),
+        "q_math": qm,
         "nope": nope,
         "rope": rope,
         "record_data": nope + 2 * rope,

@@ -98,6 +98,7 @@ constexpr int K_PARTS = 2;  // wqkv's K split: two CTAs per row tile
 constexpr int WQKV_TASKS = 224;  // (16-row tile, K half) units: 224
 constexpr int INLINE_QUANT_TOKENS = 8;
 constexpr int INLINE_Q_TOKENS = 1;
+constexpr bool Q_INLINE = false;  // this build's wq_b CTAs norm q themselves
 constexpr int MAX_TOKENS = 48;
 constexpr int SWA_RECORD = 584;  // fp8_ds_mla bytes a token: 576 data (448 e4m3 + 64 bf16) + 8 scale
 constexpr int EPOCH_STRIDE = 2;  // tags 2e + 1 (this kernel) and 2e + 2 (the attention kernel K2)
@@ -1004,11 +1005,14 @@ MONO_DEVICE void await_rows(const Mailbox& mb, int part) {
     fence_acquire();
 }
 
-// Every token's cos / sin row into LDS (cs[t * ROPE ..]) at the start, behind the wait for
-// the rows: the epilogue then reads no global memory but its output.
+// Value i of the LDS cos / sin rows (cs[t * ROPE ..]): token i / ROPE's row at position pos.
+MONO_DEVICE float cos_sin_value(const Args& a, long long pos, int i) {
+    return a.cos_sin[(long long)int(pos) * ROPE + i % ROPE];
+}
+// Every token's cos / sin row into LDS at the start, behind the wait for the rows: the
+// epilogue then reads no global memory but its output.
 MONO_DEVICE void stage_cos_sin(const Args& a, float* cs) {
-    for (int i = thread_id(); i < TOKENS * ROPE; i += THREADS)
-        cs[i] = a.cos_sin[(long long)int(a.pos[i / ROPE]) * ROPE + i % ROPE];
+    for (int i = thread_id(); i < TOKENS * ROPE; i += THREADS) cs[i] = cos_sin_value(a, a.pos[i / ROPE], i);
 }
 // One item of a unit's epilogue: row pair rp, column c: rows 2rp, 2rp + 1 of the waves' tiles
 // summed in wave order -> bf16; at head dims >= NOPE the pair gets GPT-J RoPE (f32, no fma)
