@@ -1,8 +1,8 @@
 """Timelines on the GPU: a timeline=true build launched by ``codegen.trace``
 gives one Perfetto track per CTA with a slice ending at scores_done (every CTA scores) on
 every CTA, and a PNG; the trace command does the same from the command line. The
-DeepSeek-V4.1 front's timeline builds: every CTA reaches wqb_done (each has wq_b
-tasks) and stages_done.
+DeepSeek-V4.1 front's timeline builds: every CTA that the IR gives wq_b tasks reaches
+wqb_done (all but the qkv CTA in sm90's q_inline builds), and every CTA stages_done.
 
 Order matters here: the generic random-ABI inputs (last test) are the least
 known to the kernel, so they run after everything else in this file."""
@@ -42,7 +42,8 @@ def deepseek_case_args(kernel, seed: int) -> dict:
     return dc.launch_args(case, kernel.workspace("cuda"))
 
 
-def check_trace(path, blocks: int, points: list[str], ends: tuple[str, ...] = ("scores_done",)) -> None:
+def check_trace(path, blocks: int, points: list[str], ends: dict[str, set[int]] | None = None) -> None:
+    """``ends``: the CTAs that must reach each point (default: scores_done on every CTA)."""
     data = json.loads(path.read_text())
     events = data["traceEvents"]
     tracks = {e["tid"] for e in events if e["name"] == "thread_name"}
@@ -50,9 +51,9 @@ def check_trace(path, blocks: int, points: list[str], ends: tuple[str, ...] = ("
     slices = [e for e in events if e["ph"] == "X"]
     assert {e["name"] for e in slices} <= set(points)
     assert all(e["dur"] >= 0 and e["ts"] >= 0 for e in slices)
-    for end in ends:
+    for end, ctas in (ends or {"scores_done": set(range(blocks))}).items():
         reached = {e["tid"] for e in slices if e["name"] == end}
-        assert reached == set(range(blocks)), f"every CTA reaches {end}"
+        assert reached == ctas, f"the CTAs that reach {end}: {sorted(reached ^ ctas)} differ"
     total = max(e["ts"] + e["dur"] for e in slices)
     assert 0 < total < 10_000, f"a launch of {total} us"
 
@@ -77,7 +78,11 @@ def test_trace_command_with_a_case(tmp_path, capsys):
     assert (tmp_path / "case.png").stat().st_size > 1000
 
 
-DS_ENDS = ("wqb_done", "stages_done")  # every CTA has wq_b tasks (512 at TP4, 1024 at TP2)
+def deepseek_ends(kernel) -> dict[str, set[int]]:
+    """wqb_done on the CTAs with wq_b tasks (the IR's placement), stages_done on every CTA."""
+    wq_b = next(s for s in kernel.ir.stages if s.name == "wq_b")
+    return {"wqb_done": set(range(wq_b.first, wq_b.first + min(wq_b.ctas, wq_b.tasks))),
+            "stages_done": set(range(kernel.ir.blocks))}
 
 
 @pytest.mark.parametrize("tokens,flags", [(1, {}), (17, {}), (48, {"tuned": True, "tp": 2})],
@@ -89,7 +94,7 @@ def test_trace_of_the_deepseek_case(tmp_path, tokens, flags):
                   **flags)
     kernel = codegen.load(DS_SPEC, tokens=tokens, timeline=True, **flags)
     assert files[0].name == f"ds{tokens}.json"
-    check_trace(files[0], kernel.ir.blocks, list(kernel.ir.timeline_points), DS_ENDS)
+    check_trace(files[0], kernel.ir.blocks, list(kernel.ir.timeline_points), deepseek_ends(kernel))
     data = json.loads(files[0].read_text())
     names = {e["name"] for e in data["traceEvents"] if e["ph"] == "X"}
     assert {"kt_done", "wqkv_done", "qkv_done"} <= names, names  # the key table, wqkv units, the S tokens' norms
@@ -107,7 +112,7 @@ def test_trace_command_with_a_deepseek_case(tmp_path, capsys):
                  "tests.test_trace_gpu:deepseek_case_args", "-o", str(out)]) == 0
     assert f"wrote {out}.json" in capsys.readouterr().out
     kernel = codegen.load(DS_SPEC, tokens=6, index=True, timeline=True)
-    check_trace(tmp_path / "ds-case.json", kernel.ir.blocks, list(kernel.ir.timeline_points), DS_ENDS)
+    check_trace(tmp_path / "ds-case.json", kernel.ir.blocks, list(kernel.ir.timeline_points), deepseek_ends(kernel))
     assert (tmp_path / "ds-case.png").stat().st_size > 1000
 
 
@@ -133,4 +138,4 @@ def test_trace_command_random_inputs_deepseek(tmp_path):
     out = tmp_path / "ds-random"
     assert main(["trace", DS_SPEC, "--tokens", "2", "--dim", "swa_bytes=584", "-o", str(out)]) == 0
     kernel = codegen.load(DS_SPEC, tokens=2, timeline=True)
-    check_trace(tmp_path / "ds-random.json", kernel.ir.blocks, list(kernel.ir.timeline_points), DS_ENDS)
+    check_trace(tmp_path / "ds-random.json", kernel.ir.blocks, list(kernel.ir.timeline_points), deepseek_ends(kernel))
