@@ -261,7 +261,7 @@ def test_q_inline_builds():
             assert [run.index(o) for o in order] == sorted(run.index(o) for o in order) and "stage_cos_sin(a," not in run
         else:
             assert run.index("stage_cos_sin(a,") < run.index("await_rows(mb, 0);")
-        assert "int sws[STAGED][CPW][MX_BLOCKS_PER_CHUNK];" in run and "e8m0_scale(sws[i][j][b])" in run
+        assert "u32 sws[STAGED][CODE_WORDS];" in run and "unpack_scales(sws[i], swg[uu]);" in run  # codes kept raw
         assert text.count("MONO_DEVICE int q_quant(") == 1 + inline
     assert {b.name for b in ir_of(tokens=1, tune={"symbols.INLINE_Q_TOKENS": 6}).lds if b.stage == "wq_b"} >= {"qv", "qred"}
 

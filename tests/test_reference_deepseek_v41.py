@@ -128,6 +128,25 @@ def test_kernel_order_is_close_to_exact():
         assert ((k.double() - exact).abs() <= 2.0**-22 * absdot).all()
 
 
+def test_kernel_order_fma_is_the_two_rounding_order():
+    """acc = fma(d, sx * sw, acc) (the kernels) gives the bits of acc + (d * sx) * sw, step by
+    step in f32, while the scale products stay normal (the docstring's claim)."""
+    g = torch.Generator().manual_seed(9)
+    x8, xc = ref.mxfp8_quantize(torch.randn(2, 256, generator=g).bfloat16(), OCP)
+    w = (torch.randn(32, 256, generator=g) * 2).to(torch.float8_e4m3fn)
+    wc = torch.randint(110, 130, (1, 8), generator=g, dtype=torch.int32)
+    got = ref.mx_gemv_kernel_order(x8, xc, w, wc, 2, 32)
+    d = torch.einsum("sbk,nbk->snb", x8.double().reshape(2, 8, 32), w.double().reshape(32, 8, 32)).float()
+    sx, sw = ref.e8m0_scale(xc.to(torch.int32)), ref.e8m0_scale(wc.to(torch.int32)).repeat_interleave(32, 0)
+    total = torch.zeros(2, 32)
+    for wave in range(2):
+        acc = torch.zeros(2, 32)
+        for b in range(wave, 8, 2):
+            acc = acc + (d[:, :, b] * sx[:, None, b]) * sw[None, :, b]
+        total = total + acc
+    assert torch.equal(got, total)
+
+
 # ---------------------------------------------------------------------------------- norms
 
 

@@ -156,9 +156,11 @@ def mx_gemv_kernel_order(
     32-block's MMA result ``d`` is its exact dot rounded once to f32 (the
     hardware's internal order is not specified; this is then bit-exact): per
     warp w, chunks ``c = w, w + waves, ...`` (``k_chunk`` = 32 on sm90, 64 = two
-    blocks on AMD) in order, blocks inside a chunk in k order, ``acc = acc +
-    (d * sx) * sw`` (f32, each step rounded); then the warps' partials added in
-    warp order starting from 0.0. Returns f32 [S, N]."""
+    blocks on AMD) in order, blocks inside a chunk in k order, ``acc = fma(d,
+    sx * sw, acc)`` (f32: ``sx * sw`` rounded, a power of two; the fma's exact
+    product and one rounding: the same bits as ``acc + (d * sx) * sw`` unless a
+    product leaves f32's normal range); then the warps' partials added in warp
+    order starting from 0.0. Returns f32 [S, N]."""
     s, k = x8.shape
     n = w.shape[0]
     nb = k // MX_BLOCK
@@ -174,7 +176,9 @@ def mx_gemv_kernel_order(
         acc = torch.zeros(s, n, dtype=torch.float32)
         for c in range(wave, chunks, waves):
             for b in range(c * per_chunk, (c + 1) * per_chunk):
-                acc = acc + (d[:, :, b] * sx[:, None, b]) * sw[None, :, b]
+                sxw = sx[:, None, b] * sw[None, :, b]  # f32, rounded
+                # f32 + an exact product, summed in f64 and rounded once: the fma (53 >= 2 * 24 + 2)
+                acc = (acc.double() + d[:, :, b].double() * sxw.double()).float()
         total = total + acc
     return total
 

@@ -311,8 +311,9 @@ MONO_DEVICE void st4(void* p, u32 v) { *static_cast<u32*>(p) = v; }
 // preshuffle_mx for AMD); one v_mfma_f32_16x16x32_fp8_fp8 per block. Wave w takes chunks
 // w, w + WAVES, ... (< NC) in order; w[i] / sw[i][b]: its i-th chunk's bytes and weight block
 // scales 2^(code - 127). x8: token rows in LDS (STRIDE words), xs: their block scales
-// (SSTRIDE a row). Per block and token column, in f32: d = mfma(w, x, 0); acc = acc +
-// (d * sx) * sw. Columns past `tokens` repeat the last token (ignored). The wave's tile ->
+// (SSTRIDE a row). Per block and token column, in f32: d = mfma(w, x, 0); acc = fma(d,
+// sx * sw, acc) (powers of two: d * (sx * sw) is exact, one rounding as acc + (d * sx) * sw).
+// Columns past `tokens` repeat the last token (ignored). The wave's tile ->
 // part[row * PART_ROW + column].
 constexpr int MX_BLOCKS_PER_CHUNK = GEMV_K_CHUNK / 32;
 template <int CPW, int NC, int STRIDE, int SSTRIDE>
@@ -333,8 +334,8 @@ MONO_DEVICE void mx_gemv16_partial(const u32x4 (&w)[CPW], const float (&sw)[CPW]
                 const long wa = long(u64(wl[2 * b]) | (u64(wl[2 * b + 1]) << 32));
                 const long xa = long(u64(xb[8 * b]) | (u64(xb[8 * b + 1]) << 32));
                 const f32x4 d = mfma_fp8_16x16x32(wa, xa, zero);
-                const float sx = srow[2 * c + b];
-                for (int r = 0; r < 4; ++r) acc[r] = acc[r] + (d[r] * sx) * sw[i][b];
+                const float sxw = srow[2 * c + b] * sw[i][b];
+                for (int r = 0; r < 4; ++r) acc[r] = fma_rn(d[r], sxw, acc[r]);
             }
         }
     }
@@ -624,21 +625,37 @@ MONO_DEVICE int unit_of(int u) {
 MONO_DEVICE int unit_row0(int u) { return unit_of(u) % ROW_TILES * 16; }
 MONO_DEVICE int unit_part(int u) { return K_PARTS == 1 ? 0 : unit_of(u) / ROW_TILES; }  // a constant for whole rows
 
-// Unit u's weights: this lane's 16 bytes of each of its chunks and the chunk's block scales
-// (one byte per 32 x 32 block of wqkv_s), issued without waiting.
-MONO_DEVICE void load_unit(const Args& a, int u, u32x4 (&w)[CPW], float (&sw)[CPW][MX_BLOCKS_PER_CHUNK]) {
+// A unit's block scale codes (one byte per 32 x 32 block of wqkv_s) stay packed, a byte
+// each (chunk i's block b: byte i * MX_BLOCKS_PER_CHUNK + b), until its MMAs: a prefetched
+// unit's scales take CODE_WORDS registers, not one per block.
+constexpr int CODE_WORDS = (CPW * MX_BLOCKS_PER_CHUNK + 3) / 4;
+MONO_DEVICE void unpack_scales(const u32 (&codes)[CODE_WORDS], float (&sw)[CPW][MX_BLOCKS_PER_CHUNK]) {
+#pragma unroll
+    for (int i = 0; i < CPW; ++i)
+        for (int b = 0; b < MX_BLOCKS_PER_CHUNK; ++b) {
+            const int k = i * MX_BLOCKS_PER_CHUNK + b;
+            sw[i][b] = e8m0_scale(int((codes[k / 4] >> (8 * (k % 4))) & 0xffu));
+        }
+}
+
+// Unit u's weights: this lane's 16 bytes of each of its chunks (zeros past NC) and the
+// chunks' packed scale codes, issued without waiting.
+MONO_DEVICE void load_unit(const Args& a, int u, u32x4 (&w)[CPW], u32 (&codes)[CODE_WORDS]) {
     const int row0 = unit_row0(u), c0 = unit_part(u) * NC;
     const u8* wrow = a.wqkv + (long long)row0 * K + lane_id() * 16;
     const u8* srow = a.wqkv_s + (row0 / 32) * KB;
+    for (int k = 0; k < CODE_WORDS; ++k) codes[k] = 0u;
 #pragma unroll
     for (int i = 0; i < CPW; ++i) {
         const int c = wave_id() + WAVES * i;
         if (c < NC) {
             w[i] = ld16(wrow + (long long)(c0 + c) * 16 * GEMV_K_CHUNK);
-            for (int b = 0; b < MX_BLOCKS_PER_CHUNK; ++b) sw[i][b] = e8m0_scale(srow[(c0 + c) * MX_BLOCKS_PER_CHUNK + b]);
+            for (int b = 0; b < MX_BLOCKS_PER_CHUNK; ++b) {
+                const int k = i * MX_BLOCKS_PER_CHUNK + b;
+                codes[k / 4] |= u32(srow[(c0 + c) * MX_BLOCKS_PER_CHUNK + b]) << (8 * (k % 4));
+            }
         } else {
             w[i] = u32x4{0u, 0u, 0u, 0u};
-            for (int b = 0; b < MX_BLOCKS_PER_CHUNK; ++b) sw[i][b] = 0.0f;
         }
     }
 }
@@ -694,7 +711,7 @@ MONO_DEVICE void run(const Args& a, const Mailbox& mb, u8* lds) {
     float* xs = reinterpret_cast<float*>(lds + LDS_XS);
     float* part = reinterpret_cast<float*>(lds + LDS_PART);
     u32x4 w[UPC + PREFETCH][CPW];
-    float sw[UPC + PREFETCH][CPW][MX_BLOCKS_PER_CHUNK];
+    u32 sw[UPC + PREFETCH][CODE_WORDS];
 #pragma unroll
     for (int i = 0; i < PREFETCH; ++i)
         if (b0 + CTAS * i < TASKS) load_unit(a, b0 + CTAS * i, w[i], sw[i]);
@@ -716,7 +733,9 @@ MONO_DEVICE void run(const Args& a, const Mailbox& mb, u8* lds) {
                 }
                 for (int c0 = 0; c0 < nt; c0 += 16) {
                     const int nc = min_i(16, nt - c0);
-                    mx_gemv16_partial<CPW, NC, XSTRIDE, SSTRIDE>(w[i], sw[i], xl + c0 * XSTRIDE, xs + c0 * SSTRIDE, nc,
+                    float swu[1][CPW][MX_BLOCKS_PER_CHUNK];
+                    unpack_scales(sw[i], swu[0]);
+                    mx_gemv16_partial<CPW, NC, XSTRIDE, SSTRIDE>(w[i], swu[0], xl + c0 * XSTRIDE, xs + c0 * SSTRIDE, nc,
                                                                  part + wave_id() * PART_WAVE);
                     barrier();
                     epilogue(a, mb, part, lds, row0, kpart, tok0 + c0, nc);
@@ -959,21 +978,37 @@ MONO_DEVICE int unit_of(int u) {
 MONO_DEVICE int unit_row0(int u) { return unit_of(u) % ROW_TILES * 16; }
 MONO_DEVICE int unit_part(int u) { return K_PARTS == 1 ? 0 : unit_of(u) / ROW_TILES; }  // a constant for whole rows
 
-// Unit u's weights: this lane's 16 bytes of each of its chunks and the chunk's block scales
-// (one byte per 32 x 32 block of wqb_s), issued without waiting.
-MONO_DEVICE void load_unit(const Args& a, int u, u32x4 (&w)[CPW], float (&sw)[CPW][MX_BLOCKS_PER_CHUNK]) {
+// A unit's block scale codes (one byte per 32 x 32 block of wqb_s) stay packed, a byte
+// each (chunk i's block b: byte i * MX_BLOCKS_PER_CHUNK + b), until its MMAs: a prefetched
+// unit's scales take CODE_WORDS registers, not one per block.
+constexpr int CODE_WORDS = (CPW * MX_BLOCKS_PER_CHUNK + 3) / 4;
+MONO_DEVICE void unpack_scales(const u32 (&codes)[CODE_WORDS], float (&sw)[CPW][MX_BLOCKS_PER_CHUNK]) {
+#pragma unroll
+    for (int i = 0; i < CPW; ++i)
+        for (int b = 0; b < MX_BLOCKS_PER_CHUNK; ++b) {
+            const int k = i * MX_BLOCKS_PER_CHUNK + b;
+            sw[i][b] = e8m0_scale(int((codes[k / 4] >> (8 * (k % 4))) & 0xffu));
+        }
+}
+
+// Unit u's weights: this lane's 16 bytes of each of its chunks (zeros past NC) and the
+// chunks' packed scale codes, issued without waiting.
+MONO_DEVICE void load_unit(const Args& a, int u, u32x4 (&w)[CPW], u32 (&codes)[CODE_WORDS]) {
     const int row0 = unit_row0(u), c0 = unit_part(u) * NC;
     const u8* wrow = a.wqb + (long long)row0 * K + lane_id() * 16;
     const u8* srow = a.wqb_s + (row0 / 32) * KB;
+    for (int k = 0; k < CODE_WORDS; ++k) codes[k] = 0u;
 #pragma unroll
     for (int i = 0; i < CPW; ++i) {
         const int c = wave_id() + WAVES * i;
         if (c < NC) {
             w[i] = ld16(wrow + (long long)(c0 + c) * 16 * GEMV_K_CHUNK);
-            for (int b = 0; b < MX_BLOCKS_PER_CHUNK; ++b) sw[i][b] = e8m0_scale(srow[(c0 + c) * MX_BLOCKS_PER_CHUNK + b]);
+            for (int b = 0; b < MX_BLOCKS_PER_CHUNK; ++b) {
+                const int k = i * MX_BLOCKS_PER_CHUNK + b;
+                codes[k / 4] |= u32(srow[(c0 + c) * MX_BLOCKS_PER_CHUNK + b]) << (8 * (k % 4));
+            }
         } else {
             w[i] = u32x4{0u, 0u, 0u, 0u};
-            for (int b = 0; b < MX_BLOCKS_PER_CHUNK; ++b) sw[i][b] = 0.0f;
         }
     }
 }
@@ -1054,7 +1089,7 @@ MONO_DEVICE void run(const Args& a, const Mailbox& mb, u8* lds) {
     float* xs = reinterpret_cast<float*>(lds + LDS_XS);
     float* part = reinterpret_cast<float*>(lds + LDS_PART);
     u32x4 w[UPC + PREFETCH][CPW];
-    float sw[UPC + PREFETCH][CPW][MX_BLOCKS_PER_CHUNK];
+    u32 sw[UPC + PREFETCH][CODE_WORDS];
 #pragma unroll
     for (int i = 0; i < PREFETCH; ++i)
         if (b0 + CTAS * i < TASKS) load_unit(a, b0 + CTAS * i, w[i], sw[i]);
@@ -1077,7 +1112,9 @@ MONO_DEVICE void run(const Args& a, const Mailbox& mb, u8* lds) {
                 }
                 for (int c0 = 0; c0 < nt; c0 += 16) {
                     const int nc = min_i(16, nt - c0);
-                    mx_gemv16_partial<CPW, NC, XSTRIDE, SSTRIDE>(w[i], sw[i], xl + c0 * XSTRIDE, xs + c0 * SSTRIDE, nc,
+                    float swu[1][CPW][MX_BLOCKS_PER_CHUNK];
+                    unpack_scales(sw[i], swu[0]);
+                    mx_gemv16_partial<CPW, NC, XSTRIDE, SSTRIDE>(w[i], swu[0], xl + c0 * XSTRIDE, xs + c0 * SSTRIDE, nc,
                                                                  part + wave_id() * PART_WAVE);
                     barrier();
                     epilogue(a, mb, part, lds, row0, kpart, tok0 + c0, nc);

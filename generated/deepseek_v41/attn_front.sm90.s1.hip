@@ -442,7 +442,9 @@ MONO_DEVICE void st4(void* p, u32 v) { asm volatile("st.global.u32 [%0], %1;" ::
 // preshuffle of codegen.weights); warp w takes chunks w, w + WAVES, ... (< NC) in order;
 // w[i] / sw[i][0]: its i-th chunk's bytes and weight block scale 2^(code - 127). x8: token
 // rows in LDS (STRIDE words, chunk c at word 8c), xs: their block scales (SSTRIDE a row).
-// Per block and token column, in f32: d = mma(w, x, 0); acc = acc + (d * sx) * sw. Columns
+// Per block and token column, in f32: d = mma(w, x, 0); acc = fma(d, sx * sw, acc): the
+// scales are powers of two, so d * (sx * sw) is exact and the fma rounds once, as
+// acc + (d * sx) * sw would (one FFMA a value, not two FMUL and an FADD). Columns
 // past `tokens` repeat the last token (ignored). The warp's tile -> part[row * PART_ROW + column].
 constexpr int MX_BLOCKS_PER_CHUNK = GEMV_K_CHUNK / 32;
 template <int CPW, int NC, int STRIDE, int SSTRIDE>
@@ -465,11 +467,11 @@ MONO_DEVICE void mx_gemv16_partial(const u32x4 (&w)[CPW], const float (&sw)[CPW]
                 const u32* xr = j == 0 ? x_lo : x_hi;
                 float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
                 mma_fp8_16x8x32(d, a, xr[8 * c], xr[8 * c + 4]);
-                const float s0 = s[2 * j][c], s1 = s[2 * j + 1][c];
-                acc[j][0] = acc[j][0] + (d[0] * s0) * sw[i][0];
-                acc[j][1] = acc[j][1] + (d[1] * s1) * sw[i][0];
-                acc[j][2] = acc[j][2] + (d[2] * s0) * sw[i][0];
-                acc[j][3] = acc[j][3] + (d[3] * s1) * sw[i][0];
+                const float s0 = s[2 * j][c] * sw[i][0], s1 = s[2 * j + 1][c] * sw[i][0];
+                acc[j][0] = fma_rn(d[0], s0, acc[j][0]);
+                acc[j][1] = fma_rn(d[1], s1, acc[j][1]);
+                acc[j][2] = fma_rn(d[2], s0, acc[j][2]);
+                acc[j][3] = fma_rn(d[3], s1, acc[j][3]);
             }
         }
     }
@@ -488,8 +490,8 @@ MONO_DEVICE void mma_fp8_16x8x32_free(float (&d)[4], const u32 (&a)[4], u32 b0, 
 // the scheduler: the fp8 mma is emulated on sm90 (F2FP unpacks + 2 HMMA each), so a loop that
 // loads, converts, multiplies and accumulates one chunk at a time waits on each. Here every
 // operand is loaded first (chunk indices clamped to NC - 1: no branch), each chunk's mma and
-// scaling is independent of the others, only the accumulation is a chain, and a chunk past NC
-// is dropped by a select. The G units share their chunks' activations (one K part).
+// scaling is independent of the others, only the accumulation (the fmas) is a chain, and a
+// chunk past NC is dropped by a select. The G units share their chunks' activations (one K part).
 // w[u][i], sw[u][i][0]: unit u's chunk wave + WAVES i; unit u's tile -> part + u * PART_TILE.
 // J token halves: 1 (tokens <= 8: columns 8.. stay 0, as in mx_gemv16_partial) or 2
 template <int J, int G, int CPW, int NC, int STRIDE, int SSTRIDE, int PART_TILE>
@@ -524,10 +526,11 @@ MONO_DEVICE void mx_gemv16_units_j(const u32x4 (&w)[G][CPW], const float (&sw)[G
             for (int j = 0; j < J; ++j) {
                 float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
                 mma_fp8_16x8x32_free(d, a, xb[i][j][0], xb[i][j][1]);
-                const float t[4] = {(d[0] * sx[i][j][0]) * sw[u][i][0], (d[1] * sx[i][j][1]) * sw[u][i][0],
-                                    (d[2] * sx[i][j][0]) * sw[u][i][0], (d[3] * sx[i][j][1]) * sw[u][i][0]};
+                const float s0 = sx[i][j][0] * sw[u][i][0], s1 = sx[i][j][1] * sw[u][i][0];
+                const float t[4] = {fma_rn(d[0], s0, acc[j][0]), fma_rn(d[1], s1, acc[j][1]),
+                                    fma_rn(d[2], s0, acc[j][2]), fma_rn(d[3], s1, acc[j][3])};
 #pragma unroll
-                for (int r = 0; r < 4; ++r) acc[j][r] = live ? acc[j][r] + t[r] : acc[j][r];
+                for (int r = 0; r < 4; ++r) acc[j][r] = live ? t[r] : acc[j][r];
             }
         }
         float* pt = part + u * PART_TILE;
@@ -779,21 +782,37 @@ MONO_DEVICE int unit_of(int u) {
 MONO_DEVICE int unit_row0(int u) { return unit_of(u) % ROW_TILES * 16; }
 MONO_DEVICE int unit_part(int u) { return K_PARTS == 1 ? 0 : unit_of(u) / ROW_TILES; }  // a constant for whole rows
 
-// Unit u's weights: this lane's 16 bytes of each of its chunks and the chunk's block scales
-// (one byte per 32 x 32 block of wqkv_s), issued without waiting.
-MONO_DEVICE void load_unit(const Args& a, int u, u32x4 (&w)[CPW], float (&sw)[CPW][MX_BLOCKS_PER_CHUNK]) {
+// A unit's block scale codes (one byte per 32 x 32 block of wqkv_s) stay packed, a byte
+// each (chunk i's block b: byte i * MX_BLOCKS_PER_CHUNK + b), until its MMAs: a prefetched
+// unit's scales take CODE_WORDS registers, not one per block.
+constexpr int CODE_WORDS = (CPW * MX_BLOCKS_PER_CHUNK + 3) / 4;
+MONO_DEVICE void unpack_scales(const u32 (&codes)[CODE_WORDS], float (&sw)[CPW][MX_BLOCKS_PER_CHUNK]) {
+#pragma unroll
+    for (int i = 0; i < CPW; ++i)
+        for (int b = 0; b < MX_BLOCKS_PER_CHUNK; ++b) {
+            const int k = i * MX_BLOCKS_PER_CHUNK + b;
+            sw[i][b] = e8m0_scale(int((codes[k / 4] >> (8 * (k % 4))) & 0xffu));
+        }
+}
+
+// Unit u's weights: this lane's 16 bytes of each of its chunks (zeros past NC) and the
+// chunks' packed scale codes, issued without waiting.
+MONO_DEVICE void load_unit(const Args& a, int u, u32x4 (&w)[CPW], u32 (&codes)[CODE_WORDS]) {
     const int row0 = unit_row0(u), c0 = unit_part(u) * NC;
     const u8* wrow = a.wqkv + (long long)row0 * K + lane_id() * 16;
     const u8* srow = a.wqkv_s + (row0 / 32) * KB;
+    for (int k = 0; k < CODE_WORDS; ++k) codes[k] = 0u;
 #pragma unroll
     for (int i = 0; i < CPW; ++i) {
         const int c = wave_id() + WAVES * i;
         if (c < NC) {
             w[i] = ld16(wrow + (long long)(c0 + c) * 16 * GEMV_K_CHUNK);
-            for (int b = 0; b < MX_BLOCKS_PER_CHUNK; ++b) sw[i][b] = e8m0_scale(srow[(c0 + c) * MX_BLOCKS_PER_CHUNK + b]);
+            for (int b = 0; b < MX_BLOCKS_PER_CHUNK; ++b) {
+                const int k = i * MX_BLOCKS_PER_CHUNK + b;
+                codes[k / 4] |= u32(srow[(c0 + c) * MX_BLOCKS_PER_CHUNK + b]) << (8 * (k % 4));
+            }
         } else {
             w[i] = u32x4{0u, 0u, 0u, 0u};
-            for (int b = 0; b < MX_BLOCKS_PER_CHUNK; ++b) sw[i][b] = 0.0f;
         }
     }
 }
@@ -850,7 +869,7 @@ MONO_DEVICE void run(const Args& a, const Mailbox& mb, u8* lds) {
     float* xs = reinterpret_cast<float*>(lds + LDS_XS);
     float* part = reinterpret_cast<float*>(lds + LDS_PART);
     u32x4 w[UPC + PREFETCH][CPW];
-    float sw[UPC + PREFETCH][CPW][MX_BLOCKS_PER_CHUNK];
+    u32 sw[UPC + PREFETCH][CODE_WORDS];
 #pragma unroll
     for (int i = 0; i < PREFETCH; ++i)
         if (b0 + CTAS * i < TASKS) load_unit(a, b0 + CTAS * i, w[i], sw[i]);
@@ -871,7 +890,9 @@ MONO_DEVICE void run(const Args& a, const Mailbox& mb, u8* lds) {
                 }
                 for (int c0 = 0; c0 < nt; c0 += 16) {
                     const int nc = min_i(16, nt - c0);
-                    mx_gemv16_partial<CPW, NC, XSTRIDE, SSTRIDE>(w[i], sw[i], xl + c0 * XSTRIDE, xs + c0 * SSTRIDE, nc,
+                    float swu[1][CPW][MX_BLOCKS_PER_CHUNK];
+                    unpack_scales(sw[i], swu[0]);
+                    mx_gemv16_partial<CPW, NC, XSTRIDE, SSTRIDE>(w[i], swu[0], xl + c0 * XSTRIDE, xs + c0 * SSTRIDE, nc,
                                                                  part + wave_id() * PART_WAVE);
                     barrier();
                     epilogue(a, mb, part, lds, row0, kpart, tok0 + c0, nc);
@@ -1122,33 +1143,53 @@ MONO_DEVICE int unit_of(int u) {
 MONO_DEVICE int unit_row0(int u) { return unit_of(u) % ROW_TILES * 16; }
 MONO_DEVICE int unit_part(int u) { return K_PARTS == 1 ? 0 : unit_of(u) / ROW_TILES; }  // a constant for whole rows
 
-// Unit u's weights: this lane's 16 bytes of each of its chunks and the chunk's block scales
-// (one byte per 32 x 32 block of wqb_s), issued without waiting.
-MONO_DEVICE void load_unit(const Args& a, int u, u32x4 (&w)[CPW], float (&sw)[CPW][MX_BLOCKS_PER_CHUNK]) {
+// A unit's block scale codes (one byte per 32 x 32 block of wqb_s) stay packed, a byte
+// each (chunk i's block b: byte i * MX_BLOCKS_PER_CHUNK + b), until its MMAs: a prefetched
+// unit's scales take CODE_WORDS registers, not one per block.
+constexpr int CODE_WORDS = (CPW * MX_BLOCKS_PER_CHUNK + 3) / 4;
+MONO_DEVICE void unpack_scales(const u32 (&codes)[CODE_WORDS], float (&sw)[CPW][MX_BLOCKS_PER_CHUNK]) {
+#pragma unroll
+    for (int i = 0; i < CPW; ++i)
+        for (int b = 0; b < MX_BLOCKS_PER_CHUNK; ++b) {
+            const int k = i * MX_BLOCKS_PER_CHUNK + b;
+            sw[i][b] = e8m0_scale(int((codes[k / 4] >> (8 * (k % 4))) & 0xffu));
+        }
+}
+
+// Unit u's weights: this lane's 16 bytes of each of its chunks (zeros past NC) and the
+// chunks' packed scale codes, issued without waiting.
+MONO_DEVICE void load_unit(const Args& a, int u, u32x4 (&w)[CPW], u32 (&codes)[CODE_WORDS]) {
     const int row0 = unit_row0(u), c0 = unit_part(u) * NC;
     const u8* wrow = a.wqb + (long long)row0 * K + lane_id() * 16;
     const u8* srow = a.wqb_s + (row0 / 32) * KB;
+    for (int k = 0; k < CODE_WORDS; ++k) codes[k] = 0u;
 #pragma unroll
     for (int i = 0; i < CPW; ++i) {
         const int c = wave_id() + WAVES * i;
         if (c < NC) {
             w[i] = ld16(wrow + (long long)(c0 + c) * 16 * GEMV_K_CHUNK);
-            for (int b = 0; b < MX_BLOCKS_PER_CHUNK; ++b) sw[i][b] = e8m0_scale(srow[(c0 + c) * MX_BLOCKS_PER_CHUNK + b]);
+            for (int b = 0; b < MX_BLOCKS_PER_CHUNK; ++b) {
+                const int k = i * MX_BLOCKS_PER_CHUNK + b;
+                codes[k / 4] |= u32(srow[(c0 + c) * MX_BLOCKS_PER_CHUNK + b]) << (8 * (k % 4));
+            }
         } else {
             w[i] = u32x4{0u, 0u, 0u, 0u};
-            for (int b = 0; b < MX_BLOCKS_PER_CHUNK; ++b) sw[i][b] = 0.0f;
         }
     }
 }
 
-// Unit u's block scale codes alone (its weights were staged at the kernel's start), as
-// loaded: converted where used, so nothing waits for them before the rows' wait.
-MONO_DEVICE void load_scales(const Args& a, int u, int (&code)[CPW][MX_BLOCKS_PER_CHUNK]) {
+// Unit u's packed block scale codes alone (its weights were staged at the kernel's start):
+// unpacked where used, so nothing waits for them before the rows' wait.
+MONO_DEVICE void load_scales(const Args& a, int u, u32 (&codes)[CODE_WORDS]) {
     const u8* srow = a.wqb_s + (unit_row0(u) / 32) * KB;
+    for (int k = 0; k < CODE_WORDS; ++k) codes[k] = 0u;
 #pragma unroll
     for (int i = 0; i < CPW; ++i) {
         const int c = min_i(wave_id() + WAVES * i, NC - 1);  // past NC: dropped by the loop
-        for (int b = 0; b < MX_BLOCKS_PER_CHUNK; ++b) code[i][b] = srow[c * MX_BLOCKS_PER_CHUNK + b];
+        for (int b = 0; b < MX_BLOCKS_PER_CHUNK; ++b) {
+            const int k = i * MX_BLOCKS_PER_CHUNK + b;
+            codes[k / 4] |= u32(srow[c * MX_BLOCKS_PER_CHUNK + b]) << (8 * (k % 4));
+        }
     }
 }
 
@@ -1327,9 +1368,9 @@ MONO_DEVICE void run(const Args& a, const Mailbox& mb, u8* lds) {
     const u8* wl = lds + LDS_W;
     constexpr int REST = UPC - STAGED;  // units whose weights come through registers
     constexpr int RP = 0;  // of them, weights in flight (registers beside a group's)
-    int sws[STAGED][CPW][MX_BLOCKS_PER_CHUNK];
+    u32 sws[STAGED][CODE_WORDS];
     u32x4 w[REST > 0 ? REST : 1][CPW];
-    float sw[REST > 0 ? REST : 1][CPW][MX_BLOCKS_PER_CHUNK];
+    u32 sw[REST > 0 ? REST : 1][CODE_WORDS];
 #pragma unroll
     for (int i = 0; i < STAGED; ++i) load_scales(a, min_i(b0 + CTAS * i, TASKS - 1), sws[i]);  // past TASKS: not stored
 #pragma unroll
@@ -1362,8 +1403,8 @@ MONO_DEVICE void run(const Args& a, const Mailbox& mb, u8* lds) {
                     for (int j = 0; j < CPW; ++j) {
                         const int c = min_i(wave_id() + WAVES * j, NC - 1);
                         wg[uu][j] = ld16_lds(wl + i * UNIT_BYTES + c * 16 * GEMV_K_CHUNK + lane_id() * 16);
-                        for (int b = 0; b < MX_BLOCKS_PER_CHUNK; ++b) swg[uu][j][b] = e8m0_scale(sws[i][j][b]);
                     }
+                    unpack_scales(sws[i], swg[uu]);
                 }
                 mx_gemv16_units<GROUP, CPW, NC, XSTRIDE, SSTRIDE, PART_TILE>(wg, swg, xl + c0 * XSTRIDE, xs + c0 * SSTRIDE, nc,
                                                                               part + wave_id() * PART_WAVE);
@@ -1390,9 +1431,10 @@ MONO_DEVICE void run(const Args& a, const Mailbox& mb, u8* lds) {
                 }
                 for (int c0 = 0; c0 < nt; c0 += 16) {
                     const int nc = min_i(16, nt - c0);
+                    float swu[1][CPW][MX_BLOCKS_PER_CHUNK];
+                    unpack_scales(sw[r], swu[0]);
                     mx_gemv16_units<1, CPW, NC, XSTRIDE, SSTRIDE, PART_TILE>(
-                        reinterpret_cast<const u32x4(&)[1][CPW]>(w[r]),
-                        reinterpret_cast<const float(&)[1][CPW][MX_BLOCKS_PER_CHUNK]>(sw[r]),
+                        reinterpret_cast<const u32x4(&)[1][CPW]>(w[r]), swu,
                         xl + c0 * XSTRIDE, xs + c0 * SSTRIDE, nc, part + wave_id() * PART_WAVE);
                     barrier();
                     epilogue(a, mb, part, lds, row0, 0, tok0 + c0, nc);

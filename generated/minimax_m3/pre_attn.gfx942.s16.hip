@@ -312,8 +312,9 @@ MONO_DEVICE void st4(void* p, u32 v) { *static_cast<u32*>(p) = v; }
 // preshuffle_mx for AMD); one v_mfma_f32_16x16x32_fp8_fp8 per block. Wave w takes chunks
 // w, w + WAVES, ... (< NC) in order; w[i] / sw[i][b]: its i-th chunk's bytes and weight block
 // scales 2^(code - 127). x8: token rows in LDS (STRIDE words), xs: their block scales
-// (SSTRIDE a row). Per block and token column, in f32: d = mfma(w, x, 0); acc = acc +
-// (d * sx) * sw. Columns past `tokens` repeat the last token (ignored). The wave's tile ->
+// (SSTRIDE a row). Per block and token column, in f32: d = mfma(w, x, 0); acc = fma(d,
+// sx * sw, acc) (powers of two: d * (sx * sw) is exact, one rounding as acc + (d * sx) * sw).
+// Columns past `tokens` repeat the last token (ignored). The wave's tile ->
 // part[row * PART_ROW + column].
 constexpr int MX_BLOCKS_PER_CHUNK = GEMV_K_CHUNK / 32;
 template <int CPW, int NC, int STRIDE, int SSTRIDE>
@@ -334,8 +335,8 @@ MONO_DEVICE void mx_gemv16_partial(const u32x4 (&w)[CPW], const float (&sw)[CPW]
                 const long wa = long(u64(wl[2 * b]) | (u64(wl[2 * b + 1]) << 32));
                 const long xa = long(u64(xb[8 * b]) | (u64(xb[8 * b + 1]) << 32));
                 const f32x4 d = mfma_fp8_16x16x32(wa, xa, zero);
-                const float sx = srow[2 * c + b];
-                for (int r = 0; r < 4; ++r) acc[r] = acc[r] + (d[r] * sx) * sw[i][b];
+                const float sxw = srow[2 * c + b] * sw[i][b];
+                for (int r = 0; r < 4; ++r) acc[r] = fma_rn(d[r], sxw, acc[r]);
             }
         }
     }

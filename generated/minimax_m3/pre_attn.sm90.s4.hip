@@ -442,7 +442,9 @@ MONO_DEVICE void st4(void* p, u32 v) { asm volatile("st.global.u32 [%0], %1;" ::
 // preshuffle of codegen.weights); warp w takes chunks w, w + WAVES, ... (< NC) in order;
 // w[i] / sw[i][0]: its i-th chunk's bytes and weight block scale 2^(code - 127). x8: token
 // rows in LDS (STRIDE words, chunk c at word 8c), xs: their block scales (SSTRIDE a row).
-// Per block and token column, in f32: d = mma(w, x, 0); acc = acc + (d * sx) * sw. Columns
+// Per block and token column, in f32: d = mma(w, x, 0); acc = fma(d, sx * sw, acc): the
+// scales are powers of two, so d * (sx * sw) is exact and the fma rounds once, as
+// acc + (d * sx) * sw would (one FFMA a value, not two FMUL and an FADD). Columns
 // past `tokens` repeat the last token (ignored). The warp's tile -> part[row * PART_ROW + column].
 constexpr int MX_BLOCKS_PER_CHUNK = GEMV_K_CHUNK / 32;
 template <int CPW, int NC, int STRIDE, int SSTRIDE>
@@ -465,11 +467,11 @@ MONO_DEVICE void mx_gemv16_partial(const u32x4 (&w)[CPW], const float (&sw)[CPW]
                 const u32* xr = j == 0 ? x_lo : x_hi;
                 float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
                 mma_fp8_16x8x32(d, a, xr[8 * c], xr[8 * c + 4]);
-                const float s0 = s[2 * j][c], s1 = s[2 * j + 1][c];
-                acc[j][0] = acc[j][0] + (d[0] * s0) * sw[i][0];
-                acc[j][1] = acc[j][1] + (d[1] * s1) * sw[i][0];
-                acc[j][2] = acc[j][2] + (d[2] * s0) * sw[i][0];
-                acc[j][3] = acc[j][3] + (d[3] * s1) * sw[i][0];
+                const float s0 = s[2 * j][c] * sw[i][0], s1 = s[2 * j + 1][c] * sw[i][0];
+                acc[j][0] = fma_rn(d[0], s0, acc[j][0]);
+                acc[j][1] = fma_rn(d[1], s1, acc[j][1]);
+                acc[j][2] = fma_rn(d[2], s0, acc[j][2]);
+                acc[j][3] = fma_rn(d[3], s1, acc[j][3]);
             }
         }
     }
@@ -488,8 +490,8 @@ MONO_DEVICE void mma_fp8_16x8x32_free(float (&d)[4], const u32 (&a)[4], u32 b0, 
 // the scheduler: the fp8 mma is emulated on sm90 (F2FP unpacks + 2 HMMA each), so a loop that
 // loads, converts, multiplies and accumulates one chunk at a time waits on each. Here every
 // operand is loaded first (chunk indices clamped to NC - 1: no branch), each chunk's mma and
-// scaling is independent of the others, only the accumulation is a chain, and a chunk past NC
-// is dropped by a select. The G units share their chunks' activations (one K part).
+// scaling is independent of the others, only the accumulation (the fmas) is a chain, and a
+// chunk past NC is dropped by a select. The G units share their chunks' activations (one K part).
 // w[u][i], sw[u][i][0]: unit u's chunk wave + WAVES i; unit u's tile -> part + u * PART_TILE.
 // J token halves: 1 (tokens <= 8: columns 8.. stay 0, as in mx_gemv16_partial) or 2
 template <int J, int G, int CPW, int NC, int STRIDE, int SSTRIDE, int PART_TILE>
@@ -524,10 +526,11 @@ MONO_DEVICE void mx_gemv16_units_j(const u32x4 (&w)[G][CPW], const float (&sw)[G
             for (int j = 0; j < J; ++j) {
                 float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
                 mma_fp8_16x8x32_free(d, a, xb[i][j][0], xb[i][j][1]);
-                const float t[4] = {(d[0] * sx[i][j][0]) * sw[u][i][0], (d[1] * sx[i][j][1]) * sw[u][i][0],
-                                    (d[2] * sx[i][j][0]) * sw[u][i][0], (d[3] * sx[i][j][1]) * sw[u][i][0]};
+                const float s0 = sx[i][j][0] * sw[u][i][0], s1 = sx[i][j][1] * sw[u][i][0];
+                const float t[4] = {fma_rn(d[0], s0, acc[j][0]), fma_rn(d[1], s1, acc[j][1]),
+                                    fma_rn(d[2], s0, acc[j][2]), fma_rn(d[3], s1, acc[j][3])};
 #pragma unroll
-                for (int r = 0; r < 4; ++r) acc[j][r] = live ? acc[j][r] + t[r] : acc[j][r];
+                for (int r = 0; r < 4; ++r) acc[j][r] = live ? t[r] : acc[j][r];
             }
         }
         float* pt = part + u * PART_TILE;
