@@ -2,11 +2,12 @@
 build's per-CTA stamps (%globaltimer, ns), as microseconds after the first
 CTA's start: min / median / max over the CTAs that reached each point.
 
-    PYTHONPATH=. python3 scripts/timeline_deepseek_front.py [out.txt] [--slowest=POINT] [stage.field=value ...]
+    PYTHONPATH=. python3 scripts/timeline_deepseek_front.py [out.txt] [--cold] [--slowest=POINT] [stage.field=value ...]
 
 (stage.field=value: spec knob overrides, codegen.load's tune, e.g. wq_b.bulk_weights=0;
 --slowest=POINT also lists the 8 CTAs that stamped POINT last, each with all its stamps:
-a straggler's role shows in its other stamps)"""
+a straggler's role shows in its other stamps; --cold: the timed launch follows an L2 flush, so the
+weights come from HBM as in the bench, not from L2)"""
 
 from __future__ import annotations
 
@@ -24,7 +25,9 @@ BUILDS = [dict(tokens=1, tp=4), dict(tokens=16, tp=4), dict(tokens=48, tp=4), di
 
 def main() -> None:
     slowest = next((a.split("=", 1)[1] for a in sys.argv[1:] if a.startswith("--slowest=")), None)
-    words = [a for a in sys.argv[1:] if not a.startswith("--slowest=")]
+    cold = "--cold" in sys.argv[1:]
+    words = [a for a in sys.argv[1:] if not a.startswith("--slowest=") and a != "--cold"]
+    flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda") if cold else None  # > 4x the H200's 60 MiB L2
     files = [a for a in words if "=" not in a]
     tune = name_values([a for a in words if "=" in a]) or None
     out = open(files[0], "w") if files else sys.stdout
@@ -34,12 +37,14 @@ def main() -> None:
         k = codegen.load(SPEC, timeline=True, tune=tune, **b)
         case = dc.make_case(b["tokens"], b["tp"], 1, "sm90", seed=2)
         args = dc.launch_args(case, k.workspace("cuda"))
-        for _ in range(5):  # warm: the last of five launches
+        for i in range(5):  # warm: the last of five launches; cold: the L2 flushed before it
+            if flush is not None and i == 4:
+                flush.fill_(i)
             k(**args)
         torch.cuda.synchronize()
         tl = args["tl"].cpu().double()
         t0 = tl[:, 0].min()
-        print(f"S={b['tokens']} tp={b['tp']} {tune or ''}: us after the first CTA's start (min / median / max over CTAs)", file=out)
+        print(f"S={b['tokens']} tp={b['tp']} {'cold ' if cold else ''}{tune or ''}: us after the first CTA's start (min / median / max over CTAs)", file=out)
         for p, name in enumerate(k.ir.timeline_points):
             v = tl[:, p]
             v = (v[v > 0] - t0) / 1e3

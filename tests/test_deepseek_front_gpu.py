@@ -3,7 +3,8 @@
 
 Builds: S in {1, 6, 16, 17, 48} (16, 17 and 48 through the xq stage; S = 1 with wq_b
 norming q itself, q_inline, also against the publishing build), TP 2 and 4,
-ratio 0 / 1 / 2, index and tuned on and off, timeline; pad rows (slot -1),
+ratio 0 / 1 / 2, index and tuned on and off, timeline, wq_b's weights staged in LDS at the
+start (bulk_weights, a knob the spec leaves off); pad rows (slot -1),
 SWA blocks of 64 and 128 tokens, padded block strides. Each build launches
 twice (the second launch: the next epoch's tags, the same bits); one build
 is replayed from a CUDA graph."""
@@ -25,6 +26,7 @@ from .graphs import capture
 pytestmark = pytest.mark.gpu
 
 SPEC = "deepseek_v41/attn_front"
+BULK = {"tune": {"wq_b.bulk_weights": {"default": 0, "sm90": 1}}}  # wq_b's weights by TMA into LDS
 # (tokens, tp, ratio, flags, swa_block, pad rows, swa block padding)
 CASES = [
     (1, 4, 1, {}, 128, (), 0),
@@ -42,6 +44,8 @@ CASES = [
     (17, 2, 2, {"tuned": True}, 64, (3,), 0),
     (48, 4, 0, {"tuned": True, "index": True}, 128, (9,), 64),
     (6, 4, 1, {"timeline": True}, 64, (), 0),
+    (1, 4, 2, BULK, 64, (), 0),  # with q_inline
+    (16, 4, 1, BULK, 128, (4,), 0),
 ]
 STATS: dict = {}
 

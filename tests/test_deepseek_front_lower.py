@@ -140,7 +140,7 @@ def test_wqb_knobs_off_on_amd(target):
 
 @pytest.mark.parametrize("tune,message", [
     ({"wq_b.bulk_weights": {"default": 1}}, "no ILP MXFP8 loop / bulk copies"),
-    ({"wq_b.ilp": 0}, "the staged weights are read by the ILP loop"),
+    ({"wq_b.ilp": 0, "wq_b.bulk_weights": 1}, "the staged weights are read by the ILP loop"),
     ({"wqkv_a.ilp": 1, "wqkv_a.bulk_weights": 1}, "whole rows (k_parts: 1) needed"),
 ])
 def test_wqb_knob_refusals(tune, message):
@@ -234,7 +234,7 @@ def test_gemv_probe_points(stage, tokens):
 
 def test_wq_b_weights_point():
     """weights_point stamps right after the bulk weights' mbarrier wait (bulk builds only)."""
-    text = render(ir_of(tokens=1, timeline=True, tune={"wq_b.weights_point": "spare"}))
+    text = render(ir_of(tokens=1, timeline=True, tune={"wq_b.weights_point": "spare", "wq_b.bulk_weights": {"default": 0, "sm90": 1}}))
     ns = text[text.index("namespace stage_wq_b {"):text.index("}  // namespace stage_wq_b")]
     wait = ns.index("bulk_wait(reinterpret_cast<u64*>(lds + LDS_WBAR), 0);")
     assert ns.count("stamp(lds, TL_SPARE);") == 1 and wait < ns.index("stamp(lds, TL_SPARE);") < ns.index("mx_gemv16_units<")
@@ -255,13 +255,16 @@ def test_q_inline_builds():
         assert ("sum_partials<LDS_TOKENS * Q_RANK, LDS_TOKENS>(mb.qkvp, mb.tag, tok0, vals);" in ns) is inline
         assert f"constexpr bool PUBLISH = {'false' if inline else 'true'};" in text
         run = ns[ns.index("MONO_DEVICE void run("):]
-        if inline:  # nothing ahead of the partials' wait waits on memory: cos / sin behind it
-            order = ["const long long cs_pos = a.pos[csi / ROPE];", "stage_rows(a, mb, lds, 0,",
+        if inline:  # nothing ahead of the partials' wait waits on memory: cos / sin behind it (bulk too)
+            order = ["const long long cs_pos = a.pos[csi / ROPE];", "stage_rows(a, mb, lds, ",
                      "cs_val = cos_sin_value(a, cs_pos, csi);", "mx_gemv16_units<GROUP", "[thread_id()] = cs_val;", "epilogue_group("]
-            assert [run.index(o) for o in order] == sorted(run.index(o) for o in order) and "stage_cos_sin(a," not in run
+            bulk = render(ir_of(tokens=tokens, tune={"wq_b.bulk_weights": {"default": 0, "sm90": 1}}))
+            bulk = bulk[bulk.index("namespace stage_wq_b {"):bulk.index("}  // namespace stage_wq_b")]
+            for r in (run, bulk[bulk.index("MONO_DEVICE void run("):]):
+                assert [r.index(o) for o in order] == sorted(r.index(o) for o in order) and "stage_cos_sin(a," not in r
         else:
-            assert run.index("stage_cos_sin(a,") < run.index("await_rows(mb, 0);")
-        assert "u32 sws[STAGED][CODE_WORDS];" in run and "unpack_scales(sws[i], swg[uu]);" in run  # codes kept raw
+            assert run.index("stage_cos_sin(a,") < run.index("await_rows(mb, ")
+        assert "u32 sw[SLOTS][CODE_WORDS];" in run and "unpack_scales(sw[i0 + uu], swg[uu]);" in run  # codes kept packed
         assert text.count("MONO_DEVICE int q_quant(") == 1 + inline
     assert {b.name for b in ir_of(tokens=1, tune={"symbols.INLINE_Q_TOKENS": 6}).lds if b.stage == "wq_b"} >= {"qv", "qred"}
 

@@ -1121,7 +1121,10 @@ MONO_DEVICE void run(const Args& a, const Mailbox& mb, u8* lds) {
 #pragma unroll
     for (int i = 0; i < PREFETCH; ++i)
         if (b0 + CTAS * i < TASKS) load_unit(a, b0 + CTAS * i, w[i], sw[i]);
-    stage_cos_sin(a, reinterpret_cast<float*>(lds + LDS_CS));  // read after the first unit's barriers
+    static_assert(TOKENS * ROPE <= THREADS, "one cos / sin value a thread");
+    const int csi = min_i(thread_id(), TOKENS * ROPE - 1);
+    const long long cs_pos = a.pos[csi / ROPE];  // pos now, its row behind the partials' wait
+    float cs_val = 0.0f;
 #pragma unroll
     for (int i = 0; i < UPC; ++i) {
         const int u = b0 + CTAS * i;
@@ -1136,6 +1139,7 @@ MONO_DEVICE void run(const Args& a, const Mailbox& mb, u8* lds) {
                     barrier();
                     stage_rows(a, mb, lds, kpart, tok0, nt, xl, xs);
                     barrier();
+                    cs_val = cos_sin_value(a, cs_pos, csi);
                 }
                 for (int c0 = 0; c0 < nt; c0 += 16) {
                     const int nc = min_i(16, nt - c0);
@@ -1143,6 +1147,7 @@ MONO_DEVICE void run(const Args& a, const Mailbox& mb, u8* lds) {
                     unpack_scales(sw[i], swu[0]);
                     mx_gemv16_partial<CPW, NC, XSTRIDE, SSTRIDE>(w[i], swu[0], xl + c0 * XSTRIDE, xs + c0 * SSTRIDE, nc,
                                                                  part + wave_id() * PART_WAVE);
+                    if (i == 0 && c0 == 0 && thread_id() < TOKENS * ROPE) reinterpret_cast<float*>(lds + LDS_CS)[thread_id()] = cs_val;
                     barrier();
                     epilogue(a, mb, part, lds, row0, kpart, tok0 + c0, nc);
                     barrier();  // part[] is reused

@@ -49,7 +49,7 @@
 //   qx8s     @   571648      2560 B  640 words: its E8M0 codes (int32): token t at t * 40
 //   qrdy     @   574208       128 B  16 flags: ready flag of token t's QX8 (copy c: + c * QRDY_STRIDE)
 //
-// LDS (145936 bytes; stages reuse the same bytes, one after another):
+// LDS (64000 bytes; stages reuse the same bytes, one after another):
 //   stage_wqkv_a::LDS_X    @      0  10304 x u32
 //   stage_wqkv_a::LDS_XS   @  41216  1344 x float
 //   stage_wqkv_a::LDS_PART @  46592  4352 x float
@@ -59,8 +59,6 @@
 //   stage_wq_b::LDS_XS     @  20736  704 x float
 //   stage_wq_b::LDS_PART   @  23552  8704 x float
 //   stage_wq_b::LDS_CS     @  58368  1024 x float
-//   stage_wq_b::LDS_W      @  64000  20480 x u32  (whole kernel: not reused)
-//   stage_wq_b::LDS_WBAR   @ 145920  1 x u64  (whole kernel: not reused)
 //
 // stages (every CTA runs them in this order; a stage waits only on earlier ones):
 //   0. xq     mxfp8_quant  32 tasks on CTAs 92..131 (round_robin)
@@ -674,7 +672,7 @@ struct Mailbox {
     u64* qrdy;  // 16 flags @ 574208
 };
 
-constexpr int LDS_BYTES = 145936;  // the union of the stages' LDS, plus the stamps
+constexpr int LDS_BYTES = 64000;  // the union of the stages' LDS, plus the stamps
 
 // ---- timeline ---------------------------------------------------------------------------
 constexpr int TL_START = 0;
@@ -1141,8 +1139,6 @@ constexpr int LDS_X = 0;  // LDS: 5184 x u32
 constexpr int LDS_XS = 20736;  // LDS: 704 x float
 constexpr int LDS_PART = 23552;  // LDS: 8704 x float
 constexpr int LDS_CS = 58368;  // LDS: 1024 x float
-constexpr int LDS_W = 64000;  // LDS: 20480 x u32
-constexpr int LDS_WBAR = 145920;  // LDS: 1 x u64
 
 constexpr int ROWS = 8192;               // rows of wqb
 constexpr int K = 1280;                   // its columns
@@ -1164,9 +1160,7 @@ constexpr int COPIES = 1;              // the source's flag copies: CTA b polls 
 constexpr int FLAG_STRIDE = 16;
 constexpr int ROW_BATCH = 3;           // 16-byte loads a thread issues at once when it stages token rows
 constexpr float MX_FP8_MAX = 448.0f;  // the MX maximum of this target's e4m3 flavour
-constexpr int STAGED = 4;              // a CTA's first units whose weights the kernel's start copies into LDS
-constexpr int GROUP = 2;               // staged units computed at once (their part tiles side by side)
-constexpr int UNIT_BYTES = NC * 16 * GEMV_K_CHUNK;  // one unit's weights: contiguous in the preshuffle
+constexpr int GROUP = 2;               // units computed at once from their registers (part tiles side by side)
 constexpr int PART_TILE = WAVES * PART_WAVE;       // floats of one unit's wave tiles
 constexpr int HEAD_DIM = 512;          // rows per head
 constexpr int NOPE = 448;              // head dims before the GPT-J RoPE dims
@@ -1216,38 +1210,6 @@ MONO_DEVICE void load_unit(const Args& a, int u, u32x4 (&w)[CPW], u32 (&codes)[C
         } else {
             w[i] = u32x4{0u, 0u, 0u, 0u};
         }
-    }
-}
-
-// Unit u's packed block scale codes alone (its weights were staged at the kernel's start):
-// unpacked where used, so nothing waits for them before the rows' wait.
-MONO_DEVICE void load_scales(const Args& a, int u, u32 (&codes)[CODE_WORDS]) {
-    const u8* srow = a.wqb_s + (unit_row0(u) / 32) * KB;
-    for (int k = 0; k < CODE_WORDS; ++k) codes[k] = 0u;
-#pragma unroll
-    for (int i = 0; i < CPW; ++i) {
-        const int c = min_i(wave_id() + WAVES * i, NC - 1);  // past NC: dropped by the loop
-        for (int b = 0; b < MX_BLOCKS_PER_CHUNK; ++b) {
-            const int k = i * MX_BLOCKS_PER_CHUNK + b;
-            codes[k / 4] |= u32(srow[c * MX_BLOCKS_PER_CHUNK + b]) << (8 * (k % 4));
-        }
-    }
-}
-
-// At the kernel's start (it depends on nothing computed): thread 0 copies the weights of the
-// CTA's first STAGED units into LDS that no stage reuses, one bulk copy a unit, so they land
-// while the earlier stages run; run() waits on the mbarrier.
-MONO_DEVICE void prologue(const Args& a, const Mailbox&, u8* lds) {
-    const int b0 = block_id() - FIRST;
-    if (b0 < 0 || b0 >= CTAS || thread_id() != 0) return;
-    u64* bar = reinterpret_cast<u64*>(lds + LDS_WBAR);
-    int n = 0;
-    for (int i = 0; i < STAGED; ++i) n += b0 + CTAS * i < TASKS ? 1 : 0;
-    bulk_barrier_init(bar);
-    bulk_expect(bar, u32(n * UNIT_BYTES));
-    for (int i = 0; i < n; ++i) {
-        const int u = b0 + CTAS * i;
-        bulk_copy(lds + LDS_W + i * UNIT_BYTES, a.wqb + (long long)unit_row0(u) * K, UNIT_BYTES, bar);
     }
 }
 
@@ -1327,86 +1289,52 @@ MONO_DEVICE void epilogue_group(const Args& a, const Mailbox& mb, const float* p
     }
 }
 
-// The staged units first, GROUP at a time, per LDS tile of tokens and 16 token columns: their
-// weights from LDS (after the mbarrier), scales from registers (loaded before any wait), one
-// barrier and one epilogue pass a group. Then the units past STAGED (where LDS is short), as
-// without bulk_weights but RP units ahead (their registers live beside a group's), one at a time.
+// The CTA's units GROUP at a time, their weights in registers: the first PREFETCH units'
+// issued before anything waits, then each group, once computed, issues as many more (PREFETCH
+// units' registers in all). A group's units share their K part (the lowering checks), so they
+// share the token rows. Per group and 16 token columns: one ILP pass over the group's units,
+// one barrier and one epilogue pass. A unit past TASKS computes a copy of the last (not stored).
 MONO_DEVICE void run(const Args& a, const Mailbox& mb, u8* lds) {
     const int b0 = block_id() - FIRST;
     if (b0 < 0 || b0 >= CTAS) return;
     u32* xl = reinterpret_cast<u32*>(lds + LDS_X);
     float* xs = reinterpret_cast<float*>(lds + LDS_XS);
     float* part = reinterpret_cast<float*>(lds + LDS_PART);
-    const u8* wl = lds + LDS_W;
-    constexpr int REST = UPC - STAGED;  // units whose weights come through registers
-    constexpr int RP = 0;  // of them, weights in flight (registers beside a group's)
-    u32 sws[STAGED][CODE_WORDS];
-    u32x4 w[REST > 0 ? REST : 1][CPW];
-    u32 sw[REST > 0 ? REST : 1][CODE_WORDS];
+    constexpr int SLOTS = (UPC + GROUP - 1) / GROUP * GROUP;  // whole groups
+    u32x4 w[SLOTS][CPW];
+    u32 sw[SLOTS][CODE_WORDS];
 #pragma unroll
-    for (int i = 0; i < STAGED; ++i) load_scales(a, min_i(b0 + CTAS * i, TASKS - 1), sws[i]);  // past TASKS: not stored
-#pragma unroll
-    for (int i = 0; i < RP; ++i)
-        if (b0 + CTAS * (STAGED + i) < TASKS) load_unit(a, b0 + CTAS * (STAGED + i), w[i], sw[i]);
+    for (int i = 0; i < PREFETCH; ++i) load_unit(a, min_i(b0 + CTAS * i, TASKS - 1), w[i], sw[i]);
     stage_cos_sin(a, reinterpret_cast<float*>(lds + LDS_CS));  // read after the rows' barriers
-    await_rows(mb, 0);
-    for (int tile = 0; tile < N_LDS_TILES; ++tile) {
-        const int tok0 = tile * LDS_TOKENS, nt = min_i(LDS_TOKENS, TOKENS - tok0);
-        barrier();
-        stage_rows(a, mb, lds, 0, tok0, nt, xl, xs);
-        barrier();
-        if (tile == 0) bulk_wait(reinterpret_cast<u64*>(lds + LDS_WBAR), 0);  // the staged weights have landed
-        for (int c0 = 0; c0 < nt; c0 += 16) {
-            const int nc = min_i(16, nt - c0);
+    await_rows(mb, unit_part(min_i(b0, TASKS - 1)));  // the first group's rows
 #pragma unroll
-            for (int i0 = 0; i0 < STAGED; i0 += GROUP) {
-                u32x4 wg[GROUP][CPW];
+    for (int i0 = 0; i0 < UPC; i0 += GROUP) {
+        const int kpart = unit_part(min_i(b0 + CTAS * i0, TASKS - 1));  // past TASKS: the last unit's
+        const bool new_part = i0 == 0 || kpart != unit_part(b0 + CTAS * (i0 - GROUP));  // not the last group's rows
+        if (i0 > 0 && new_part) await_rows(mb, kpart);
+        for (int tile = 0; tile < N_LDS_TILES; ++tile) {
+            const int tok0 = tile * LDS_TOKENS, nt = min_i(LDS_TOKENS, TOKENS - tok0);
+            if (N_LDS_TILES > 1 || new_part) {  // the rows are not in LDS yet
+                barrier();
+                stage_rows(a, mb, lds, kpart, tok0, nt, xl, xs);
+                barrier();
+            }
+            for (int c0 = 0; c0 < nt; c0 += 16) {
+                const int nc = min_i(16, nt - c0);
                 float swg[GROUP][CPW][MX_BLOCKS_PER_CHUNK];
 #pragma unroll
-                for (int uu = 0; uu < GROUP; ++uu) {
-                    const int i = min_i(i0 + uu, STAGED - 1);  // past STAGED: a copy, not stored
-#pragma unroll
-                    for (int j = 0; j < CPW; ++j) {
-                        const int c = min_i(wave_id() + WAVES * j, NC - 1);
-                        wg[uu][j] = ld16_lds(wl + i * UNIT_BYTES + c * 16 * GEMV_K_CHUNK + lane_id() * 16);
-                    }
-                    unpack_scales(sws[i], swg[uu]);
-                }
-                mx_gemv16_units<GROUP, CPW, NC, XSTRIDE, SSTRIDE, PART_TILE>(wg, swg, xl + c0 * XSTRIDE, xs + c0 * SSTRIDE, nc,
-                                                                              part + wave_id() * PART_WAVE);
+                for (int uu = 0; uu < GROUP; ++uu) unpack_scales(sw[i0 + uu], swg[uu]);
+                mx_gemv16_units<GROUP, CPW, NC, XSTRIDE, SSTRIDE, PART_TILE>(
+                    reinterpret_cast<const u32x4(&)[GROUP][CPW]>(w[i0]), swg, xl + c0 * XSTRIDE,
+                    xs + c0 * SSTRIDE, nc, part + wave_id() * PART_WAVE);
                 barrier();
-                epilogue_group(a, mb, part, lds, b0, i0, STAGED, tok0 + c0, nc);
+                epilogue_group(a, mb, part, lds, b0, i0, UPC, tok0 + c0, nc);
                 barrier();  // part[] is reused
             }
         }
-    }
 #pragma unroll
-    for (int r = 0; r < REST; ++r) {
-        const int u = b0 + CTAS * (STAGED + r);
-        if (u < TASKS) {
-            const int un = u + CTAS * RP;  // keep RP units' weights in flight
-            if (r + RP < REST && un < TASKS) load_unit(a, un, w[r + RP], sw[r + RP]);
-            const int row0 = unit_row0(u);
-            for (int tile = 0; tile < N_LDS_TILES; ++tile) {
-                const int tok0 = tile * LDS_TOKENS, nt = min_i(LDS_TOKENS, TOKENS - tok0);
-                if (N_LDS_TILES > 1) {  // the staged units left the last tile in LDS
-                    barrier();
-                    stage_rows(a, mb, lds, 0, tok0, nt, xl, xs);
-                    barrier();
-                }
-                for (int c0 = 0; c0 < nt; c0 += 16) {
-                    const int nc = min_i(16, nt - c0);
-                    float swu[1][CPW][MX_BLOCKS_PER_CHUNK];
-                    unpack_scales(sw[r], swu[0]);
-                    mx_gemv16_units<1, CPW, NC, XSTRIDE, SSTRIDE, PART_TILE>(
-                        reinterpret_cast<const u32x4(&)[1][CPW]>(w[r]), swu,
-                        xl + c0 * XSTRIDE, xs + c0 * SSTRIDE, nc, part + wave_id() * PART_WAVE);
-                    barrier();
-                    epilogue(a, mb, part, lds, row0, 0, tok0 + c0, nc);
-                    barrier();
-                }
-            }
-        }
+        for (int i = i0 + PREFETCH; i < i0 + PREFETCH + GROUP && i < SLOTS; ++i)  // the group's registers, refilled
+            load_unit(a, min_i(b0 + CTAS * i, TASKS - 1), w[i], sw[i]);
     }
     stamp(lds, TL_WQB_DONE);
 }
@@ -1460,7 +1388,6 @@ MONO_KERNEL deepseek_v41_attn_front(
     mb.qx8s = reinterpret_cast<u32*>(scratch + 571648);
     mb.qrdy = reinterpret_cast<u64*>(scratch + 574208);
     stamp(lds, TL_START);
-    stage_wq_b::prologue(a, mb, lds);  // before any stage: copies into its kernel-lifetime LDS
 
     stage_xq::run(a, mb, lds);
     barrier();  // the stages share LDS
