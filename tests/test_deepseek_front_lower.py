@@ -140,7 +140,6 @@ def test_wqb_knobs_off_on_amd(target):
 
 @pytest.mark.parametrize("tune,message", [
     ({"wq_b.bulk_weights": {"default": 1}}, "no ILP MXFP8 loop / bulk copies"),
-    ({"wqkv_a.l2_prefetch": {"default": 1}}, "/ L2 prefetch"),
     ({"wq_b.ilp": 0, "wq_b.bulk_weights": 1}, "the staged weights are read by the ILP loop"),
     ({"wqkv_a.ilp": 1, "wqkv_a.bulk_weights": 1}, "whole rows (k_parts: 1) needed"),
 ])
@@ -231,26 +230,6 @@ def test_gemv_probe_points(stage, tokens):
     assert ns.index("stage_rows(a, mb,", ns.index("MONO_DEVICE void run(")) < ns.index("stamp(lds, TL_SPARE);")
     with pytest.raises(SpecError, match="no timeline point 'nowhere'"):
         ir_of(tokens=tokens, tune={f"{stage}.rows_point": "nowhere"})
-
-
-@pytest.mark.parametrize("tune,first", [
-    ({"wqkv_a.l2_prefetch": 1}, "0"),
-    ({"wq_b.l2_prefetch": 1, "wq_b.bulk_weights": 1}, "STAGED"),  # the units past the staged ones
-])
-def test_l2_prefetch(tune, first):
-    """l2_prefetch: the stage's prologue (called before any stage) prefetches each of the CTA's
-    units' weights into L2, one bulk prefetch of UNIT_BYTES a unit at its (row tile, K part)."""
-    stage = next(iter(tune)).split(".")[0]
-    plain, text = render(ir_of(tokens=4)), render(ir_of(tokens=4, tune=tune))
-    assert "prefetch_l2(a." not in plain
-    ns = text[text.index(f"namespace stage_{stage} {{"):text.index(f"}}  // namespace stage_{stage}")]
-    body = ns[ns.index("MONO_DEVICE void prologue("):ns.index("MONO_DEVICE void run(")]
-    assert f"for (int i = {first}; i < UPC && b0 + CTAS * i < TASKS; ++i) {{" in body
-    weight = "wqkv" if stage == "wqkv_a" else "wqb"
-    assert (f"prefetch_l2(a.{weight} + (long long)unit_row0(u) * K + (long long)unit_part(u) * UNIT_BYTES, UNIT_BYTES);"
-            in body)
-    assert f"    stage_{stage}::prologue(a, mb, lds);" in text
-    assert "cp.async.bulk.prefetch.L2.global" in text
 
 
 def test_wq_b_weights_point():

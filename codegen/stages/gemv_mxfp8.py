@@ -86,10 +86,6 @@ class Model(StageBase):
     # LDS no stage reuses, so they land while earlier stages run; those units are computed
     # `group` at a time (one barrier and one epilogue pass a group)
     bulk_weights: PerTarget = PerTarget(default=0)
-    # kernel-start L2 prefetch per target (1 = on; sm90): thread 0 of each CTA issues one bulk
-    # L2 prefetch (no registers, no LDS) per unit of the CTA not staged by bulk_weights, so HBM
-    # streams them from the start; the register loads of those units then hit L2
-    l2_prefetch: PerTarget = PerTarget(default=0)
     # mla_norm_rope source: the CTAs norm and quantize the q latent themselves from the source's
     # partials (template macro mla_q_math, the same bits as its QX8) instead of waiting for QX8:
     # one hand-off less (the source's QX8 store, fence and flag, this stage's flag poll and row
@@ -99,7 +95,7 @@ class Model(StageBase):
     unit_point: Name | None = None  # timeline point: the CTA's first unit (bulk: group) put
     weights_point: Name | None = None  # timeline point: bulk_weights: the kernel-start copies landed
 
-    _tile = field_validator("token_tile", "ilp", "bulk_weights", "l2_prefetch", mode="before")(
+    _tile = field_validator("token_tile", "ilp", "bulk_weights", mode="before")(
         classmethod(lambda cls, v: per_target(v)))
 
 
@@ -203,11 +199,10 @@ def lower(stage: Model, ctx) -> dict:
     nope = ctx.integer(stage.nope, ("nope",), minimum=0) if stage.epilogue == "rope_bf16" else 0
     cpw = -(-nc // waves)
     upc = -(-units // ctx.stage_ctas)
-    ilp, bulk, l2 = (ctx.switch(getattr(stage, f).for_target(t.name), (f,)) for f in ("ilp", "bulk_weights", "l2_prefetch"))
-    for on, f in ((ilp, "ilp"), (bulk, "bulk_weights"), (l2, "l2_prefetch")):
-        if on and t.vendor != "nvidia":
-            ctx.fail((f,), f"{t.name}'s device library has no ILP MXFP8 loop / bulk copies / L2 prefetch",
-                     "turn it off for this target (an sm90 knob)")
+    ilp, bulk = (ctx.switch(getattr(stage, f).for_target(t.name), (f,)) for f in ("ilp", "bulk_weights"))
+    if (ilp or bulk) and t.vendor != "nvidia":
+        ctx.fail(("ilp" if ilp else "bulk_weights",), f"{t.name}'s device library has no ILP MXFP8 loop / bulk copies",
+                 "turn it off for this target (an sm90 knob)")
     if bulk and not ilp:
         ctx.fail(("bulk_weights",), "the staged weights are read by the ILP loop", "turn ilp on for this target")
     if bulk and parts != 1:
@@ -267,8 +262,7 @@ def lower(stage: Model, ctx) -> dict:
         "group": group,
         # bulk: units past the staged ones whose weights are in registers while a group computes
         "rest_prefetch": min(max(1, (PREFETCH_LOADS - group * cpw * halves) // cpw), upc - staged),
-        "l2_prefetch": l2,
-        "prologue": bulk or l2,  # the kernel calls its prologue() before any stage: the bulk copies, L2 prefetches
+        "prologue": bulk,  # the kernel calls its prologue() before any stage: the bulk copies
         "tile": tile,
         "n_tiles": -(-tokens // tile),
         "xstride": xstride,

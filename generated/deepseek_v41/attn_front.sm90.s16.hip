@@ -271,11 +271,6 @@ MONO_DEVICE void bulk_wait(u64* bar, u32 phase) {
         asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}"
                      : "=r"(done) : "r"(lds_address(bar)), "r"(phase) : "memory");
 }
-// The contiguous global range into L2 (a hint: no registers, no LDS, nothing to wait for);
-// bytes: a multiple of 16, src 16-byte aligned
-MONO_DEVICE void prefetch_l2(const void* src, u32 bytes) {
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" :: "l"(src), "r"(bytes) : "memory");
-}
 MONO_DEVICE void bulk_barrier_inval(u64* bar) {
     asm volatile("mbarrier.inval.shared::cta.b64 [%0];" :: "r"(lds_address(bar)) : "memory");
 }
@@ -803,7 +798,6 @@ constexpr int KP = K / K_PARTS;              // columns of one unit
 constexpr int KB = K / 32;                   // scale blocks along K (wqkv_s's row)
 constexpr int NC = KP / GEMV_K_CHUNK;        // weight chunks of a unit: one 16-byte load per lane each
 constexpr int CPW = 5;                 // chunks per wave: wave w takes w, w + WAVES, ..
-constexpr int UNIT_BYTES = NC * 16 * GEMV_K_CHUNK;  // one unit's weights: contiguous in the preshuffle
 constexpr int WAVES = THREADS / WAVE;
 constexpr int UPC = (TASKS + CTAS - 1) / CTAS;  // units per CTA (round robin)
 constexpr int PREFETCH = 2 < UPC ? 2 : UPC;  // units whose weights are issued before any wait
@@ -1154,7 +1148,6 @@ constexpr int KP = K / K_PARTS;              // columns of one unit
 constexpr int KB = K / 32;                   // scale blocks along K (wqb_s's row)
 constexpr int NC = KP / GEMV_K_CHUNK;        // weight chunks of a unit: one 16-byte load per lane each
 constexpr int CPW = 3;                 // chunks per wave: wave w takes w, w + WAVES, ..
-constexpr int UNIT_BYTES = NC * 16 * GEMV_K_CHUNK;  // one unit's weights: contiguous in the preshuffle
 constexpr int WAVES = THREADS / WAVE;
 constexpr int UPC = (TASKS + CTAS - 1) / CTAS;  // units per CTA (round robin)
 constexpr int PREFETCH = 4 < UPC ? 4 : UPC;  // units whose weights are issued before any wait

@@ -274,11 +274,6 @@ MONO_DEVICE void bulk_wait(u64* bar, u32 phase) {
         asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}"
                      : "=r"(done) : "r"(lds_address(bar)), "r"(phase) : "memory");
 }
-// The contiguous global range into L2 (a hint: no registers, no LDS, nothing to wait for);
-// bytes: a multiple of 16, src 16-byte aligned
-MONO_DEVICE void prefetch_l2(const void* src, u32 bytes) {
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" :: "l"(src), "r"(bytes) : "memory");
-}
 MONO_DEVICE void bulk_barrier_inval(u64* bar) {
     asm volatile("mbarrier.inval.shared::cta.b64 [%0];" :: "r"(lds_address(bar)) : "memory");
 }
