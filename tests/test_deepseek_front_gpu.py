@@ -1,8 +1,8 @@
 """DeepSeek-V4.1 attn_front on the GPU against the PyTorch reference
 (contract B, C.2; the checks and tolerances: tests/deepseek_case.py).
 
-Builds: S in {1, 6, 16, 17, 48} (16, 17 and 48 through the xq stage; S = 1 with wq_b
-norming q itself, q_inline, also against the publishing build), TP 2 and 4,
+Builds: S in {1, 2, 6, 16, 17, 48} (16, 17 and 48 through the xq stage; S = 1 and 2 with
+wq_b norming q itself, q_inline, also against the publishing build), TP 2 and 4,
 ratio 0 / 1 / 2, index and tuned on and off, timeline, wq_b's weights staged in LDS at the
 start (bulk_weights, a knob the spec leaves off); pad rows (slot -1),
 SWA blocks of 64 and 128 tokens, padded block strides. Each build launches
@@ -30,6 +30,7 @@ BULK = {"tune": {"wq_b.bulk_weights": {"default": 0, "sm90": 1}}}  # wq_b's weig
 # (tokens, tp, ratio, flags, swa_block, pad rows, swa block padding)
 CASES = [
     (1, 4, 1, {}, 128, (), 0),
+    (2, 4, 2, {}, 64, (1,), 0),  # q_inline with two rows on the one qkv CTA
     (6, 4, 2, {}, 64, (1, 4), 64),
     (16, 4, 0, {}, 128, (3,), 0),
     (17, 4, 1, {}, 64, (0, 16), 8),
