@@ -280,10 +280,15 @@ def test_q_inline_refusals(tune, field, message):
 
 
 def test_qkv_probe_points():
-    """got_point / quant_point stamp the qkv stage's first token: after its partials' wait and sums,
-    after its QX8 stores (before the flag)."""
+    """got_point / summed_point / quant_point stamp the qkv stage's first token: after thread 0's
+    partials' wait and sums, after every thread's, after its QX8 stores (before the flag)."""
     text = render(ir_of(tokens=16, timeline=True, tune={"qkv.got_point": "spare", "qkv.quant_point": "spare2"}))
     ns = text[text.index("namespace stage_qkv {"):text.index("}  // namespace stage_qkv")]
     got, quant = ns.index("stamp(lds, TL_SPARE);"), ns.index("stamp(lds, TL_SPARE2);")
     assert ns.index("sum_partials<QKV, 1>(mb.qkvp, mb.tag, t, vals);") < got < ns.index("st8(mb.qx8") < quant < ns.index("publish(mb, t);")
     assert "stamp(lds, TL_SPARE" not in render(ir_of(tokens=16, timeline=True)).split("namespace stage_qkv {")[1]
+    # summed_point: after the barrier that ends every thread's wait, before the sums of squares
+    text = render(ir_of(tokens=16, timeline=True, tune={"qkv.summed_point": "spare"}))
+    ns = text[text.index("namespace stage_qkv {"):text.index("}  // namespace stage_qkv")]
+    at = ns.index("stamp(lds, TL_SPARE);")
+    assert ns.rindex("barrier();", 0, at) > ns.index("sum_partials<QKV, 1>(") and at < ns.index("q_group_sumsq(xq)")

@@ -76,6 +76,7 @@ class Model(StageBase):
     swa_block: Name = "swa_block"
     qr_out: Name = "qr_out"
     got_point: Name | None = None  # timeline point: thread 0 summed its couples of the CTA's first token's partials
+    summed_point: Name | None = None  # timeline point: every thread's partials of the first token summed (the barrier after)
     quant_point: Name | None = None  # timeline point: the first token's QX8 stored (before its flag)
 
     def published(self) -> dict:
