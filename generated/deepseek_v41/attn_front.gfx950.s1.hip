@@ -594,6 +594,11 @@ MONO_DEVICE void unpack_scales(const u32 (&codes)[CODE_WORDS], float (&sw)[CPW][
             sw[i][b] = e8m0_scale(int((codes[k / 4] >> (8 * (k % 4))) & 0xffu));
         }
 }
+// The code of chunk i's block b into its byte of codes (zeroed before the first).
+MONO_DEVICE void pack_scale(u32 (&codes)[CODE_WORDS], int i, int b, u8 code) {
+    const int k = i * MX_BLOCKS_PER_CHUNK + b;
+    codes[k / 4] |= u32(code) << (8 * (k % 4));
+}
 
 // Unit u's weights: this lane's 16 bytes of each of its chunks (zeros past NC) and the
 // chunks' packed scale codes, issued without waiting.
@@ -607,10 +612,7 @@ MONO_DEVICE void load_unit(const Args& a, int u, u32x4 (&w)[CPW], u32 (&codes)[C
         const int c = wave_id() + WAVES * i;
         if (c < NC) {
             w[i] = ld16(wrow + (long long)(c0 + c) * 16 * GEMV_K_CHUNK);
-            for (int b = 0; b < MX_BLOCKS_PER_CHUNK; ++b) {
-                const int k = i * MX_BLOCKS_PER_CHUNK + b;
-                codes[k / 4] |= u32(srow[(c0 + c) * MX_BLOCKS_PER_CHUNK + b]) << (8 * (k % 4));
-            }
+            for (int b = 0; b < MX_BLOCKS_PER_CHUNK; ++b) pack_scale(codes, i, b, srow[(c0 + c) * MX_BLOCKS_PER_CHUNK + b]);
         } else {
             w[i] = u32x4{0u, 0u, 0u, 0u};
         }
@@ -949,6 +951,11 @@ MONO_DEVICE void unpack_scales(const u32 (&codes)[CODE_WORDS], float (&sw)[CPW][
             sw[i][b] = e8m0_scale(int((codes[k / 4] >> (8 * (k % 4))) & 0xffu));
         }
 }
+// The code of chunk i's block b into its byte of codes (zeroed before the first).
+MONO_DEVICE void pack_scale(u32 (&codes)[CODE_WORDS], int i, int b, u8 code) {
+    const int k = i * MX_BLOCKS_PER_CHUNK + b;
+    codes[k / 4] |= u32(code) << (8 * (k % 4));
+}
 
 // Unit u's weights: this lane's 16 bytes of each of its chunks (zeros past NC) and the
 // chunks' packed scale codes, issued without waiting.
@@ -962,10 +969,7 @@ MONO_DEVICE void load_unit(const Args& a, int u, u32x4 (&w)[CPW], u32 (&codes)[C
         const int c = wave_id() + WAVES * i;
         if (c < NC) {
             w[i] = ld16(wrow + (long long)(c0 + c) * 16 * GEMV_K_CHUNK);
-            for (int b = 0; b < MX_BLOCKS_PER_CHUNK; ++b) {
-                const int k = i * MX_BLOCKS_PER_CHUNK + b;
-                codes[k / 4] |= u32(srow[(c0 + c) * MX_BLOCKS_PER_CHUNK + b]) << (8 * (k % 4));
-            }
+            for (int b = 0; b < MX_BLOCKS_PER_CHUNK; ++b) pack_scale(codes, i, b, srow[(c0 + c) * MX_BLOCKS_PER_CHUNK + b]);
         } else {
             w[i] = u32x4{0u, 0u, 0u, 0u};
         }
