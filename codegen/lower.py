@@ -32,7 +32,7 @@ LDS_ALIGN = 16  # 16-byte LDS loads and stores
 REGION_BYTES = {"pairs": 8, "flags": 8, "words": 4}
 CTYPES = {"bf16": "bf16_t", "f32": "float", "i32": "int", "i64": "long long", "u8": "u8", "fp8": "u8"}
 ELEM_BYTES = {"bf16": 2, "f32": 4, "i32": 4, "i64": 8, "u8": 1, "fp8": 1}
-LDS_CTYPES = {"float": 4, "u32": 4, "u64": 8}
+LDS_CTYPES = {"float": 4, "u32": 4, "int": 4, "u64": 8}
 SCALAR_RANGES = {"i32": (-(2**31), 2**31 - 1), "i64": (-(2**63), 2**63 - 1)}  # what a scalar without a range admits
 
 

@@ -62,4 +62,5 @@ def lower(stage: Model, ctx) -> dict:
     ctx.abi_arg(stage.bt_stride, ("bt_stride",), dtype="i32", scalar=True)
     ctx.abi_arg(stage.kt, ("kt",), dtype="i32", shape=(s, keys), written=True)
     ctx.abi_arg(stage.klen, ("klen",), dtype="i32", shape=(2 * s,), written=True)
+    ctx.lds(stage.name, "window", "int", window)  # the token's swa_idx row
     return {"n_keys": keys, "topk": topk, "window": window, "ratio": ratio, "fields": stage}

@@ -50,6 +50,7 @@
 //   qrdy     @  1722624       384 B  48 flags: ready flag of token t's QX8 (copy c: + c * QRDY_STRIDE)
 //
 // LDS (157184 bytes; stages reuse the same bytes, one after another):
+//   stage_kt::LDS_WINDOW   @      0  128 x int
 //   stage_wqkv_a::LDS_X    @      0  30912 x u32
 //   stage_wqkv_a::LDS_XS   @ 123648  4032 x float
 //   stage_wqkv_a::LDS_PART @ 139776  4352 x float
@@ -735,6 +736,7 @@ namespace stage_kt {
 constexpr int TASKS = 48;  // task t runs on CTA FIRST + t % CTAS
 constexpr int FIRST = 92;
 constexpr int CTAS = 40;
+constexpr int LDS_WINDOW = 0;  // LDS: 128 x int
 
 constexpr int KEYS = 640;        // entries of a token's row: top-k, then window
 constexpr int TOPK_KEYS = 512;   // width of a topk row
@@ -745,37 +747,58 @@ constexpr int COMPRESSED = int(0x80000000u);  // bit 31: a compressed-cache slot
 // Token t's keys for the attention kernel (contract B.5.6): KT[t][k] = the compressed
 // slot (comp_bt[t2r * bt_stride + local / comp_block] * comp_block + local % comp_block) | bit 31
 // for k < ntopk (-1 for a negative local id), then the window slots for k < kv_len, then
-// -1; KLEN[t] = kv_len, KLEN[S + t] = ntopk. A table is read only where an entry needs it.
-MONO_DEVICE void key_row(const Args& a, int t) {
+// -1; KLEN[t] = kv_len, KLEN[S + t] = ntopk. Two round trips, not four (this stage runs
+// before the CTA's GEMV units, whose weights wait for it): every input but comp_bt at once,
+// the topk and swa_idx rows whole (their shapes bound them; the window row into LDS, as
+// which entry a thread needs depends on ntopk), then comp_bt where an entry needs it.
+constexpr int KEY_ITERS = (KEYS + THREADS - 1) / THREADS;  // entries a thread writes
+static_assert(WINDOW_KEYS <= THREADS, "one window entry a thread");
+MONO_DEVICE void key_row(const Args& a, int* window, int t) {
+    const int tid = thread_id();
     const int slot = int(a.slot[t]);  // int64: the low word
+    const int lens = a.swa_lens[t];
+    const int pos = int(a.pos[t]);
+    const int row = a.t2r[t];
+    int local[KEY_ITERS];
+#pragma unroll
+    for (int j = 0; j < KEY_ITERS; ++j) {
+        const int k = tid + j * THREADS;
+        local[j] = k < TOPK_KEYS ? a.topk[t * TOPK_KEYS + k] : -1;
+    }
+    if (tid < WINDOW_KEYS) window[tid] = a.swa_idx[t * WINDOW_KEYS + tid];
+    barrier();
     const bool live = slot >= 0;
-    const int nswa = live ? a.swa_lens[t] : 0;
-    const int ntopk = RATIO > 0 && live ? min_i((int(a.pos[t]) + 1) / (RATIO > 0 ? RATIO : 1), TOPK_KEYS) : 0;
+    const int nswa = live ? lens : 0;
+    const int ntopk = RATIO > 0 && live ? min_i((pos + 1) / (RATIO > 0 ? RATIO : 1), TOPK_KEYS) : 0;
     const int kv_len = ntopk + nswa;
-    for (int k = thread_id(); k < KEYS; k += THREADS) {
+#pragma unroll
+    for (int j = 0; j < KEY_ITERS; ++j) {
+        const int k = tid + j * THREADS;
+        if (k >= KEYS) break;
         int val = -1;
         if (k < ntopk) {
-            const int local = a.topk[t * TOPK_KEYS + k];
-            if (local >= 0) {
-                const int blk = a.comp_bt[a.t2r[t] * a.bt_stride + local / a.comp_block];
+            if (local[j] >= 0) {
+                const int blk = a.comp_bt[row * a.bt_stride + local[j] / a.comp_block];
                 // 32-bit wrap-around, as the reference's
-                val = int(u32(blk) * u32(a.comp_block) + u32(local % a.comp_block)) | COMPRESSED;
+                val = int(u32(blk) * u32(a.comp_block) + u32(local[j] % a.comp_block)) | COMPRESSED;
             }
         } else if (k < kv_len) {
-            val = a.swa_idx[t * WINDOW_KEYS + min_i(k - ntopk, WINDOW_KEYS - 1)];
+            val = window[min_i(k - ntopk, WINDOW_KEYS - 1)];
         }
         a.kt[t * KEYS + k] = val;
     }
-    if (thread_id() == 0) {
+    if (tid == 0) {
         a.klen[t] = kv_len;
         a.klen[TOKENS + t] = ntopk;
     }
+    barrier();  // window[] is reused by the CTA's next token
 }
 
 MONO_DEVICE void run(const Args& a, const Mailbox&, u8* lds) {
     const int b0 = block_id() - FIRST;
     if (b0 < 0 || b0 >= CTAS) return;
-    for (int t = b0; t < TASKS; t += CTAS) key_row(a, t);
+    int* window = reinterpret_cast<int*>(lds + LDS_WINDOW);
+    for (int t = b0; t < TASKS; t += CTAS) key_row(a, window, t);
     stamp(lds, TL_KT_DONE);
 }
 
