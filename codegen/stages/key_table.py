@@ -11,8 +11,10 @@ kernel (contract B.5.6), one task per token, integer-exact.
              = -1                                   otherwise
     KLEN[t] = kv_len;  KLEN[S + t] = ntopk
 
-Bit 31 marks a compressed-cache slot. Tables are read only where an entry
-needs them (a pad row's request index is never used)."""
+Bit 31 marks a compressed-cache slot. comp_bt is read only where an entry
+needs it (a pad row's request index is never used to index it); the token's own
+rows of topk and swa_idx and its t2r entry are read whole and at once, so a
+task costs two dependent round trips (one before comp_bt), not four."""
 
 from __future__ import annotations
 
