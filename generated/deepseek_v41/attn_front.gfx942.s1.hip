@@ -154,6 +154,12 @@ MONO_DEVICE u32 float_as_u32(float v) { return __builtin_bit_cast(u32, v); }
 // Compiled with -ffp-contract=off: a*b+c is two roundings; fma_rn is one, written only
 // where a contract says fma. '/' is the correctly rounded division.
 MONO_DEVICE float fma_rn(float a, float b, float c) { return __builtin_fmaf(a, b, c); }
+// v, hidden from the compiler (a VGPR): what is computed from the result stays after this
+// point, e.g. a conversion of a value loaded before a wait stays behind the wait
+MONO_DEVICE u32 opaque(u32 v) {
+    asm volatile("" : "+v"(v));
+    return v;
+}
 MONO_DEVICE float div_rn(float a, float b) { return a / b; }
 // the hardware v_rsq_f32 (about 1 ulp), as the original kernels use it
 MONO_DEVICE float rsq(float x) { return __builtin_amdgcn_rsqf(x); }
@@ -821,20 +827,34 @@ MONO_DEVICE void token(const Args& a, const Mailbox& mb, u8* lds, float* red, fl
     const int tid = thread_id(), tt = min_i(tid, NORM_THREADS - 1);
     const bool mine = tid < NORM_THREADS, has_q = mine && tt < Q_THREADS;
     const int qc = min_i(tt, Q_THREADS - 1) * 8;
-    // independent loads first: they overlap the partials' wait
-    float qw[8], kw[2];
-    for (int j = 0; j < 8; ++j) qw[j] = bf16_to_f32(a.qn_w[qc + j]);
-    for (int j = 0; j < 2; ++j) kw[j] = bf16_to_f32(a.kvn_w[2 * tt + j]);
-    const int pos = int(a.pos[t]), slot = int(a.slot[t]);  // int64: the low words
+    // The independent loads first, kept raw, so that they overlap the partials' wait: using
+    // one before the wait (a conversion, or the cos / sin row's address from pos) would hold
+    // the warp's first poll for it (and sm90's 4th poll load shares a scoreboard with them
+    // anyway: H200 SASS, bench/NOTES.md DeepSeek session 10). The cos / sin row, behind pos,
+    // after the wait.
+    u32 qw_raw[4], kw_raw;  // bf16 pairs (16 / 4-byte aligned: qc is a multiple of 8)
+    for (int j = 0; j < 4; ++j) qw_raw[j] = reinterpret_cast<const u32*>(a.qn_w + qc)[j];
+    kw_raw = reinterpret_cast<const u32*>(a.kvn_w)[tt];
+    const long long pos64 = a.pos[t], slot64 = a.slot[t];
     const bool is_rope = 2 * tt >= NOPE;
     const int jj = is_rope ? tt - NOPE / 2 : 0;
-    const float* cs_row = a.cos_sin + (long long)pos * ROPE;
-    const float cs = is_rope ? cs_row[jj] : 1.0f, sn = is_rope ? cs_row[ROPE / 2 + jj] : 0.0f;
 
     // the two K halves' partials summed into vals[] by every thread (sum_partials), then
     // thread tt's columns read back
     sum_partials<QKV, 1>(mb.qkvp, mb.tag, t, vals);
     barrier();
+    const int pos = int(pos64), slot = int(slot64);  // int64: the low words
+    const float* cs_row = a.cos_sin + (long long)pos * ROPE;
+    const float cs = is_rope ? cs_row[jj] : 1.0f, sn = is_rope ? cs_row[ROPE / 2 + jj] : 0.0f;
+    float qw[8], kw[2];
+    for (int j = 0; j < 4; ++j) {
+        const u32 w = opaque(qw_raw[j]);
+        qw[2 * j] = bf16_to_f32(bf16_t(w & 0xffffu));
+        qw[2 * j + 1] = bf16_to_f32(bf16_t(w >> 16));
+    }
+    kw_raw = opaque(kw_raw);
+    kw[0] = bf16_to_f32(bf16_t(kw_raw & 0xffffu));
+    kw[1] = bf16_to_f32(bf16_t(kw_raw >> 16));
     float xq[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f}, xk[2] = {0.0f, 0.0f};
     if (has_q)
         for (int j = 0; j < 8; ++j) xq[j] = vals[qc + j];

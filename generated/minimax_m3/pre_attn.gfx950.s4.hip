@@ -153,6 +153,12 @@ MONO_DEVICE u32 float_as_u32(float v) { return __builtin_bit_cast(u32, v); }
 // Compiled with -ffp-contract=off: a*b+c is two roundings; fma_rn is one, written only
 // where a contract says fma. '/' is the correctly rounded division.
 MONO_DEVICE float fma_rn(float a, float b, float c) { return __builtin_fmaf(a, b, c); }
+// v, hidden from the compiler (a VGPR): what is computed from the result stays after this
+// point, e.g. a conversion of a value loaded before a wait stays behind the wait
+MONO_DEVICE u32 opaque(u32 v) {
+    asm volatile("" : "+v"(v));
+    return v;
+}
 MONO_DEVICE float div_rn(float a, float b) { return a / b; }
 // the hardware v_rsq_f32 (about 1 ulp), as the original kernels use it
 MONO_DEVICE float rsq(float x) { return __builtin_amdgcn_rsqf(x); }

@@ -147,6 +147,13 @@ MONO_DEVICE u32 float_as_u32(float v) { return __float_as_uint(v); }
 // IEEE f32 arithmetic spelled out: nvrtc runs with --fmad=false, so a*b+c is two
 // roundings; fma_rn is one, written only where a contract says fma.
 MONO_DEVICE float fma_rn(float a, float b, float c) { return __fmaf_rn(a, b, c); }
+// v, hidden from the compiler: what is computed from the result stays after this point, e.g.
+// the conversion of a value loaded before a wait stays behind the wait (else the compiler may
+// hoist it, and the warp waits for that load before its first poll)
+MONO_DEVICE u32 opaque(u32 v) {
+    asm volatile("" : "+r"(v));
+    return v;
+}
 MONO_DEVICE float div_rn(float a, float b) { return __fdiv_rn(a, b); }
 // 1 / sqrt(x), each correctly rounded: reproducible by the PyTorch reference bit for
 // bit (AMD uses the hardware v_rsq_f32, about 1 ulp; see CONTRACTS.md A.5.2).
