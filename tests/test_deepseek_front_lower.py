@@ -59,8 +59,17 @@ def test_stages_and_placement(target, tokens):
         assert st["xq"].first == free and st["xq"].tasks == 2 * tokens
     assert st["wq_b"].tasks == 16 * 512 // 16
     # q_inline builds (S = 1): the qkv task on the last CTA, which has no wq_b unit (sm90), or on
-    # the CTAs with no wqkv unit
-    assert st["qkv"].first == (0 if tokens > 1 else 131 if target == "sm90" else n_wqkv)
+    # the CTAs with no wqkv unit; sm90 S 3..20: the last S CTAs, each with one wqkv unit and no kt
+    # task (at S <= 16 also the fewest wq_b units: 3 where others have 4)
+    if target == "sm90" and 2 < tokens <= 20:
+        first = st["qkv"].first
+        assert first == ir.blocks - tokens and first >= free
+        assert st["kt"].first + min(tokens, st["kt"].ctas) <= first
+        wqb = st["wq_b"]
+        units = [len(range(c - wqb.first, wqb.tasks, wqb.ctas)) for c in range(wqb.first, wqb.first + wqb.ctas)]
+        assert tokens > 16 or all(units[c] == min(units) < max(units) for c in range(first, ir.blocks))
+    else:
+        assert st["qkv"].first == (0 if tokens > 1 else 131 if target == "sm90" else n_wqkv)
     assert st["wq_b"].ctas == ir.blocks - (tokens == 1 and target == "sm90")
     assert ir.lds_bytes <= ir.target.lds_bytes
     assert ir.tag_stride == 2 and ir.layer_arg is None and ir.counter_arg == "epoch"
@@ -248,7 +257,7 @@ def test_q_inline_builds():
         ir = ir_of(tokens=tokens)
         qkv, wqb = (next(s for s in ir.stages if s.name == n) for n in ("qkv", "wq_b"))
         assert wqb.values["q_inline"] is inline and qkv.values["publish"] is not inline
-        assert qkv.first == (131 if inline else 0) and wqb.ctas == (131 if inline else 132)
+        assert qkv.first == (131 if inline else 132 - tokens) and wqb.ctas == (131 if inline else 132)
         text = render(ir)
         ns = text[text.index("namespace stage_wq_b {"):text.index("}  // namespace stage_wq_b")]
         assert ("await_rows(" in ns) is not inline

@@ -73,7 +73,7 @@ constexpr int TOKENS = 16;  // decode rows S of the launch
 constexpr int TP = 4;  // tensor-parallel ranks (local q heads 64 / tp)
 constexpr int RATIO = 1;  // compress ratio of the layer's top-k source: ntopk = min((pos + 1) // ratio, 512); 0: window keys only
 constexpr bool INDEX = false;  // index-mode build: writes qr_out (bf16 normed q latent) and skips the key table
-constexpr bool TUNED = false;  // ready flags in COPIES copies (CTA b polls copy b % COPIES); q/kv norms on the CTAs with the fewest wqkv units; QRDY before the record
+constexpr bool TUNED = false;  // ready flags in COPIES copies (CTA b polls copy b % COPIES); q/kv norms on the CTAs with the fewest wqkv units
 constexpr bool TIMELINE = false;  // stamp each CTA's progress into tl (the target's timer)
 constexpr bool DEBUG = false;  // mailbox waits give up after 1 s and record where (scratch region 'hang'); the launcher raises KernelHang
 constexpr int THREADS = 512;  // threads per CTA
@@ -853,7 +853,7 @@ constexpr float RECORD_FLOOR = 1e-4f;        // amax floor of a record block
 constexpr int COPIES = 1;              // copies of each QRDY flag
 constexpr int FLAG_STRIDE = 16;
 constexpr bool WRITE_QR = false;         // index build: qr_out = bf16 normed q latent
-constexpr bool EARLY_READY = false;      // tuned: QRDY before the record's stores
+constexpr bool EARLY_READY = true;      // QRDY before the record's stores
 constexpr bool PUBLISH = true;          // QX8 and QRDY (false: its GEMV norms q itself)
 constexpr int RED_Q = 0, RED_KV = 8, RED_CODES = 16;  // red[]: q group sums, kv group sums, record codes
 

@@ -65,7 +65,7 @@
 //   0. xq     mxfp8_quant  32 tasks on CTAs 92..131 (round_robin)
 //   1. kt     key_table    16 tasks on CTAs 92..131 (round_robin)
 //   2. wqkv_a gemv_mxfp8   224 tasks on CTAs 0..131 (round_robin), waits on xq
-//   3. qkv    mla_norm_rope 16 tasks on CTAs 0..131 (round_robin), waits on wqkv_a
+//   3. qkv    mla_norm_rope 16 tasks on CTAs 116..131 (round_robin), waits on wqkv_a
 //   4. wq_b   gemv_mxfp8   512 tasks on CTAs 0..131 (round_robin), waits on qkv
 
 // ---- build constants ------------------------------------------------------------------
@@ -73,7 +73,7 @@ constexpr int TOKENS = 16;  // decode rows S of the launch
 constexpr int TP = 4;  // tensor-parallel ranks (local q heads 64 / tp)
 constexpr int RATIO = 1;  // compress ratio of the layer's top-k source: ntopk = min((pos + 1) // ratio, 512); 0: window keys only
 constexpr bool INDEX = false;  // index-mode build: writes qr_out (bf16 normed q latent) and skips the key table
-constexpr bool TUNED = false;  // ready flags in COPIES copies (CTA b polls copy b % COPIES); q/kv norms on the CTAs with the fewest wqkv units; QRDY before the record
+constexpr bool TUNED = false;  // ready flags in COPIES copies (CTA b polls copy b % COPIES); q/kv norms on the CTAs with the fewest wqkv units
 constexpr bool TIMELINE = false;  // stamp each CTA's progress into tl (the target's timer)
 constexpr bool DEBUG = false;  // mailbox waits give up after 1 s and record where (scratch region 'hang'); the launcher raises KernelHang
 constexpr int THREADS = 512;  // threads per CTA
@@ -982,8 +982,8 @@ MONO_DEVICE void run(const Args& a, const Mailbox& mb, u8* lds) {
 // stage 3: qkv (mla_norm_rope) -- token t: q_norm -> MXFP8 QX8 (+ flag); kv_norm -> RoPE -> fp8_ds_mla record
 namespace stage_qkv {
 constexpr int TASKS = 16;  // task t runs on CTA FIRST + t % CTAS
-constexpr int FIRST = 0;
-constexpr int CTAS = 132;
+constexpr int FIRST = 116;
+constexpr int CTAS = 16;
 constexpr int LDS_RED = 0;  // LDS: 32 x float
 constexpr int LDS_VALS = 128;  // LDS: 1792 x float
 
@@ -1052,7 +1052,7 @@ constexpr float RECORD_FLOOR = 1e-4f;        // amax floor of a record block
 constexpr int COPIES = 1;              // copies of each QRDY flag
 constexpr int FLAG_STRIDE = 16;
 constexpr bool WRITE_QR = false;         // index build: qr_out = bf16 normed q latent
-constexpr bool EARLY_READY = false;      // tuned: QRDY before the record's stores
+constexpr bool EARLY_READY = true;      // QRDY before the record's stores
 constexpr bool PUBLISH = true;          // QX8 and QRDY (false: its GEMV norms q itself)
 constexpr int RED_Q = 0, RED_KV = 8, RED_CODES = 16;  // red[]: q group sums, kv group sums, record codes
 
