@@ -41,7 +41,7 @@ import torch
 
 from bench import report
 from bench.case import GuardError
-from bench.timing import FakeTimer, GpuTimer
+from bench.timing import FakeTimer, GpuTimer, Watchdog
 from codegen.__main__ import name_values
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -264,6 +264,9 @@ def parse_args(argv):
     ap.add_argument("--plot-dir", default=None,
                     help="folder for the PNGs (default bench/; dry run: the output folder)")
     ap.add_argument("--no-plot", action="store_true", help="write no plot")
+    ap.add_argument("--watchdog", type=float, default=300.0, metavar="SECONDS",
+                    help="stop (status 3, the partial results saved) when one case runs longer: a kernel that "
+                         "never ends (default 300; 0: no limit)")
     args = ap.parse_args(argv)
     args.tune = name_values(args.tune) or None
     if args.tune and any("." not in k for k in args.tune):
@@ -279,7 +282,7 @@ def _short(e: BaseException) -> str:
     return f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:300]}"
 
 
-def run_kernel(kb, args, run: dict, *, timer, bw: float, dev: dict, common: dict, save) -> bool:
+def run_kernel(kb, args, run: dict, *, timer, bw: float, dev: dict, common: dict, save, watchdog: Watchdog) -> bool:
     """Every S (and context) of one kernel: guard, then each contender timed,
     into ``run["meta"]`` / ``run["cases"]`` as it goes (``save()`` writes what
     is known after each case). Returns whether every case passed its guard
@@ -320,41 +323,42 @@ def run_kernel(kb, args, run: dict, *, timer, bw: float, dev: dict, common: dict
             rows.append(entry)
             case = None
             try:
-                case = kb.make_case(s, ctx, copies=copies, compiled=compiled, log=log)
-                meta["target"] = case.target.name
-                nbytes = case.bytes()
-                floor_us = nbytes.get("floor", nbytes["total"]) / bw * 1e6
-                entry.update(bytes=nbytes, floor_us=floor_us)
-                entry["warm_up"] = case.warm_up()
-                compiled = case.compiled if compiled is not None else None  # a failed compile is dropped
-                try:
-                    entry["guard"] = case.guard()
-                    log(f"{lbl}: guard ok ({', '.join(entry['guard'])})")
-                except GuardError as e:
-                    entry["guard_error"] = str(e)
-                    ok = False
-                    if not args.no_guard:
-                        log(f"\n*** GUARD FAILED ***\n{e}\n")
-                        meta["notes"].append(f"{lbl}: GUARD FAILED: {kb.kernel} not timed from here on")
-                        add_notes(case.notes)
-                        return False
-                    meta["notes"].append(f"{lbl}: GUARD FAILED (timed anyway, --no-guard)")
-                    log(f"WARNING (--no-guard): {e}")
-                fake = {"ours": 1.6 * floor_us + 2, "eager": 6 * floor_us + 30, "compile": 2.5 * floor_us + 8}
-                for name, calls in case.contenders().items():
+                with watchdog.step(f"{kb.kernel} {lbl}"):
+                    case = kb.make_case(s, ctx, copies=copies, compiled=compiled, log=log)
+                    meta["target"] = case.target.name
+                    nbytes = case.bytes()
+                    floor_us = nbytes.get("floor", nbytes["total"]) / bw * 1e6
+                    entry.update(bytes=nbytes, floor_us=floor_us)
+                    entry["warm_up"] = case.warm_up()
+                    compiled = case.compiled if compiled is not None else None  # a failed compile is dropped
                     try:
-                        sample = timer.graph(calls, fake_us=fake[name])
-                    except Exception as e:  # noqa: BLE001 - reported; the other contenders still run
-                        msg = f"{lbl}: timing {name} failed: {_short(e)}"
-                        meta["notes"].append(msg)
-                        entry[f"{name}_us"] = None
-                        log("ERROR: " + msg)
-                        continue
-                    entry[f"{name}_us"] = sample.median
-                    entry[f"{name}_timing"] = sample.summary()
-                    log(f"{lbl}: {name:8s} {sample.median:8.2f} us (median of {len(sample.us)}; "
-                        f"min {min(sample.us):.2f})")
-                add_notes(case.notes)
+                        entry["guard"] = case.guard()
+                        log(f"{lbl}: guard ok ({', '.join(entry['guard'])})")
+                    except GuardError as e:
+                        entry["guard_error"] = str(e)
+                        ok = False
+                        if not args.no_guard:
+                            log(f"\n*** GUARD FAILED ***\n{e}\n")
+                            meta["notes"].append(f"{lbl}: GUARD FAILED: {kb.kernel} not timed from here on")
+                            add_notes(case.notes)
+                            return False
+                        meta["notes"].append(f"{lbl}: GUARD FAILED (timed anyway, --no-guard)")
+                        log(f"WARNING (--no-guard): {e}")
+                    fake = {"ours": 1.6 * floor_us + 2, "eager": 6 * floor_us + 30, "compile": 2.5 * floor_us + 8}
+                    for name, calls in case.contenders().items():
+                        try:
+                            sample = timer.graph(calls, fake_us=fake[name])
+                        except Exception as e:  # noqa: BLE001 - reported; the other contenders still run
+                            msg = f"{lbl}: timing {name} failed: {_short(e)}"
+                            meta["notes"].append(msg)
+                            entry[f"{name}_us"] = None
+                            log("ERROR: " + msg)
+                            continue
+                        entry[f"{name}_us"] = sample.median
+                        entry[f"{name}_timing"] = sample.summary()
+                        log(f"{lbl}: {name:8s} {sample.median:8.2f} us (median of {len(sample.us)}; "
+                            f"min {min(sample.us):.2f})")
+                    add_notes(case.notes)
             except Exception as e:  # noqa: BLE001 - recorded; the next S still runs
                 ok = False
                 entry["error"] = traceback.format_exc()[-4000:]
@@ -408,13 +412,19 @@ def main(argv=None) -> int:
         if out_dir:
             report.write_json(out_dir / "bench.json", data())
 
+    def stopped(msg: str) -> None:  # the watchdog's last act: what was measured, and why it ends
+        meta["notes"].append(msg)
+        save()
+
+    watchdog = Watchdog(args.watchdog, on_fire=stopped)
     status = 0
     for key in args.kernels:
         kb = BENCHES[key](args, dry)
         meta["kernels"].append(kb.kernel)
         run = runs[kb.kernel] = {"meta": {"kernel": kb.kernel, "notes": []}, "cases": [], "png": kb.png}
         try:
-            run["ok"] = run_kernel(kb, args, run, timer=timer, bw=bw, dev=dev, common=common, save=save)
+            run["ok"] = run_kernel(kb, args, run, timer=timer, bw=bw, dev=dev, common=common, save=save,
+                                   watchdog=watchdog)
         except Exception as e:  # noqa: BLE001 - the other kernels still run; reported
             run["ok"] = False
             run["meta"]["notes"].append(f"ERROR: {_short(e)}")

@@ -16,7 +16,11 @@ and all samples are kept too)."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import statistics
+import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
@@ -155,3 +159,46 @@ class FakeTimer:
         secs = time.perf_counter() - t0
         return {"bytes": nbytes, "moved_bytes": 2 * nbytes, "median_s": 2 * nbytes / 4.0e12,
                 "samples_s": [secs], "bytes_per_s": 4.0e12, "fake": True}
+
+
+class Watchdog:
+    """Ends the process (status 3) with a diagnosis when one step of the bench runs past its
+    limit. A persistent kernel whose mailbox wait is never satisfied spins forever, and a bench
+    blocked on it would hold the lent machine until the command's time runs out (2026-11-30: an
+    experiment that initialised an mbarrier twice). The waits that block (synchronize, event
+    waits, copies to the host) release the GIL, so the timer thread runs. ``on_fire`` (e.g.
+    saving what was measured so far) is called first; its errors are reported, not raised."""
+
+    EXIT_STATUS = 3
+
+    def __init__(self, seconds: float, on_fire: Callable[[str], None] | None = None):
+        self.seconds, self.on_fire = seconds, on_fire
+
+    @contextlib.contextmanager
+    def step(self, what: str):
+        """Run the block under the limit (none if ``seconds`` <= 0); ``what`` names it in the diagnosis."""
+        if self.seconds <= 0:
+            yield
+            return
+        timer = threading.Timer(self.seconds, self._fire, args=(what,))
+        timer.daemon = True
+        timer.start()
+        try:
+            yield
+        finally:
+            timer.cancel()
+
+    def _fire(self, what: str) -> None:
+        msg = (f"bench: {what} still running after {self.seconds:g} s: a launch that never ends (a persistent "
+               "kernel's mailbox wait that is never satisfied?). Its debug build names the wait: run the kernel's "
+               "GPU tests, or build it with debug=True (launch raises KernelHang with the stage, task and wait). "
+               "Stopping (--watchdog sets the limit).")
+        sys.stderr.write(msg + "\n")
+        if self.on_fire is not None:
+            try:
+                self.on_fire(msg)
+            except Exception as e:  # noqa: BLE001 - the exit must happen
+                sys.stderr.write(f"bench: saving the partial results failed: {e}\n")
+        sys.stderr.flush()
+        sys.stdout.flush()
+        os._exit(self.EXIT_STATUS)

@@ -2,11 +2,14 @@
 code path but the timing, the MiniMax K1 cases at the issue's contexts (4K,
 64K) with the whole unfused chain, and a guard that fails when a contender is
 wrong (qkv, h_out, q_out, a cache byte, an iscore value or a stray iscore
-write)."""
+write), and the watchdog that stops a case which never ends."""
 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -15,8 +18,11 @@ from bench import report
 from bench.case import GuardError
 from bench.minimax import PreAttnCase, pre_attn_bytes
 from bench.run import auto_copies, main, parse_args
+from bench.timing import Watchdog
 from codegen.reference import minimax_m3 as ref
 from codegen.reference.minimax_m3_unfused import k1_unfused
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_bytes():
@@ -166,3 +172,34 @@ def test_table_and_plot_with_contexts(tmp_path):
     assert "64K" in report.format_table(rows)
     pytest.importorskip("matplotlib")
     assert report.plot(rows, tmp_path / "p.png", "t") is None and (tmp_path / "p.png").stat().st_size > 0
+
+
+def test_watchdog_lets_a_step_in_time_pass():
+    fired = []
+    dog = Watchdog(5.0, on_fire=fired.append)
+    with dog.step("quick"):
+        pass
+    with Watchdog(0).step("no limit"):  # 0: off
+        pass
+    assert fired == []
+
+
+def test_watchdog_stops_a_step_that_never_ends(tmp_path):
+    """A step past its limit (here a sleep with the GIL released, as a CUDA synchronize on a
+    kernel that never ends): the process exits with status 3 after on_fire ran, and says what
+    ran and where the debug build helps."""
+    marker = tmp_path / "fired.txt"
+    code = (
+        "import time, pathlib\n"
+        "from bench.timing import Watchdog\n"
+        f"dog = Watchdog(0.3, on_fire=lambda msg: pathlib.Path({str(marker)!r}).write_text(msg))\n"
+        "with dog.step('deepseek S=16'):\n"
+        "    time.sleep(30)\n"
+        "print('not reached')\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=25,
+                          cwd=str(ROOT))
+    assert proc.returncode == Watchdog.EXIT_STATUS == 3
+    assert "not reached" not in proc.stdout
+    assert "deepseek S=16 still running after 0.3 s" in proc.stderr and "debug=True" in proc.stderr
+    assert marker.read_text().startswith("bench: deepseek S=16 still running")

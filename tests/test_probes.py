@@ -8,7 +8,7 @@ import torch
 
 from codegen.jit import cuda
 from codegen.targets import get_target
-from scripts import probe_fp8_convert, probe_wgmma_fp8
+from scripts import probe_fp8_convert, probe_wgmma_fp8, sass_scoreboards
 
 
 def test_probe_sources_compile():
@@ -37,3 +37,26 @@ def test_wgmma_probe_layouts():
         w, gr, q = th // 32, th % 32 // 4, th % 4
         assert tile[1, 16 * w + gr, 2 * q].item() == d[1, th, 0].item()
         assert tile[1, 16 * w + gr + 8, 2 * q + 1].item() == d[1, th, 3].item()
+
+
+# Three instructions of the sm90 S = 1 build of 08e6e6a, as `nvdisasm -hex` prints them: the
+# q_inline norm's fourth partials poll (waits on scoreboards 0 and 5 before it issues), one of
+# wq_b's weight loads (sets scoreboard 5), and the check of the poll's value (waits on 5).
+SASS_LINES = """\
+        /*8090*/              @!P2 LDG.E.128.CONSTANT R64, desc[UR6][R14.64] ;                               /* 0x000000060e40a981 */
+                                                                                                             /* 0x000362000c1e9d00 */
+        /*87f0*/                   LDG.E.128.STRONG.GPU R52, desc[UR6][R72.64+0x3800] ;                      /* 0x0038000648347981 */
+                                                                                                             /* 0x021162000c1efd00 */
+        /*8880*/                   ISETP.NE.AND P0, PT, R3.reuse, R53, PT ;                                  /* 0x000000350300720c */
+                                                                                                             /* 0x060fe40003f05270 */
+"""
+
+
+def test_sass_scoreboards_decodes_the_control_bits():
+    rows = sass_scoreboards.annotate(SASS_LINES)
+    assert [(a, t.split()[0]) for a, _, t in rows] == [(0x8090, "@!P2"), (0x87F0, "LDG.E.128.STRONG.GPU"), (0x8880, "ISETP.NE.AND")]
+    load, poll, check = (c for _, c, _ in rows)
+    assert (load.write_sb, load.read_sb, load.wait, load.stall) == (5, 1, (), 1)
+    assert (poll.write_sb, poll.read_sb, poll.wait, poll.stall) == (5, 0, (0, 5), 1)
+    assert (check.write_sb, check.read_sb, check.wait, check.stall) == (None, None, (5,), 2)
+    assert poll.text() == "w05     W5 R0 s 1"

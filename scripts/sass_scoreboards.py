@@ -1,0 +1,118 @@
+"""What a sm90 build's warps wait on (CPU only): the SASS of a generated kernel with each
+instruction's control bits decoded, so that a wait on a load's scoreboard shows.
+
+sm90 tracks variable-latency results (global / shared loads, shuffles, MUFU) with six
+scoreboards per warp. A load sets one ("W5": write scoreboard 5); an instruction that needs
+a result names the scoreboards it waits for ("w05": 0 and 5) and waits until every operation
+counted on them is done. ptxas shares scoreboards between loads, so a wait can hold a warp
+for loads it does not use: on the H200 the q_inline norm's fourth partials poll waited on
+wq_b's twelve weight loads this way (bench/NOTES.md, DeepSeek session 10).
+
+    PYTHONPATH=. python3 scripts/sass_scoreboards.py generated/deepseek_v41/attn_front.sm90.s16.hip \\
+        [--grep REGEX] [--context N]
+
+Prints `address  wait-mask  Wwrite Rread s<stall>  instruction`; with --grep only the
+instructions that match REGEX (and N lines around each). Needs nvdisasm, from the PyPI
+package nvidia-cuda-nvdisasm (or a CUDA toolkit on PATH)."""
+
+from __future__ import annotations
+
+import argparse
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from codegen.jit import cuda
+from codegen.targets import get_target
+
+NONE = 7  # a scoreboard index field that names no scoreboard
+
+
+@dataclass(frozen=True)
+class Control:
+    """The control bits of one Volta..Hopper instruction (bits 105..125 of its 128)."""
+
+    stall: int  # cycles before the next instruction issues
+    yield_: bool
+    write_sb: int | None  # the scoreboard its result sets
+    read_sb: int | None  # the scoreboard its operand reads set (released once read)
+    wait: tuple[int, ...]  # the scoreboards it waits for before issuing
+    reuse: int  # operand reuse-cache flags
+
+    def text(self) -> str:
+        w = "w" + ("".join(map(str, self.wait)) or "-")
+        sb = lambda i: "-" if i is None else str(i)  # noqa: E731
+        return f"{w:7s} W{sb(self.write_sb)} R{sb(self.read_sb)} s{self.stall:2d}"
+
+
+def decode_control(hi: int) -> Control:
+    """The control bits in the high 64-bit word of an instruction (nvdisasm -hex's second word)."""
+    wb, rb = (hi >> 46) & 7, (hi >> 49) & 7
+    mask = (hi >> 52) & 0x3F
+    return Control(stall=(hi >> 41) & 0xF, yield_=bool((hi >> 45) & 1),
+                   write_sb=None if wb == NONE else wb, read_sb=None if rb == NONE else rb,
+                   wait=tuple(b for b in range(6) if mask >> b & 1), reuse=(hi >> 58) & 0xF)
+
+
+_INSTR = re.compile(r"\s*/\*([0-9a-f]{4,})\*/\s+(.*?)\s*/\* (0x[0-9a-f]{16}) \*/")
+_HIGH = re.compile(r"\s*/\* (0x[0-9a-f]{16}) \*/\s*$")
+
+
+def annotate(listing: str) -> list[tuple[int, Control, str]]:
+    """(address, control bits, instruction text) of each instruction of `nvdisasm -hex` output."""
+    lines, out = listing.splitlines(), []
+    for i, line in enumerate(lines[:-1]):
+        m = _INSTR.match(line)
+        hi = _HIGH.match(lines[i + 1]) if m else None
+        if m and hi:
+            out.append((int(m.group(1), 16), decode_control(int(hi.group(1), 16)), m.group(2)))
+    return out
+
+
+def nvdisasm() -> str:
+    """The nvdisasm executable: on PATH, or inside the nvidia-cuda-nvdisasm package."""
+    found = shutil.which("nvdisasm")
+    if found:
+        return found
+    try:
+        import nvidia  # the namespace package of NVIDIA's PyPI wheels
+    except ImportError:
+        nvidia = None
+    for root in getattr(nvidia, "__path__", []):
+        for exe in sorted(Path(root).glob("cu*/bin/nvdisasm")) + sorted(Path(root).glob("cuda_nvdisasm/bin/nvdisasm")):
+            return str(exe)
+    sys.exit("sass_scoreboards: no nvdisasm: `pip install nvidia-cuda-nvdisasm` (or put a CUDA toolkit's bin on PATH)")
+
+
+def listing(source: str, name: str) -> str:
+    """`nvdisasm -hex` of the sm90 CUBIN of ``source``."""
+    cubin = cuda.compile(source, name, get_target("sm90"))
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        return subprocess.run([nvdisasm(), "-hex", "-c", f.name], check=True, capture_output=True, text=True).stdout
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("file", help="a generated sm90 .hip file")
+    ap.add_argument("--grep", help="only instructions matching this regex (e.g. 'LDG|BAR|MEMBAR')")
+    ap.add_argument("--context", type=int, default=0, help="instructions shown around each match")
+    args = ap.parse_args()
+    rows = annotate(listing(Path(args.file).read_text(), Path(args.file).name))
+    keep = range(len(rows))
+    if args.grep:
+        pat = re.compile(args.grep)
+        hits = [i for i, (_, _, text) in enumerate(rows) if pat.search(text)]
+        keep = sorted({j for i in hits for j in range(max(0, i - args.context), min(len(rows), i + args.context + 1))})
+    for i in keep:
+        addr, ctl, text = rows[i]
+        print(f"{addr:05x}  {ctl.text()}  {text}")
+
+
+if __name__ == "__main__":
+    main()
