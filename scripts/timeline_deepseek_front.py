@@ -16,6 +16,7 @@ import sys
 import torch
 
 import codegen
+from bench.timing import Watchdog
 from codegen.__main__ import name_values
 from tests import deepseek_case as dc
 
@@ -37,11 +38,12 @@ def main() -> None:
         k = codegen.load(SPEC, timeline=True, tune=tune, **b)
         case = dc.make_case(b["tokens"], b["tp"], 1, "sm90", seed=2)
         args = dc.launch_args(case, k.workspace("cuda"))
-        for i in range(5):  # warm: the last of five launches; cold: the L2 flushed before it
-            if flush is not None and i == 4:
-                flush.fill_(i)
-            k(**args)
-        torch.cuda.synchronize()
+        with Watchdog(120).step(f"the timeline launches of S={b['tokens']} tp={b['tp']} {tune or ''}"):
+            for i in range(5):  # warm: the last of five launches; cold: the L2 flushed before it
+                if flush is not None and i == 4:
+                    flush.fill_(i)
+                k(**args)
+            torch.cuda.synchronize()
         tl = args["tl"].cpu().double()
         t0 = tl[:, 0].min()
         print(f"S={b['tokens']} tp={b['tp']} {'cold ' if cold else ''}{tune or ''}: us after the first CTA's start (min / median / max over CTAs)", file=out)

@@ -38,7 +38,7 @@
 //   26 scratch    u8    [36608]            inout mailboxes; zeroed once, never cleared
 //   27 epoch      i32   [2]                inout [epoch, CTAs done]: the last CTA out advances the epoch
 //   28 layer      i32   scalar             in    layer id (not part of the tag: B.6)
-//   29 tl         i64   [256, 8]           out   timeline stamps (timeline builds)
+//   29 tl         i64   [256, 10]          out   timeline stamps (timeline builds)
 //
 // scratch (36608 bytes; regions 256-byte aligned; tag = epoch[0] * 2 + 1):
 //   x8       @        0      5120 B  1280 words: xq's e4m3 rows: token t at word t * 1280, K half p at + 640 p
@@ -79,7 +79,7 @@ constexpr bool TIMELINE = false;  // stamp each CTA's progress into tl (the targ
 constexpr bool DEBUG = false;  // mailbox waits give up after 1 s and record where (scratch region 'hang'); the launcher raises KernelHang
 constexpr int THREADS = 512;  // threads per CTA
 constexpr int WAVE = 64;  // lanes per wave (64 on AMD, 32 on NVIDIA)
-constexpr int TL_POINTS = 8;  // timeline points per CTA
+constexpr int TL_POINTS = 10;  // timeline points per CTA
 constexpr float FP8_MAX = 240.0f;  // largest finite e4m3 value of the target's FP8 flavour
 constexpr int HIDDEN = 5120;  // model hidden size (x's columns)
 constexpr int Q_RANK = 1280;  // q_lora_rank: wq_a rows, wq_b's K
@@ -493,6 +493,8 @@ constexpr int TL_WQB_DONE = 4;
 constexpr int TL_STAGES_DONE = 5;
 constexpr int TL_SPARE = 6;
 constexpr int TL_SPARE2 = 7;
+constexpr int TL_SPARE3 = 8;
+constexpr int TL_SPARE4 = 9;
 MONO_DEVICE void stamp(u8*, int) {}  // timeline off
 
 // =========================================================================================

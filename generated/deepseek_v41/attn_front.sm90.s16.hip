@@ -38,7 +38,7 @@
 //   26 scratch    u8    [574464]           inout mailboxes; zeroed once, never cleared
 //   27 epoch      i32   [2]                inout [epoch, CTAs done]: the last CTA out advances the epoch
 //   28 layer      i32   scalar             in    layer id (not part of the tag: B.6)
-//   29 tl         i64   [132, 8]           out   timeline stamps (timeline builds)
+//   29 tl         i64   [132, 10]          out   timeline stamps (timeline builds)
 //
 // scratch (574464 bytes; regions 256-byte aligned; tag = epoch[0] * 2 + 1):
 //   x8       @        0     81920 B  20480 words: xq's e4m3 rows: token t at word t * 1280, K half p at + 640 p
@@ -78,7 +78,7 @@ constexpr bool TIMELINE = false;  // stamp each CTA's progress into tl (the targ
 constexpr bool DEBUG = false;  // mailbox waits give up after 1 s and record where (scratch region 'hang'); the launcher raises KernelHang
 constexpr int THREADS = 512;  // threads per CTA
 constexpr int WAVE = 32;  // lanes per wave (64 on AMD, 32 on NVIDIA)
-constexpr int TL_POINTS = 8;  // timeline points per CTA
+constexpr int TL_POINTS = 10;  // timeline points per CTA
 constexpr float FP8_MAX = 448.0f;  // largest finite e4m3 value of the target's FP8 flavour
 constexpr int HIDDEN = 5120;  // model hidden size (x's columns)
 constexpr int Q_RANK = 1280;  // q_lora_rank: wq_a rows, wq_b's K
@@ -691,6 +691,8 @@ constexpr int TL_WQB_DONE = 4;
 constexpr int TL_STAGES_DONE = 5;
 constexpr int TL_SPARE = 6;
 constexpr int TL_SPARE2 = 7;
+constexpr int TL_SPARE3 = 8;
+constexpr int TL_SPARE4 = 9;
 MONO_DEVICE void stamp(u8*, int) {}  // timeline off
 
 // =========================================================================================
