@@ -301,3 +301,20 @@ def test_qkv_probe_points():
     ns = text[text.index("namespace stage_qkv {"):text.index("}  // namespace stage_qkv")]
     at = ns.index("stamp(lds, TL_SPARE);")
     assert ns.rindex("barrier();", 0, at) > ns.index("sum_partials<QKV, 1>(") and at < ns.index("q_group_sumsq(xq)")
+
+
+@pytest.mark.parametrize("target", list(TARGETS))
+def test_qkv_uses_nothing_it_loads_before_the_partials_wait(target):
+    """The qkv stage issues its small loads (qn_w, kvn_w, pos, slot) before the partials' wait
+    but uses them only after it: their conversion goes through opaque(), and the cos / sin row
+    (whose address needs pos) is read after the wait. On sm90 a use before the wait held the
+    first poll for three serial round trips (bench/NOTES.md, DeepSeek session 10)."""
+    text = render(ir_of(target, tokens=16))
+    ns = text[text.index("namespace stage_qkv {"):text.index("}  // namespace stage_qkv")]
+    token = ns[ns.index("MONO_DEVICE void token("):]
+    token = token[:token.index("\n}\n")]
+    before, after = token.split("sum_partials<", 1)
+    for raw in ("qw_raw[j] = ", "kw_raw = ", "pos64 = ", "slot64 = "):
+        assert raw in before
+    assert "bf16_to_f32" not in before and "cos_sin" not in before and "int(pos64)" not in before
+    assert "opaque(qw_raw[j])" in after and "opaque(kw_raw)" in after and "cos_sin" in after
