@@ -9,10 +9,11 @@ for loads it does not use: on the H200 the q_inline norm's fourth partials poll 
 wq_b's twelve weight loads this way (bench/NOTES.md, DeepSeek session 10).
 
     PYTHONPATH=. python3 scripts/sass_scoreboards.py generated/deepseek_v41/attn_front.sm90.s16.hip \\
-        [--grep REGEX] [--context N]
+        [--grep REGEX] [--context N] [--held]
 
 Prints `address  wait-mask  Wwrite Rread s<stall>  instruction`; with --grep only the
-instructions that match REGEX (and N lines around each). Needs nvdisasm, from the PyPI
+instructions that match REGEX (and N lines around each); with --held only the polls and
+acquire fences that also wait for global loads in flight. Needs nvdisasm, from the PyPI
 package nvidia-cuda-nvdisasm (or a CUDA toolkit on PATH)."""
 
 from __future__ import annotations
@@ -73,6 +74,34 @@ def annotate(listing: str) -> list[tuple[int, Control, str]]:
     return out
 
 
+def _global_load(text: str) -> bool:
+    """A load from global memory whose data the GEMVs stream (not a mailbox poll: .STRONG)."""
+    op = text.split()[1] if text.startswith("@") else text.split()[0]
+    return (op.startswith("LDG") and ".STRONG" not in op) or op == "LDGDEPBAR"  # LDGDEPBAR: cp.async groups
+
+
+def held_waits(rows: list[tuple[int, Control, str]]) -> list[str]:
+    """The polls (``LDG...STRONG``) and acquire fences (``CCTL.IVALL``) that wait on a
+    scoreboard on which global loads are still counted: each waits for those loads too. A
+    straight-line walk (branches ignored): a scoreboard's loads are those set on it since an
+    instruction last waited on it."""
+    pending: dict[int, list[tuple[int, str]]] = {}
+    out = []
+    for addr, ctl, text in rows:
+        op = text.split()[1] if text.startswith("@") else text.split()[0]
+        if (op.startswith("LD") and ".STRONG" in op) or op == "CCTL.IVALL":
+            held = [x for b in ctl.wait for x in pending.get(b, []) if _global_load(x[1])]
+            if ctl.write_sb is not None and op.startswith("LD"):  # a poll counted with them
+                held += [x for x in pending.get(ctl.write_sb, []) if _global_load(x[1]) and x not in held]
+            if held:
+                out.append(f"{addr:05x} {op} waits for {len(held)} global load(s), e.g. {held[0][0]:05x} {held[0][1]}")
+        for b in ctl.wait:
+            pending[b] = []
+        if ctl.write_sb is not None:
+            pending.setdefault(ctl.write_sb, []).append((addr, text))
+    return out
+
+
 def nvdisasm() -> str:
     """The nvdisasm executable: on PATH, or inside the nvidia-cuda-nvdisasm package."""
     found = shutil.which("nvdisasm")
@@ -102,8 +131,13 @@ def main() -> None:
     ap.add_argument("file", help="a generated sm90 .hip file")
     ap.add_argument("--grep", help="only instructions matching this regex (e.g. 'LDG|BAR|MEMBAR')")
     ap.add_argument("--context", type=int, default=0, help="instructions shown around each match")
+    ap.add_argument("--held", action="store_true",
+                    help="only list the polls and acquire fences that also wait for global loads in flight")
     args = ap.parse_args()
     rows = annotate(listing(Path(args.file).read_text(), Path(args.file).name))
+    if args.held:
+        print("\n".join(held_waits(rows)) or "no poll or acquire fence waits for a global load")
+        return
     keep = range(len(rows))
     if args.grep:
         pat = re.compile(args.grep)

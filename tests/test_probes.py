@@ -60,3 +60,10 @@ def test_sass_scoreboards_decodes_the_control_bits():
     assert (poll.write_sb, poll.read_sb, poll.wait, poll.stall) == (5, 0, (0, 5), 1)
     assert (check.write_sb, check.read_sb, check.wait, check.stall) == (None, None, (5,), 2)
     assert poll.text() == "w05     W5 R0 s 1"
+
+
+def test_sass_scoreboards_finds_a_poll_held_by_weight_loads():
+    rows = sass_scoreboards.annotate(SASS_LINES)
+    held = sass_scoreboards.held_waits(rows)
+    assert len(held) == 1 and held[0].startswith("087f0 LDG.E.128.STRONG.GPU waits for 1 global load(s), e.g. 08090")
+    assert sass_scoreboards.held_waits(rows[1:]) == []  # without the weight load in flight: nothing held
