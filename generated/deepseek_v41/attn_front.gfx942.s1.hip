@@ -101,6 +101,7 @@ constexpr int WQKV_TASKS = 224;  // (16-row tile, K half) units: 224
 constexpr int INLINE_QUANT_TOKENS = 8;
 constexpr int INLINE_Q_TOKENS = 2;
 constexpr bool Q_INLINE = true;  // this build's wq_b CTAs norm q themselves
+constexpr bool QKV_ON_LAST_CTAS = false;
 constexpr int MAX_TOKENS = 48;
 constexpr int SWA_RECORD = 584;  // fp8_ds_mla bytes a token: 576 data (448 e4m3 + 64 bf16) + 8 scale
 constexpr int EPOCH_STRIDE = 2;  // tags 2e + 1 (this kernel) and 2e + 2 (the attention kernel K2)
@@ -367,6 +368,11 @@ MONO_DEVICE float max32(float v) {
 // ---- bf16 --------------------------------------------------------------------------------
 MONO_DEVICE float bf16_round(float f) { return bf16_to_f32(f32_to_bf16(f)); }
 MONO_DEVICE u32 pack_bf16x2(float lo, float hi) { return u32(f32_to_bf16(lo)) | (u32(f32_to_bf16(hi)) << 16); }
+// the two bf16 of a pair word (low half first), as f32: pack_bf16x2's inverse
+MONO_DEVICE void bf16x2_to_f32(u32 w, float& lo, float& hi) {
+    lo = bf16_to_f32(bf16_t(w & 0xffffu));
+    hi = bf16_to_f32(bf16_t(w >> 16));
+}
 
 // ---- mailbox waits (debug builds overload them with bounded ones: templates/kernel.hip.j2)
 // Spin (with a pause between polls) until the pair carries `tag`; its value.
@@ -849,14 +855,8 @@ MONO_DEVICE void token(const Args& a, const Mailbox& mb, u8* lds, float* red, fl
     const float* cs_row = a.cos_sin + (long long)pos * ROPE;
     const float cs = is_rope ? cs_row[jj] : 1.0f, sn = is_rope ? cs_row[ROPE / 2 + jj] : 0.0f;
     float qw[8], kw[2];
-    for (int j = 0; j < 4; ++j) {
-        const u32 w = opaque(qw_raw[j]);
-        qw[2 * j] = bf16_to_f32(bf16_t(w & 0xffffu));
-        qw[2 * j + 1] = bf16_to_f32(bf16_t(w >> 16));
-    }
-    kw_raw = opaque(kw_raw);
-    kw[0] = bf16_to_f32(bf16_t(kw_raw & 0xffffu));
-    kw[1] = bf16_to_f32(bf16_t(kw_raw >> 16));
+    for (int j = 0; j < 4; ++j) bf16x2_to_f32(opaque(qw_raw[j]), qw[2 * j], qw[2 * j + 1]);
+    bf16x2_to_f32(opaque(kw_raw), kw[0], kw[1]);
     float xq[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f}, xk[2] = {0.0f, 0.0f};
     if (has_q)
         for (int j = 0; j < 8; ++j) xq[j] = vals[qc + j];

@@ -364,6 +364,11 @@ MONO_DEVICE float max32(float v) {
 // ---- bf16 --------------------------------------------------------------------------------
 MONO_DEVICE float bf16_round(float f) { return bf16_to_f32(f32_to_bf16(f)); }
 MONO_DEVICE u32 pack_bf16x2(float lo, float hi) { return u32(f32_to_bf16(lo)) | (u32(f32_to_bf16(hi)) << 16); }
+// the two bf16 of a pair word (low half first), as f32: pack_bf16x2's inverse
+MONO_DEVICE void bf16x2_to_f32(u32 w, float& lo, float& hi) {
+    lo = bf16_to_f32(bf16_t(w & 0xffffu));
+    hi = bf16_to_f32(bf16_t(w >> 16));
+}
 
 // ---- mailbox waits (debug builds overload them with bounded ones: templates/kernel.hip.j2)
 // Spin (with a pause between polls) until the pair carries `tag`; its value.
