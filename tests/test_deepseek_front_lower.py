@@ -318,3 +318,20 @@ def test_qkv_uses_nothing_it_loads_before_the_partials_wait(target):
         assert raw in before
     assert "bf16_to_f32" not in before and "cos_sin" not in before and "int(pos64)" not in before
     assert "opaque(qw_raw[j])" in after and "opaque(kw_raw)" in after and "cos_sin" in after
+
+
+@pytest.mark.parametrize("target", list(TARGETS))
+def test_flag_waits_acquire_in_the_polling_threads(target):
+    """wq_b's wait for QX8's flags: the polling threads acquire (mailbox_wait<true>) and the
+    barrier passes it on (barrier_acquire); no CTA-wide fence, whose sm90 CCTL.IVALL would wait
+    for every load in flight, the weights included. AMD's barrier_acquire keeps the fence."""
+    text = render(ir_of(target, tokens=16))
+    ns = text[text.index("namespace stage_wq_b {"):text.index("}  // namespace stage_wq_b")]
+    wait = ns[ns.index("MONO_DEVICE void await_rows"):]
+    wait = wait[:wait.index("\n}\n")]
+    assert "mailbox_wait<true>(" in wait and "barrier_acquire();" in wait and "fence_acquire" not in wait
+    lib = text[:text.index("namespace stage_")]
+    body = lib[lib.index("MONO_DEVICE void barrier_acquire()"):]
+    body = body[:body.index("}\n") + 2]
+    assert ("fence_acquire();" in body) is (target != "sm90")
+    assert "ld.acquire.gpu" in lib if target == "sm90" else "ld.acquire" not in lib

@@ -214,6 +214,20 @@ MONO_DEVICE void mailbox_load(const u64* pair, u32& value, u32& tag) {
     value = u32(v);
     tag = u32(v >> 32);
 }
+// relaxed here: barrier_acquire()'s fence acquires for every thread after the barrier (as
+// before sm90 took the acquiring load; not yet measured on AMD)
+MONO_DEVICE void mailbox_load_acquire(const u64* pair, u32& value, u32& tag) { mailbox_load(pair, value, tag); }
+// A CTA barrier after which every thread reads what the flags that some of its threads
+// waited for (mailbox_wait<true>) guard
+MONO_DEVICE void barrier_acquire() {
+    barrier();
+    fence_acquire();
+}
+// The same for a wave whose lanes waited
+MONO_DEVICE void wave_acquire() {
+    wave_sync();
+    fence_acquire();
+}
 // two adjacent pairs: two 8-byte atomic loads (the wave's adjacent lanes coalesce them)
 MONO_DEVICE void mailbox_load2(const u64* pair, u32 (&value)[2], u32 (&tag)[2]) {
     mailbox_load(pair, value[0], tag[0]);
@@ -375,13 +389,23 @@ MONO_DEVICE void bf16x2_to_f32(u32 w, float& lo, float& hi) {
 }
 
 // ---- mailbox waits (debug builds overload them with bounded ones: templates/kernel.hip.j2)
-// Spin (with a pause between polls) until the pair carries `tag`; its value.
+// mailbox_load, acquiring or not
+template <bool ACQUIRE>
+MONO_DEVICE void mailbox_load_as(const u64* pair, u32& value, u32& tag) {
+    if constexpr (ACQUIRE)
+        mailbox_load_acquire(pair, value, tag);
+    else
+        mailbox_load(pair, value, tag);
+}
+// Spin (with a pause between polls) until the pair carries `tag`; its value. ACQUIRE: for a
+// flag that guards other data (then barrier_acquire() before the CTA reads it).
+template <bool ACQUIRE = false>
 MONO_DEVICE u32 mailbox_wait(const u64* pair, u32 tag) {
     u32 value, seen;
-    mailbox_load(pair, value, seen);
+    mailbox_load_as<ACQUIRE>(pair, value, seen);
     while (seen != tag) {
         pause();
-        mailbox_load(pair, value, seen);
+        mailbox_load_as<ACQUIRE>(pair, value, seen);
     }
     return value;
 }

@@ -223,6 +223,19 @@ MONO_DEVICE void mailbox_put(u64* pair, u32 value, u32 tag) {
 MONO_DEVICE void mailbox_load(const u64* pair, u32& value, u32& tag) {
     asm volatile("ld.relaxed.gpu.global.v2.u32 {%0, %1}, [%2];" : "=r"(value), "=r"(tag) : "l"(pair) : "memory");
 }
+// an acquiring mailbox_load: the thread's later reads see what the pair's writer published
+// before it. sm90 compiles it to the load and a CCTL.IVALL that waits for this load alone, where
+// fence_acquire() (MEMBAR + CCTL.IVALL) waits for every load in flight, the GEMVs' weights
+// included (bench/NOTES.md, DeepSeek session 10)
+MONO_DEVICE void mailbox_load_acquire(const u64* pair, u32& value, u32& tag) {
+    asm volatile("ld.acquire.gpu.global.v2.u32 {%0, %1}, [%2];" : "=r"(value), "=r"(tag) : "l"(pair) : "memory");
+}
+// A CTA barrier after which every thread reads what the flags acquired before it
+// (mailbox_wait<true> by some of its threads) guard: bar.sync passes the acquire on (the
+// pattern of CUTLASS's semaphore), no fence
+MONO_DEVICE void barrier_acquire() { barrier(); }
+// The same for a warp whose lanes waited (bar.warp.sync orders the lanes' memory accesses)
+MONO_DEVICE void wave_acquire() { wave_sync(); }
 // two adjacent pairs (16-byte aligned) in one 16-byte load: two single-copy-atomic u64s
 MONO_DEVICE void mailbox_load2(const u64* pair, u32 (&value)[2], u32 (&tag)[2]) {
     u64 lo, hi;
@@ -573,13 +586,23 @@ MONO_DEVICE void bf16x2_to_f32(u32 w, float& lo, float& hi) {
 }
 
 // ---- mailbox waits (debug builds overload them with bounded ones: templates/kernel.hip.j2)
-// Spin (with a pause between polls) until the pair carries `tag`; its value.
+// mailbox_load, acquiring or not
+template <bool ACQUIRE>
+MONO_DEVICE void mailbox_load_as(const u64* pair, u32& value, u32& tag) {
+    if constexpr (ACQUIRE)
+        mailbox_load_acquire(pair, value, tag);
+    else
+        mailbox_load(pair, value, tag);
+}
+// Spin (with a pause between polls) until the pair carries `tag`; its value. ACQUIRE: for a
+// flag that guards other data (then barrier_acquire() before the CTA reads it).
+template <bool ACQUIRE = false>
 MONO_DEVICE u32 mailbox_wait(const u64* pair, u32 tag) {
     u32 value, seen;
-    mailbox_load(pair, value, seen);
+    mailbox_load_as<ACQUIRE>(pair, value, seen);
     while (seen != tag) {
         pause();
-        mailbox_load(pair, value, seen);
+        mailbox_load_as<ACQUIRE>(pair, value, seen);
     }
     return value;
 }
@@ -920,9 +943,8 @@ MONO_DEVICE void stage_rows(const Args&, const Mailbox& mb, u8*, int part, int t
 // CTA reads what the flags' writers published.
 MONO_DEVICE void await_rows(const Mailbox& mb, int part) {
     const int copy = block_id() % COPIES;
-    if (thread_id() < TOKENS) mailbox_wait(mb.xrdy + copy * FLAG_STRIDE + thread_id() * SRC_PARTS + part % SRC_PARTS, mb.tag);
-    barrier();
-    fence_acquire();
+    if (thread_id() < TOKENS) mailbox_wait<true>(mb.xrdy + copy * FLAG_STRIDE + thread_id() * SRC_PARTS + part % SRC_PARTS, mb.tag);
+    barrier_acquire();
 }
 
 // One item of a unit's epilogue: row r, column c of the waves' tiles summed in wave order, the
@@ -1285,9 +1307,8 @@ MONO_DEVICE void stage_rows(const Args&, const Mailbox& mb, u8*, int part, int t
 // CTA reads what the flags' writers published.
 MONO_DEVICE void await_rows(const Mailbox& mb, int part) {
     const int copy = block_id() % COPIES;
-    if (thread_id() < TOKENS) mailbox_wait(mb.qrdy + copy * FLAG_STRIDE + thread_id() * SRC_PARTS + part % SRC_PARTS, mb.tag);
-    barrier();
-    fence_acquire();
+    if (thread_id() < TOKENS) mailbox_wait<true>(mb.qrdy + copy * FLAG_STRIDE + thread_id() * SRC_PARTS + part % SRC_PARTS, mb.tag);
+    barrier_acquire();
 }
 
 // Value i of the LDS cos / sin rows (cs[t * ROPE ..]): token i / ROPE's row at position pos.

@@ -212,6 +212,20 @@ MONO_DEVICE void mailbox_load(const u64* pair, u32& value, u32& tag) {
     value = u32(v);
     tag = u32(v >> 32);
 }
+// relaxed here: barrier_acquire()'s fence acquires for every thread after the barrier (as
+// before sm90 took the acquiring load; not yet measured on AMD)
+MONO_DEVICE void mailbox_load_acquire(const u64* pair, u32& value, u32& tag) { mailbox_load(pair, value, tag); }
+// A CTA barrier after which every thread reads what the flags that some of its threads
+// waited for (mailbox_wait<true>) guard
+MONO_DEVICE void barrier_acquire() {
+    barrier();
+    fence_acquire();
+}
+// The same for a wave whose lanes waited
+MONO_DEVICE void wave_acquire() {
+    wave_sync();
+    fence_acquire();
+}
 // two adjacent pairs: two 8-byte atomic loads (the wave's adjacent lanes coalesce them)
 MONO_DEVICE void mailbox_load2(const u64* pair, u32 (&value)[2], u32 (&tag)[2]) {
     mailbox_load(pair, value[0], tag[0]);
@@ -373,13 +387,23 @@ MONO_DEVICE void bf16x2_to_f32(u32 w, float& lo, float& hi) {
 }
 
 // ---- mailbox waits (debug builds overload them with bounded ones: templates/kernel.hip.j2)
-// Spin (with a pause between polls) until the pair carries `tag`; its value.
+// mailbox_load, acquiring or not
+template <bool ACQUIRE>
+MONO_DEVICE void mailbox_load_as(const u64* pair, u32& value, u32& tag) {
+    if constexpr (ACQUIRE)
+        mailbox_load_acquire(pair, value, tag);
+    else
+        mailbox_load(pair, value, tag);
+}
+// Spin (with a pause between polls) until the pair carries `tag`; its value. ACQUIRE: for a
+// flag that guards other data (then barrier_acquire() before the CTA reads it).
+template <bool ACQUIRE = false>
 MONO_DEVICE u32 mailbox_wait(const u64* pair, u32 tag) {
     u32 value, seen;
-    mailbox_load(pair, value, seen);
+    mailbox_load_as<ACQUIRE>(pair, value, seen);
     while (seen != tag) {
         pause();
-        mailbox_load(pair, value, seen);
+        mailbox_load_as<ACQUIRE>(pair, value, seen);
     }
     return value;
 }
@@ -687,9 +711,8 @@ MONO_DEVICE void run(const Args& a, const Mailbox& mb, u8* lds) {
     };
     if (WEIGHTS_FIRST) issue_weights();
     // the norm tasks' scales (each put after its row's words: the row's flag) ...
-    if (tid < TOKENS) xs[tid] = u32_as_float(mailbox_wait(mb.x8s + tid, mb.tag));
-    barrier();
-    fence_acquire();  // ... then the rows, as their writers published them
+    if (tid < TOKENS) xs[tid] = u32_as_float(mailbox_wait<true>(mb.x8s + tid, mb.tag));
+    barrier_acquire();  // ... then the rows, as their writers published them
     stamp(lds, TL_X8_READY);
     for (int task = t0; task < TASKS; task += CTAS) {
         const int row0 = task_row0(task);
@@ -1024,14 +1047,11 @@ template <int GROUP>
 MONO_DEVICE void wait_new_keys(const Mailbox& mb, bool& new_keys_seen) {
     if (new_keys_seen) return;
     for (int i = GROUP == THREADS ? thread_id() : lane_id(); i < TOKENS; i += GROUP)
-        mailbox_wait(mb.hdone + i * HEAD_TASKS + TASK_IK, mb.tag);
-    if constexpr (GROUP == THREADS) {
-        barrier();
-    } else {
-        fence_acquire();
-        wave_sync();
-    }
-    fence_acquire();
+        mailbox_wait<true>(mb.hdone + i * HEAD_TASKS + TASK_IK, mb.tag);
+    if constexpr (GROUP == THREADS)
+        barrier_acquire();
+    else
+        wave_acquire();
     new_keys_seen = true;
 }
 
