@@ -2,12 +2,14 @@
 build's per-CTA stamps (%globaltimer, ns), as microseconds after the first
 CTA's start: min / median / max over the CTAs that reached each point.
 
-    PYTHONPATH=. python3 scripts/timeline_deepseek_front.py [out.txt] [--cold] [--slowest=POINT] [stage.field=value ...]
+    PYTHONPATH=. python3 scripts/timeline_deepseek_front.py [out.txt] [--cold | --rotate] [--slowest=POINT] [stage.field=value ...]
 
 (stage.field=value: spec knob overrides, codegen.load's tune, e.g. wq_b.bulk_weights=0;
 --slowest=POINT also lists the 8 CTAs that stamped POINT last, each with all its stamps:
 a straggler's role shows in its other stamps; --cold: the timed launch follows an L2 flush, so the
-weights come from HBM as in the bench, not from L2)"""
+weights come from HBM, and so does the kernel's code; --rotate: as the bench, the launches cycle
+through 8 copies of the weights (`layer` = copy), so the stamped launch's weights are cold and its
+code is not: the phases the code's first fetch from HBM slows in a --cold timeline read as in the bench)"""
 
 from __future__ import annotations
 
@@ -21,13 +23,16 @@ from codegen.__main__ import name_values
 from tests import deepseek_case as dc
 
 SPEC = "deepseek_v41/attn_front"
+COPIES = 8  # --rotate: 8 x 19.7 MB of weights, over twice the H200's 60 MiB L2 (the bench's count)
+WEIGHTS = ("wqkv", "wqkv_s", "wqb", "wqb_s")  # the tensors bench/deepseek.py copies
 BUILDS = [dict(tokens=1, tp=4), dict(tokens=16, tp=4), dict(tokens=48, tp=4), dict(tokens=48, tp=2)]
 
 
 def main() -> None:
     slowest = next((a.split("=", 1)[1] for a in sys.argv[1:] if a.startswith("--slowest=")), None)
     cold = "--cold" in sys.argv[1:]
-    words = [a for a in sys.argv[1:] if not a.startswith("--slowest=") and a != "--cold"]
+    rotate = COPIES if "--rotate" in sys.argv[1:] else 0
+    words = [a for a in sys.argv[1:] if not a.startswith("--slowest=") and a not in ("--cold", "--rotate")]
     flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda") if cold else None  # > 4x the H200's 60 MiB L2
     files = [a for a in words if "=" not in a]
     tune = name_values([a for a in words if "=" in a]) or None
@@ -38,15 +43,20 @@ def main() -> None:
         k = codegen.load(SPEC, timeline=True, tune=tune, **b)
         case = dc.make_case(b["tokens"], b["tp"], 1, "sm90", seed=2)
         args = dc.launch_args(case, k.workspace("cuda"))
+        copies = [{w: args[w] for w in WEIGHTS}] + [{w: args[w].clone() for w in WEIGHTS} for _ in range(rotate - 1)]
         with Watchdog(120).step(f"the timeline launches of S={b['tokens']} tp={b['tp']} {tune or ''}"):
-            for i in range(5):  # warm: the last of five launches; cold: the L2 flushed before it
-                if flush is not None and i == 4:
-                    flush.fill_(i)
-                k(**args)
+            if rotate:  # two rounds over the copies: the last launch's weights were last read a round ago
+                for i in range(2 * rotate):
+                    k(**dict(args, **copies[i % rotate], layer=i % rotate))
+            else:
+                for i in range(5):  # warm: the last of five launches; cold: the L2 flushed before it
+                    if flush is not None and i == 4:
+                        flush.fill_(i)
+                    k(**args)
             torch.cuda.synchronize()
         tl = args["tl"].cpu().double()
         t0 = tl[:, 0].min()
-        print(f"S={b['tokens']} tp={b['tp']} {'cold ' if cold else ''}{tune or ''}: us after the first CTA's start (min / median / max over CTAs)", file=out)
+        print(f"S={b['tokens']} tp={b['tp']} {'cold ' if cold else 'rotated ' if rotate else ''}{tune or ''}: us after the first CTA's start (min / median / max over CTAs)", file=out)
         for p, name in enumerate(k.ir.timeline_points):
             v = tl[:, p]
             v = (v[v > 0] - t0) / 1e3
