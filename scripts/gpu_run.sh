@@ -11,6 +11,8 @@
 #   probes    the DeepSeek timeline with each of DS_PROBES ("a=1 b=2;c=3"; default: the spare points
 #             on the qkv stage, on wq_b, on wqkv_a: where each stage's time goes; an entry may add
 #             --slowest=POINT: the CTAs that stamped POINT last, with all their stamps)
+#   ab        scripts/ab_bench.sh: main's tree (.ab-main, made here first: see that script) against
+#             this one, AB_ROUNDS turns (default 2), AB_ARGS for bench.run (e.g. "--kernels deepseek")
 #   tp        scripts/tp_run.py on every GPU of the machine
 #   scorer    the MiniMax scorer's variants side by side (scripts/timeline_probe.py --cold-keys,
 #             S = 1 / 4 / 16 at 4K and 64K): the spec's, then each of SCORER_TUNES ("a=1 b=2;c=3")
@@ -39,6 +41,8 @@ for what in "${@:-tests}"; do
                     # shellcheck disable=SC2086  # a tune is several words
                     python3 scripts/timeline_deepseek_front.py $tune 2>&1
                 done 2>&1 | tee "$OUT/probes.log"; status=$((status | PIPESTATUS[0])) ;;
+        ab) # shellcheck disable=SC2086  # AB_ARGS is several words
+            scripts/ab_bench.sh "${AB_ROUNDS:-2}" ${AB_ARGS:-} 2>&1 | tee "$OUT/ab.log"; status=$((status | PIPESTATUS[0])) ;;
         tp) NCCL_NVLS_ENABLE=0 python3 -m torch.distributed.run --nproc-per-node "$(nvidia-smi -L | wc -l)" \
                 scripts/tp_run.py 2>&1 | tee "$OUT/tp-run.log"; status=$((status | PIPESTATUS[0])) ;;
         *) echo "unknown step $what"; status=1 ;;
