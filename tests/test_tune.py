@@ -175,3 +175,24 @@ def test_scorer_warp_groups():
         assert f"constexpr int RING = {ring};" in built
         (report,) = jit.resource_report(built, "groups.hip", get_target("sm90"))
         assert report.spills == 0 and report.scratch_bytes == 0
+
+@pytest.mark.parametrize("target", ["sm90", "gfx942"])
+def test_minimax_flag_waits_acquire_in_the_polling_threads(target):
+    """MiniMax's waits for data behind flags: the qkv GEMV's wait for the x8 rows and the
+    scorer's wait for this launch's index keys acquire in the polling threads (mailbox_wait<true>)
+    and pass it on with barrier_acquire() / wave_acquire(): no CTA-wide fence_acquire(), whose
+    sm90 CCTL.IVALL waits for every load in flight (the GEMV's weights, the scorer's cp.async
+    key groups). The AMD helpers keep the fence after their barrier."""
+    _, text = source(SPEC, target, tokens=16)
+    gemv = text[text.index("namespace stage_qkv {"):text.index("}  // namespace stage_qkv")]
+    assert "mailbox_wait<true>(mb." in gemv and "barrier_acquire();" in gemv and "fence_acquire" not in gemv
+    scores = text[text.index("namespace stage_scores {"):]
+    wait = scores[scores.index("MONO_DEVICE void wait_new_keys("):]
+    wait = wait[:wait.index("\n}\n")]
+    assert "mailbox_wait<true>(" in wait and "barrier_acquire();" in wait and "wave_acquire();" in wait
+    assert "fence_acquire" not in wait
+    lib = text[:text.index("namespace stage_")]
+    for helper in ("barrier_acquire", "wave_acquire"):
+        body = lib[lib.index(f"MONO_DEVICE void {helper}()"):]
+        body = body[:body.index("}\n") + 2]
+        assert ("fence_acquire();" in body) is (target != "sm90")
