@@ -56,7 +56,7 @@ def test_debug_layout_appends_the_hang_record(spec, build, target):
     assert HANG_REGION not in {r.name for r in rel.regions}
 
 
-WAIT_CALL = re.compile(r"\bmailbox_wait(?:2|_all2)?\(([^;]*)\)")
+WAIT_CALL = re.compile(r"\bmailbox_wait(?:2|_all2)?(?:<true>)?\(([^;]*)\)")  # acquiring (<true>) or not
 
 
 @pytest.mark.parametrize("target", list(TARGETS))
