@@ -18,13 +18,13 @@ import sys
 import torch
 
 import codegen
+from bench.deepseek import WEIGHTS  # the tensors the bench copies
 from bench.timing import Watchdog
 from codegen.__main__ import name_values
 from tests import deepseek_case as dc
 
 SPEC = "deepseek_v41/attn_front"
 COPIES = 8  # --rotate: 8 x 19.7 MB of weights, over twice the H200's 60 MiB L2 (the bench's count)
-WEIGHTS = ("wqkv", "wqkv_s", "wqb", "wqb_s")  # the tensors bench/deepseek.py copies
 BUILDS = [dict(tokens=1, tp=4), dict(tokens=16, tp=4), dict(tokens=48, tp=4), dict(tokens=48, tp=2)]
 
 
@@ -43,9 +43,9 @@ def main() -> None:
         k = codegen.load(SPEC, timeline=True, tune=tune, **b)
         case = dc.make_case(b["tokens"], b["tp"], 1, "sm90", seed=2)
         args = dc.launch_args(case, k.workspace("cuda"))
-        copies = [{w: args[w] for w in WEIGHTS}] + [{w: args[w].clone() for w in WEIGHTS} for _ in range(rotate - 1)]
         with Watchdog(120).step(f"the timeline launches of S={b['tokens']} tp={b['tp']} {tune or ''}"):
             if rotate:  # two rounds over the copies: the last launch's weights were last read a round ago
+                copies = [{w: args[w] for w in WEIGHTS}] + [{w: args[w].clone() for w in WEIGHTS} for _ in range(rotate - 1)]
                 for i in range(2 * rotate):
                     k(**dict(args, **copies[i % rotate], layer=i % rotate))
             else:
