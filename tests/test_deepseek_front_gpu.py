@@ -3,8 +3,9 @@
 
 Builds: S in {1, 2, 6, 16, 17, 48} (16, 17 and 48 through the xq stage; S = 1 and 2 with
 wq_b norming q itself, q_inline, also against the publishing build), TP 2 and 4,
-ratio 0 / 1 / 2, index and tuned on and off, timeline, wq_b's weights staged in LDS at the
-start (bulk_weights, a knob the spec leaves off); pad rows (slot -1),
+ratio 0 / 1 / 2, index and tuned on and off, timeline, wq_b's weights three ways (registers;
+TMA into LDS at wq_b's start, lds_weights, the spec's at S = 2; at the kernel's start,
+bulk_weights); pad rows (slot -1),
 SWA blocks of 64 and 128 tokens, padded block strides. Each build launches
 twice (the second launch: the next epoch's tags, the same bits); one build
 is replayed from a CUDA graph."""
@@ -26,7 +27,9 @@ from .graphs import capture
 pytestmark = pytest.mark.gpu
 
 SPEC = "deepseek_v41/attn_front"
-BULK = {"tune": {"wq_b.bulk_weights": {"default": 0, "sm90": 1}}}  # wq_b's weights by TMA into LDS
+# wq_b's weights by TMA into LDS at the kernel's start, or at wq_b's start (the spec's at S = 2)
+BULK = {"tune": {"wq_b.bulk_weights": {"default": 0, "sm90": 1}, "wq_b.lds_weights": 0}}
+LDS = {"tune": {"wq_b.lds_weights": {"default": 0, "sm90": 1}}}
 # (tokens, tp, ratio, flags, swa_block, pad rows, swa block padding)
 CASES = [
     (1, 4, 1, {}, 128, (), 0),
@@ -47,13 +50,16 @@ CASES = [
     (6, 4, 1, {"timeline": True}, 64, (), 0),
     (1, 4, 2, BULK, 64, (), 0),  # with q_inline
     (16, 4, 1, BULK, 128, (4,), 0),
+    (1, 4, 1, LDS, 128, (), 0),  # with q_inline
+    (16, 4, 2, LDS, 64, (5,), 0),
 ]
 STATS: dict = {}
 
 
 def case_id(c):
     s, tp, ratio, flags, blk, pads, pad = c
-    return f"s{s}-tp{tp}-r{ratio}" + "".join(f"-{k}" for k in flags) + f"-b{blk}"
+    tags = [("bulk" if flags is BULK else "lds") if k == "tune" else k for k in flags]
+    return f"s{s}-tp{tp}-r{ratio}" + "".join(f"-{k}" for k in tags) + f"-b{blk}"
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -141,6 +141,37 @@ def test_wqb_bulk_weights_layout(tp, tokens, staged, group):
     assert "stage_wq_b::prologue(a, mb, lds);" in text and "mx_gemv16_units<GROUP" in text
 
 
+# lds_weights: the same bulk copies issued at wq_b's start, into its own LDS (the union, not
+# beside it), the scale codes there too (cp.async): (tp, tokens) -> (staged units, group)
+@pytest.mark.parametrize("tp,tokens,staged,group", [
+    (4, 1, 4, 4), (4, 2, 4, 4), (4, 16, 4, 2), (4, 48, 4, 2), (2, 1, 8, 3), (2, 48, 6, 1),
+])
+def test_wqb_lds_weights_layout(tp, tokens, staged, group):
+    ir = ir_of(tokens=tokens, tp=tp, timeline=True,
+               tune={"wq_b.lds_weights": {"default": 0, "sm90": 1}, "wq_b.ilp": {"default": 0, "sm90": 1}})
+    v = next(s for s in ir.stages if s.name == "wq_b").values
+    assert v["bulk"] == "stage" and not v["prologue"] and (v["staged"], v["group"]) == (staged, group)
+    bufs = {b.qualified_name: b for b in ir.lds}
+    w, codes = bufs["stage_wq_b::LDS_W"], bufs["stage_wq_b::LDS_WCODES"]
+    assert not w.whole_kernel and not any(b.whole_kernel for b in ir.lds)  # a stage buffer: reused after
+    assert w.nbytes == staged * 40 * 512 and codes.nbytes >= (staged // 2 + 1) * 40  # the rows the units span
+    assert ir.lds_bytes <= ir.target.lds_bytes
+    text = render(ir)
+    run = text[text.index("MONO_DEVICE void run(", text.index("namespace stage_wq_b {")):]
+    assert "prologue(a, mb, lds)" not in text
+    assert run.index("copy_units(a, lds);") < run.index("stage_rows(") < run.index("copy_async_wait();") \
+        < run.index("bulk_wait(") < run.index("mx_gemv16_units<GROUP") < run.index("bulk_barrier_inval(")
+    assert "load_scales(lds + LDS_WCODES" in run and "load_scales(a.wqb_s" not in run
+
+
+def test_wqb_lds_weights_in_the_spec():
+    """The spec's: sm90 TP4 at S = 2 only (H200 bench: slower at S = 1, 6, 16, 48)."""
+    for tp, tokens in ((4, 1), (4, 2), (4, 6), (2, 2)):
+        v = next(s for s in ir_of(tokens=tokens, tp=tp).stages if s.name == "wq_b").values
+        assert v["bulk"] == ("stage" if (tp, tokens) == (4, 2) else "")
+    assert not next(s for s in ir_of("gfx950", tokens=2).stages if s.name == "wq_b").values["bulk"]
+
+
 @pytest.mark.parametrize("target", ["gfx942", "gfx950"])
 def test_wqb_knobs_off_on_amd(target):
     v = next(s for s in ir_of(target, tokens=16).stages if s.name == "wq_b").values
@@ -151,6 +182,10 @@ def test_wqb_knobs_off_on_amd(target):
     ({"wq_b.bulk_weights": {"default": 1}}, "no ILP MXFP8 loop / bulk copies"),
     ({"wq_b.ilp": 0, "wq_b.bulk_weights": 1}, "the staged weights are read by the ILP loop"),
     ({"wqkv_a.ilp": 1, "wqkv_a.bulk_weights": 1}, "whole rows (k_parts: 1) needed"),
+    ({"wq_b.lds_weights": {"default": 1}}, "no ILP MXFP8 loop / bulk copies"),
+    ({"wq_b.ilp": 0, "wq_b.lds_weights": 1}, "the staged weights are read by the ILP loop"),
+    ({"wq_b.bulk_weights": 1, "wq_b.lds_weights": 1}, "bulk_weights already moves the weights into LDS"),
+    ({"wqkv_a.ilp": 1, "wqkv_a.lds_weights": 1}, "whole rows (k_parts: 1) needed"),
 ])
 def test_wqb_knob_refusals(tune, message):
     from codegen.spec.load import tune_items

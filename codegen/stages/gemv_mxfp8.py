@@ -86,6 +86,11 @@ class Model(StageBase):
     # LDS no stage reuses, so they land while earlier stages run; those units are computed
     # `group` at a time (one barrier and one epilogue pass a group)
     bulk_weights: PerTarget = PerTarget(default=0)
+    # stage-start weights per target (1 = on; sm90, with ilp, k_parts 1): as bulk_weights, but
+    # the copies are issued when the stage starts, into its own LDS (the scale codes too, by
+    # cp.async): they stream while the CTA waits for its token rows, and no load of theirs holds
+    # a register or a load scoreboard that the rows' polls share
+    lds_weights: PerTarget = PerTarget(default=0)
     # mla_norm_rope source: the CTAs norm and quantize the q latent themselves from the source's
     # partials (template macro mla_q_math, the same bits as its QX8) instead of waiting for QX8:
     # one hand-off less (the source's QX8 store, fence and flag, this stage's flag poll and row
@@ -93,9 +98,9 @@ class Model(StageBase):
     q_inline: Expr = False
     rows_point: Name | None = None  # timeline point: the CTA's first token rows in LDS
     unit_point: Name | None = None  # timeline point: the CTA's first unit (bulk: group) put
-    weights_point: Name | None = None  # timeline point: bulk_weights: the kernel-start copies landed
+    weights_point: Name | None = None  # timeline point: bulk_weights / lds_weights: the staged copies landed
 
-    _tile = field_validator("token_tile", "ilp", "bulk_weights", mode="before")(
+    _tile = field_validator("token_tile", "ilp", "bulk_weights", "lds_weights", mode="before")(
         classmethod(lambda cls, v: per_target(v)))
 
 
@@ -199,28 +204,42 @@ def lower(stage: Model, ctx) -> dict:
     nope = ctx.integer(stage.nope, ("nope",), minimum=0) if stage.epilogue == "rope_bf16" else 0
     cpw = -(-nc // waves)
     upc = -(-units // ctx.stage_ctas)
-    ilp, bulk = (ctx.switch(getattr(stage, f).for_target(t.name), (f,)) for f in ("ilp", "bulk_weights"))
-    if (ilp or bulk) and t.vendor != "nvidia":
-        ctx.fail(("ilp" if ilp else "bulk_weights",), f"{t.name}'s device library has no ILP MXFP8 loop / bulk copies",
+    ilp, bulk, lds_w = (ctx.switch(getattr(stage, f).for_target(t.name), (f,))
+                        for f in ("ilp", "bulk_weights", "lds_weights"))
+    knob = "bulk_weights" if bulk else "lds_weights"
+    if (ilp or bulk or lds_w) and t.vendor != "nvidia":
+        ctx.fail(("ilp" if ilp else knob,), f"{t.name}'s device library has no ILP MXFP8 loop / bulk copies",
                  "turn it off for this target (an sm90 knob)")
-    if bulk and not ilp:
-        ctx.fail(("bulk_weights",), "the staged weights are read by the ILP loop", "turn ilp on for this target")
-    if bulk and parts != 1:
-        ctx.fail(("bulk_weights",), "a group of units shares its activations: whole rows (k_parts: 1) needed",
-                 "turn bulk_weights off for this stage")
+    if bulk and lds_w:
+        ctx.fail(("lds_weights",), "bulk_weights already moves the weights into LDS (at the kernel's start)",
+                 "turn one of bulk_weights / lds_weights off")
+    if (bulk or lds_w) and not ilp:
+        ctx.fail((knob,), "the staged weights are read by the ILP loop", "turn ilp on for this target")
+    if (bulk or lds_w) and parts != 1:
+        ctx.fail((knob,), "a group of units shares its activations: whole rows (k_parts: 1) needed",
+                 f"turn {knob} off for this stage")
     tile_bytes = waves * ROWS_PER_UNIT * PART_ROW * 4  # one unit's partial tiles
     own = [_lds_size(tile * xstride), _lds_size(tile * sstride), 0, _lds_size(tokens * (head_dim - nope))]
     staged, group = 0, 1
     halves = 2 if tile > 8 else 1  # token halves of a pass (an mma each): registers per chunk
+    unit_bytes = nc * ROWS_PER_UNIT * chunk
+    # the scale rows n consecutive units span at most (the first may start mid-block)
+    code_rows = lambda n: (ROWS_PER_UNIT * n + ROWS_PER_UNIT - 1) // MX_BLOCK + 1  # noqa: E731
     if bulk:  # as many units as fit beside the union (this stage's with one part tile) and the mbarrier
-        unit_bytes = nc * ROWS_PER_UNIT * chunk
         others = ctx.lds_left(stage.name) - ctx.lds_kernel_left()  # the other stages' union so far
         room = ctx.lds_left(stage.name) - 16  # for the union and the weights, less the mbarrier
         fits = lambda n, g: max(others, sum(own) + g * tile_bytes) + n * unit_bytes <= room  # noqa: E731
+    elif lds_w:  # as many units (and their scale rows) as fit beside the stage's own buffers and the mbarrier
+        room = ctx.lds_left(stage.name) - 16
+        fits = lambda n, g: (sum(own) + g * tile_bytes + n * unit_bytes  # noqa: E731
+                             + _lds_size(code_rows(n) * (k // MX_BLOCK) // 4) <= room)
+    if bulk or lds_w:
         staged = max((n for n in range(upc + 1) if fits(n, 1)), default=0)
         if staged == 0:
-            ctx.fail(("bulk_weights",), f"not one unit's weights ({unit_bytes} B) fit in LDS beside the stages' "
-                     f"union of {max(others, sum(own) + tile_bytes)} B", "turn bulk_weights off for this build")
+            where = (f"beside the stages' union of {max(others, sum(own) + tile_bytes)} B" if bulk
+                     else f"in the {room - sum(own) - tile_bytes} B the stage's other buffers leave")
+            ctx.fail((knob,), f"not one unit's weights ({unit_bytes} B) fit in LDS {where}",
+                     f"turn {knob} off for this build")
         regs = PREFETCH_LOADS - (cpw if staged < upc else 0)  # less a unit in flight through registers
         group = max(g for g in range(1, max(1, min(staged, regs // (cpw * halves))) + 1) if fits(staged, g))
     elif ilp:  # units whose weights are in registers, computed at once (the bulk rule) ...
@@ -233,6 +252,10 @@ def lower(stage: Model, ctx) -> dict:
     if bulk:
         ctx.lds_kernel(stage.name, "w", "u32", staged * unit_bytes // 4)  # unit i of the CTA at i * UNIT_BYTES
         ctx.lds_kernel(stage.name, "wbar", "u64", 1)  # the bulk copies' mbarrier
+    elif lds_w:
+        ctx.lds(stage.name, "w", "u32", staged * unit_bytes // 4)  # unit i of the CTA at i * UNIT_BYTES
+        ctx.lds(stage.name, "wcodes", "u32", code_rows(staged) * (k // MX_BLOCK) // 4)  # their scale rows
+        ctx.lds(stage.name, "wbar", "u64", 1)  # the bulk copies' mbarrier
 
     rope = {}
     if stage.epilogue == "partials":
@@ -257,7 +280,9 @@ def lower(stage: Model, ctx) -> dict:
         "cpw": cpw,
         "prefetch": max(1, PREFETCH_LOADS // cpw),
         "ilp": ilp,
-        "bulk": bulk,
+        # when the staged units' bulk copies go out: "start" (bulk_weights: at the kernel's start,
+        # into LDS of the kernel's lifetime), "stage" (lds_weights: at the stage's start), "" (none)
+        "bulk": "start" if bulk else "stage" if lds_w else "",
         "staged": staged,
         "group": group,
         # bulk: units past the staged ones whose weights are in registers while a group computes

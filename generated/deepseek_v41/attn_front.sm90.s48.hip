@@ -256,6 +256,10 @@ MONO_DEVICE u32 lds_address(const void* p) { return u32(__cvta_generic_to_shared
 MONO_DEVICE void copy16_async(void* lds_dst, const void* src) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(lds_address(lds_dst)), "l"(src) : "memory");
 }
+// the same for 4 bytes (both addresses 4-byte aligned; .ca: the only 4-byte form)
+MONO_DEVICE void copy4_async(void* lds_dst, const void* src) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" :: "r"(lds_address(lds_dst)), "l"(src) : "memory");
+}
 MONO_DEVICE void copy_async_wait() { asm volatile("cp.async.wait_all;" ::: "memory"); }
 // the copies issued so far close a group (an empty one too); waiting then counts groups
 MONO_DEVICE void copy_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
