@@ -751,10 +751,10 @@ MONO_DEVICE void run(const Args& a, const Mailbox& mb, u8* lds) {
                     stage_rows(a, mb, lds, kpart, tok0, nt, xl, xs);
                     barrier();
                 }
+                float swu[1][CPW][MX_BLOCKS_PER_CHUNK];  // once, not once a 16-column pass (behind the rows' wait)
+                unpack_scales(sw[i], swu[0]);
                 for (int c0 = 0; c0 < nt; c0 += 16) {
                     const int nc = min_i(16, nt - c0);
-                    float swu[1][CPW][MX_BLOCKS_PER_CHUNK];
-                    unpack_scales(sw[i], swu[0]);
                     mx_gemv16_partial<CPW, NC, XSTRIDE, SSTRIDE>(w[i], swu[0], xl + c0 * XSTRIDE, xs + c0 * SSTRIDE, nc,
                                                                  part + wave_id() * PART_WAVE);
                     barrier();
@@ -1214,10 +1214,10 @@ MONO_DEVICE void run(const Args& a, const Mailbox& mb, u8* lds) {
                     barrier();
                     cs_val = cos_sin_value(a, cs_pos, csi);
                 }
+                float swu[1][CPW][MX_BLOCKS_PER_CHUNK];  // once, not once a 16-column pass (behind the rows' wait)
+                unpack_scales(sw[i], swu[0]);
                 for (int c0 = 0; c0 < nt; c0 += 16) {
                     const int nc = min_i(16, nt - c0);
-                    float swu[1][CPW][MX_BLOCKS_PER_CHUNK];
-                    unpack_scales(sw[i], swu[0]);
                     mx_gemv16_partial<CPW, NC, XSTRIDE, SSTRIDE>(w[i], swu[0], xl + c0 * XSTRIDE, xs + c0 * SSTRIDE, nc,
                                                                  part + wave_id() * PART_WAVE);
                     if (i == 0 && c0 == 0 && thread_id() < TOKENS * ROPE) reinterpret_cast<float*>(lds + LDS_CS)[thread_id()] = cs_val;

@@ -377,11 +377,13 @@ MONO_DEVICE void store_relaxed_u32(u32* p, u32 v) {
 
 MONO_DEVICE int min_i(int a, int b) { return a < b ? a : b; }
 // A warp's 16-row tile of two m16n8 accumulators (acc[j]: token columns 8j ..) into part:
-// lane (g, q) holds rows g and g + 8, columns 2q and 2q + 1 of each.
-MONO_DEVICE void put_tile(float* part, const float (&acc)[2][4]) {
+// lane (g, q) holds rows g and g + 8, columns 2q and 2q + 1 of each. The second only if `both`
+// (more than 8 token columns: no epilogue reads a column past its tokens).
+MONO_DEVICE void put_tile(float* part, const float (&acc)[2][4], bool both) {
     const int g = lane_id() / 4, q = lane_id() % 4;
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
+        if (j == 1 && !both) break;
         part[g * PART_ROW + 8 * j + 2 * q] = acc[j][0];
         part[g * PART_ROW + 8 * j + 2 * q + 1] = acc[j][1];
         part[(g + 8) * PART_ROW + 8 * j + 2 * q] = acc[j][2];
@@ -411,7 +413,7 @@ MONO_DEVICE void gemv16_partial(const Chunks& w, int n, const u32* x8, int first
         mma_fp8_16x8x32(acc[0], a, x_lo[k4], x_lo[k4 + 4]);
         if (tokens > 8) mma_fp8_16x8x32(acc[1], a, x_hi[k4], x_hi[k4 + 4]);
     }
-    put_tile(part, acc);
+    put_tile(part, acc, tokens > 8);
 }
 
 // ---- FP8 -> f32 (exact) --------------------------------------------------------------
@@ -499,7 +501,7 @@ MONO_DEVICE void mx_gemv16_partial(const u32x4 (&w)[CPW], const float (&sw)[CPW]
             }
         }
     }
-    put_tile(part, acc);
+    put_tile(part, acc, tokens > 8);
 }
 
 // ---- MXFP8 GEMV inner loop, ILP form: G units of a warp at once -------------------------
@@ -558,7 +560,7 @@ MONO_DEVICE void mx_gemv16_units_j(const u32x4 (&w)[G][CPW], const float (&sw)[G
             }
         }
         float* pt = part + u * PART_TILE;
-        put_tile(pt, acc);
+        put_tile(pt, acc, J == 2);
     }
 }
 template <int G, int CPW, int NC, int STRIDE, int SSTRIDE, int PART_TILE>
