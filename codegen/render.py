@@ -12,7 +12,7 @@ from pathlib import Path
 import jinja2
 
 from .lower import Build, KernelIR, lower, make_build
-from .stages.gemv_fp8 import PART_ROW
+from .stages.gemv_fp8 import part_row
 from .spec import load_spec, tune_items
 
 TEMPLATES_DIR = Path(__file__).resolve().parents[1] / "templates"
@@ -33,7 +33,7 @@ def render(ir: KernelIR) -> str:
     template = environment().get_template("kernel.hip.j2")
     timeline = dict(ir.build.params).get("timeline", False)
     debug = dict(ir.build.params).get("debug", False)  # mailbox waits give up (kernel.hip.j2)
-    text = template.render(ir=ir, constants=ir.constants, timeline=timeline, debug=debug, part_row=PART_ROW)
+    text = template.render(ir=ir, constants=ir.constants, timeline=timeline, debug=debug, part_row=part_row(ir.target))
     # one trailing newline, no trailing blanks: stable diffs
     return "\n".join(line.rstrip() for line in text.splitlines()).rstrip() + "\n"
 

@@ -27,9 +27,16 @@ CHUNK_BYTES = 16 * 32  # one chunk of a 16-row group: 16 bytes a lane (wave 32; 
 # beside the weights'); the batch evens them out: 12 loads a thread go as two batches of 6
 ROW_LOADS = 8
 # floats a row of a wave's 16 x 16 partial tile takes in LDS (the kernel's PART_ROW, for the
-# device libraries and both GEMV kinds): odd, so that the epilogues' reads down a column are
-# conflict-free
-PART_ROW = 17
+# device libraries and both GEMV kinds), per vendor. AMD: odd, so that the epilogues' reads down
+# a column are conflict-free. NVIDIA: 18, even, so that put_tile stores a lane's column pair as
+# one 8-byte store: 2 stores a row pair of 4 bank wavefronts each, where 17's 4-byte stores took
+# 4 x 4 (bank conflicts), and the reads down a column stay conflict-free.
+PART_ROW = {"amd": 17, "nvidia": 18}
+
+
+def part_row(target) -> int:
+    """The target's PART_ROW."""
+    return PART_ROW[target.vendor]
 X8_ROW_PAD_WORDS = 4  # LDS row padding: token rows land on different banks
 
 
@@ -135,7 +142,7 @@ def lower(stage: Model, ctx) -> dict:
     mma_n = 16 if t.vendor == "amd" else 8  # token columns of one MMA
     stride_words = k // 4 + X8_ROW_PAD_WORDS
     ctx.lds(stage.name, "x8", "u32", tile * stride_words)
-    ctx.lds(stage.name, "part", "float", waves * ROWS_PER_TASK * PART_ROW)  # per-wave C tiles
+    ctx.lds(stage.name, "part", "float", waves * ROWS_PER_TASK * part_row(ctx.target))  # per-wave C tiles
     ctx.lds(stage.name, "xs", "float", max(tokens, 1))
     ctx.lds(stage.name, "red", "float", 64)  # the inline norm's reductions
     return {

@@ -47,7 +47,7 @@ from pydantic import field_validator
 
 from ..spec.models import Expr, Name, PerTarget, StageBase, per_target
 from . import mla_norm_rope
-from .gemv_fp8 import K_CHUNK, PART_ROW, row_batch
+from .gemv_fp8 import K_CHUNK, part_row, row_batch
 from .mxfp8_quant import MX_BLOCK, check_rows, mx_fp8_max
 
 KIND = "gemv_mxfp8"
@@ -218,7 +218,7 @@ def lower(stage: Model, ctx) -> dict:
     if (bulk or lds_w) and parts != 1:
         ctx.fail((knob,), "a group of units shares its activations: whole rows (k_parts: 1) needed",
                  f"turn {knob} off for this stage")
-    tile_bytes = waves * ROWS_PER_UNIT * PART_ROW * 4  # one unit's partial tiles
+    tile_bytes = waves * ROWS_PER_UNIT * part_row(t) * 4  # one unit's partial tiles
     own = [_lds_size(tile * xstride), _lds_size(tile * sstride), 0, _lds_size(tokens * (head_dim - nope))]
     staged, group = 0, 1
     halves = 2 if tile > 8 else 1  # token halves of a pass (an mma each): registers per chunk
@@ -248,7 +248,7 @@ def lower(stage: Model, ctx) -> dict:
             group = 1  # ... when every group's units share their K part (they share the token rows)
     ctx.lds(stage.name, "x", "u32", tile * xstride)
     ctx.lds(stage.name, "xs", "float", tile * sstride)
-    ctx.lds(stage.name, "part", "float", group * waves * ROWS_PER_UNIT * PART_ROW)
+    ctx.lds(stage.name, "part", "float", group * waves * ROWS_PER_UNIT * part_row(t))
     if bulk:
         ctx.lds_kernel(stage.name, "w", "u32", staged * unit_bytes // 4)  # unit i of the CTA at i * UNIT_BYTES
         ctx.lds_kernel(stage.name, "wbar", "u64", 1)  # the bulk copies' mbarrier

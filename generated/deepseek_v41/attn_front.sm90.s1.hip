@@ -49,19 +49,19 @@
 //   qx8s     @    36096       160 B  40 words: its E8M0 codes (int32): token t at t * 40
 //   qrdy     @    36352         8 B  1 flags: ready flag of token t's QX8 (copy c: + c * QRDY_STRIDE)
 //
-// LDS (76576 bytes; stages reuse the same bytes, one after another):
+// LDS (80672 bytes; stages reuse the same bytes, one after another):
 //   stage_kt::LDS_WINDOW   @      0  128 x int
 //   stage_wqkv_a::LDS_X    @      0  644 x u32
 //   stage_wqkv_a::LDS_XS   @   2576  84 x float
-//   stage_wqkv_a::LDS_PART @   2912  4352 x float
+//   stage_wqkv_a::LDS_PART @   2912  4608 x float
 //   stage_qkv::LDS_RED     @      0  32 x float
 //   stage_qkv::LDS_VALS    @    128  1792 x float
 //   stage_wq_b::LDS_QV     @      0  1280 x float
 //   stage_wq_b::LDS_QRED   @   5120  24 x float
 //   stage_wq_b::LDS_X      @   5216  324 x u32
 //   stage_wq_b::LDS_XS     @   6512  44 x float
-//   stage_wq_b::LDS_PART   @   6688  17408 x float
-//   stage_wq_b::LDS_CS     @  76320  64 x float
+//   stage_wq_b::LDS_PART   @   6688  18432 x float
+//   stage_wq_b::LDS_CS     @  80416  64 x float
 //
 // stages (every CTA runs them in this order; a stage waits only on earlier ones):
 //   1. kt     key_table    1 tasks on CTAs 92..131 (round_robin)
@@ -116,8 +116,9 @@ constexpr int SCRATCH_BYTES = 36608;  // size of the scratch buffer (all regions
 
 // ---- GEMV partial tiles ---------------------------------------------------------------
 // A wave's f32 16 x 16 tile of partial sums sits in LDS at part[row * PART_ROW + column]: rows
-// padded so that the epilogues' reads down a column (16 rows, one a lane) hit 16 banks.
-constexpr int PART_ROW = 17;
+// padded so that the epilogues' reads down a column (16 rows, one a lane) hit 16 banks, and
+// even, so that a lane's pair of adjacent columns is one 8-byte store.
+constexpr int PART_ROW = 18;
 constexpr int PART_WAVE = 16 * PART_ROW;  // floats of one wave's tile
 
 // ---- device library: sm90 (H100 / H200), compiled by nvrtc --------------------------
@@ -377,17 +378,17 @@ MONO_DEVICE void store_relaxed_u32(u32* p, u32 v) {
 
 MONO_DEVICE int min_i(int a, int b) { return a < b ? a : b; }
 // A warp's 16-row tile of two m16n8 accumulators (acc[j]: token columns 8j ..) into part:
-// lane (g, q) holds rows g and g + 8, columns 2q and 2q + 1 of each. The second only if `both`
-// (more than 8 token columns: no epilogue reads a column past its tokens).
+// lane (g, q) holds rows g and g + 8, columns 2q and 2q + 1 of each, one 8-byte store a row
+// (PART_ROW even). The second only if `both` (more than 8 token columns: no epilogue reads a
+// column past its tokens).
+static_assert(PART_ROW % 2 == 0, "a lane's column pair: one 8-byte store");
 MONO_DEVICE void put_tile(float* part, const float (&acc)[2][4], bool both) {
     const int g = lane_id() / 4, q = lane_id() % 4;
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
         if (j == 1 && !both) break;
-        part[g * PART_ROW + 8 * j + 2 * q] = acc[j][0];
-        part[g * PART_ROW + 8 * j + 2 * q + 1] = acc[j][1];
-        part[(g + 8) * PART_ROW + 8 * j + 2 * q] = acc[j][2];
-        part[(g + 8) * PART_ROW + 8 * j + 2 * q + 1] = acc[j][3];
+        *reinterpret_cast<float2*>(part + g * PART_ROW + 8 * j + 2 * q) = make_float2(acc[j][0], acc[j][1]);
+        *reinterpret_cast<float2*>(part + (g + 8) * PART_ROW + 8 * j + 2 * q) = make_float2(acc[j][2], acc[j][3]);
     }
 }
 
@@ -716,7 +717,7 @@ struct Mailbox {
     u64* qrdy;  // 1 flags @ 36352
 };
 
-constexpr int LDS_BYTES = 76576;  // the union of the stages' LDS, plus the stamps
+constexpr int LDS_BYTES = 80672;  // the union of the stages' LDS, plus the stamps
 
 // ---- timeline ---------------------------------------------------------------------------
 constexpr int TL_START = 0;
@@ -812,7 +813,7 @@ constexpr int FIRST = 0;
 constexpr int CTAS = 132;
 constexpr int LDS_X = 0;  // LDS: 644 x u32
 constexpr int LDS_XS = 2576;  // LDS: 84 x float
-constexpr int LDS_PART = 2912;  // LDS: 4352 x float
+constexpr int LDS_PART = 2912;  // LDS: 4608 x float
 
 constexpr int ROWS = 1792;               // rows of wqkv
 constexpr int K = 5120;                   // its columns
@@ -1173,8 +1174,8 @@ constexpr int LDS_QV = 0;  // LDS: 1280 x float
 constexpr int LDS_QRED = 5120;  // LDS: 24 x float
 constexpr int LDS_X = 5216;  // LDS: 324 x u32
 constexpr int LDS_XS = 6512;  // LDS: 44 x float
-constexpr int LDS_PART = 6688;  // LDS: 17408 x float
-constexpr int LDS_CS = 76320;  // LDS: 64 x float
+constexpr int LDS_PART = 6688;  // LDS: 18432 x float
+constexpr int LDS_CS = 80416;  // LDS: 64 x float
 
 constexpr int ROWS = 8192;               // rows of wqb
 constexpr int K = 1280;                   // its columns

@@ -49,17 +49,17 @@
 //   qx8s     @   571648      2560 B  640 words: its E8M0 codes (int32): token t at t * 40
 //   qrdy     @   574208       128 B  16 flags: ready flag of token t's QX8 (copy c: + c * QRDY_STRIDE)
 //
-// LDS (64000 bytes; stages reuse the same bytes, one after another):
+// LDS (65024 bytes; stages reuse the same bytes, one after another):
 //   stage_kt::LDS_WINDOW   @      0  128 x int
 //   stage_wqkv_a::LDS_X    @      0  10304 x u32
 //   stage_wqkv_a::LDS_XS   @  41216  1344 x float
-//   stage_wqkv_a::LDS_PART @  46592  4352 x float
+//   stage_wqkv_a::LDS_PART @  46592  4608 x float
 //   stage_qkv::LDS_RED     @      0  32 x float
 //   stage_qkv::LDS_VALS    @    128  1792 x float
 //   stage_wq_b::LDS_X      @      0  5184 x u32
 //   stage_wq_b::LDS_XS     @  20736  704 x float
-//   stage_wq_b::LDS_PART   @  23552  8704 x float
-//   stage_wq_b::LDS_CS     @  58368  1024 x float
+//   stage_wq_b::LDS_PART   @  23552  9216 x float
+//   stage_wq_b::LDS_CS     @  60416  1024 x float
 //
 // stages (every CTA runs them in this order; a stage waits only on earlier ones):
 //   0. xq     mxfp8_quant  32 tasks on CTAs 92..131 (round_robin)
@@ -115,8 +115,9 @@ constexpr int SCRATCH_BYTES = 574464;  // size of the scratch buffer (all region
 
 // ---- GEMV partial tiles ---------------------------------------------------------------
 // A wave's f32 16 x 16 tile of partial sums sits in LDS at part[row * PART_ROW + column]: rows
-// padded so that the epilogues' reads down a column (16 rows, one a lane) hit 16 banks.
-constexpr int PART_ROW = 17;
+// padded so that the epilogues' reads down a column (16 rows, one a lane) hit 16 banks, and
+// even, so that a lane's pair of adjacent columns is one 8-byte store.
+constexpr int PART_ROW = 18;
 constexpr int PART_WAVE = 16 * PART_ROW;  // floats of one wave's tile
 
 // ---- device library: sm90 (H100 / H200), compiled by nvrtc --------------------------
@@ -376,17 +377,17 @@ MONO_DEVICE void store_relaxed_u32(u32* p, u32 v) {
 
 MONO_DEVICE int min_i(int a, int b) { return a < b ? a : b; }
 // A warp's 16-row tile of two m16n8 accumulators (acc[j]: token columns 8j ..) into part:
-// lane (g, q) holds rows g and g + 8, columns 2q and 2q + 1 of each. The second only if `both`
-// (more than 8 token columns: no epilogue reads a column past its tokens).
+// lane (g, q) holds rows g and g + 8, columns 2q and 2q + 1 of each, one 8-byte store a row
+// (PART_ROW even). The second only if `both` (more than 8 token columns: no epilogue reads a
+// column past its tokens).
+static_assert(PART_ROW % 2 == 0, "a lane's column pair: one 8-byte store");
 MONO_DEVICE void put_tile(float* part, const float (&acc)[2][4], bool both) {
     const int g = lane_id() / 4, q = lane_id() % 4;
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
         if (j == 1 && !both) break;
-        part[g * PART_ROW + 8 * j + 2 * q] = acc[j][0];
-        part[g * PART_ROW + 8 * j + 2 * q + 1] = acc[j][1];
-        part[(g + 8) * PART_ROW + 8 * j + 2 * q] = acc[j][2];
-        part[(g + 8) * PART_ROW + 8 * j + 2 * q + 1] = acc[j][3];
+        *reinterpret_cast<float2*>(part + g * PART_ROW + 8 * j + 2 * q) = make_float2(acc[j][0], acc[j][1]);
+        *reinterpret_cast<float2*>(part + (g + 8) * PART_ROW + 8 * j + 2 * q) = make_float2(acc[j][2], acc[j][3]);
     }
 }
 
@@ -715,7 +716,7 @@ struct Mailbox {
     u64* qrdy;  // 16 flags @ 574208
 };
 
-constexpr int LDS_BYTES = 64000;  // the union of the stages' LDS, plus the stamps
+constexpr int LDS_BYTES = 65024;  // the union of the stages' LDS, plus the stamps
 
 // ---- timeline ---------------------------------------------------------------------------
 constexpr int TL_START = 0;
@@ -855,7 +856,7 @@ constexpr int FIRST = 0;
 constexpr int CTAS = 132;
 constexpr int LDS_X = 0;  // LDS: 10304 x u32
 constexpr int LDS_XS = 41216;  // LDS: 1344 x float
-constexpr int LDS_PART = 46592;  // LDS: 4352 x float
+constexpr int LDS_PART = 46592;  // LDS: 4608 x float
 
 constexpr int ROWS = 1792;               // rows of wqkv
 constexpr int K = 5120;                   // its columns
@@ -1213,8 +1214,8 @@ constexpr int FIRST = 0;
 constexpr int CTAS = 132;
 constexpr int LDS_X = 0;  // LDS: 5184 x u32
 constexpr int LDS_XS = 20736;  // LDS: 704 x float
-constexpr int LDS_PART = 23552;  // LDS: 8704 x float
-constexpr int LDS_CS = 58368;  // LDS: 1024 x float
+constexpr int LDS_PART = 23552;  // LDS: 9216 x float
+constexpr int LDS_CS = 60416;  // LDS: 1024 x float
 
 constexpr int ROWS = 8192;               // rows of wqb
 constexpr int K = 1280;                   // its columns

@@ -52,10 +52,10 @@
 // LDS (136896 bytes; stages reuse the same bytes, one after another):
 //   stage_norm::LDS_RED    @      0  64 x float
 //   stage_qkv::LDS_X8      @      0  6160 x u32
-//   stage_qkv::LDS_PART    @  24640  4352 x float
-//   stage_qkv::LDS_XS      @  42048  4 x float
-//   stage_qkv::LDS_RED     @  42064  64 x float
-//   stage_qkv::LDS_WSTAGE  @  42320  14848 x u32
+//   stage_qkv::LDS_PART    @  24640  4608 x float
+//   stage_qkv::LDS_XS      @  43072  4 x float
+//   stage_qkv::LDS_RED     @  43088  64 x float
+//   stage_qkv::LDS_WSTAGE  @  43344  14848 x u32
 //   stage_scores::LDS_IQ   @      0  792 x u32
 //   stage_scores::LDS_BEST @   3168  128 x float
 //   stage_scores::LDS_REQS @   3680  20 x u32
@@ -116,8 +116,9 @@ constexpr int SCRATCH_BYTES = 756736;  // size of the scratch buffer (all region
 
 // ---- GEMV partial tiles ---------------------------------------------------------------
 // A wave's f32 16 x 16 tile of partial sums sits in LDS at part[row * PART_ROW + column]: rows
-// padded so that the epilogues' reads down a column (16 rows, one a lane) hit 16 banks.
-constexpr int PART_ROW = 17;
+// padded so that the epilogues' reads down a column (16 rows, one a lane) hit 16 banks, and
+// even, so that a lane's pair of adjacent columns is one 8-byte store.
+constexpr int PART_ROW = 18;
 constexpr int PART_WAVE = 16 * PART_ROW;  // floats of one wave's tile
 
 // ---- device library: sm90 (H100 / H200), compiled by nvrtc --------------------------
@@ -377,17 +378,17 @@ MONO_DEVICE void store_relaxed_u32(u32* p, u32 v) {
 
 MONO_DEVICE int min_i(int a, int b) { return a < b ? a : b; }
 // A warp's 16-row tile of two m16n8 accumulators (acc[j]: token columns 8j ..) into part:
-// lane (g, q) holds rows g and g + 8, columns 2q and 2q + 1 of each. The second only if `both`
-// (more than 8 token columns: no epilogue reads a column past its tokens).
+// lane (g, q) holds rows g and g + 8, columns 2q and 2q + 1 of each, one 8-byte store a row
+// (PART_ROW even). The second only if `both` (more than 8 token columns: no epilogue reads a
+// column past its tokens).
+static_assert(PART_ROW % 2 == 0, "a lane's column pair: one 8-byte store");
 MONO_DEVICE void put_tile(float* part, const float (&acc)[2][4], bool both) {
     const int g = lane_id() / 4, q = lane_id() % 4;
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
         if (j == 1 && !both) break;
-        part[g * PART_ROW + 8 * j + 2 * q] = acc[j][0];
-        part[g * PART_ROW + 8 * j + 2 * q + 1] = acc[j][1];
-        part[(g + 8) * PART_ROW + 8 * j + 2 * q] = acc[j][2];
-        part[(g + 8) * PART_ROW + 8 * j + 2 * q + 1] = acc[j][3];
+        *reinterpret_cast<float2*>(part + g * PART_ROW + 8 * j + 2 * q) = make_float2(acc[j][0], acc[j][1]);
+        *reinterpret_cast<float2*>(part + (g + 8) * PART_ROW + 8 * j + 2 * q) = make_float2(acc[j][2], acc[j][3]);
     }
 }
 
@@ -856,10 +857,10 @@ constexpr int TASKS = 160;  // task t runs on CTA FIRST + t % CTAS
 constexpr int FIRST = 0;
 constexpr int CTAS = 132;
 constexpr int LDS_X8 = 0;  // LDS: 6160 x u32
-constexpr int LDS_PART = 24640;  // LDS: 4352 x float
-constexpr int LDS_XS = 42048;  // LDS: 4 x float
-constexpr int LDS_RED = 42064;  // LDS: 64 x float
-constexpr int LDS_WSTAGE = 42320;  // LDS: 14848 x u32
+constexpr int LDS_PART = 24640;  // LDS: 4608 x float
+constexpr int LDS_XS = 43072;  // LDS: 4 x float
+constexpr int LDS_RED = 43088;  // LDS: 64 x float
+constexpr int LDS_WSTAGE = 43344;  // LDS: 14848 x u32
 
 constexpr int ROWS = 2560;              // output rows (all tasks)
 constexpr int K = 6144;
