@@ -1321,6 +1321,9 @@ MONO_DEVICE void stage_rows(const Args& a, const Mailbox& mb, u8* lds, int, int 
     float* red = reinterpret_cast<float*>(lds + LDS_QRED);
     const int r0 = min_i(thread_id() / Q_THREADS, NORM_PAR - 1), tt = thread_id() - r0 * Q_THREADS;
     const bool mine = thread_id() < NORM_PAR * Q_THREADS;
+    // converted before the partials' wait, unlike the qkv stage's raw-then-opaque loads: its form
+    // measured 0.15 us slower here (H200, S = 1 12.47 -> 12.63 us, bench/NOTES.md DeepSeek session 12;
+    // the fourth poll waits on the weights' scoreboard anyway)
     float qw[8];
     for (int j = 0; j < 8; ++j) qw[j] = bf16_to_f32(a.qn_w[8 * min_i(tt, Q_THREADS - 1) + j]);
     sum_partials<LDS_TOKENS * Q_RANK, LDS_TOKENS>(mb.qkvp, mb.tag, tok0, vals);
