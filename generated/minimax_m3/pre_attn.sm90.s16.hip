@@ -602,17 +602,22 @@ MONO_DEVICE void mailbox_load_as(const u64* pair, u32& value, u32& tag) {
     else
         mailbox_load(pair, value, tag);
 }
-// Spin (with a pause between polls) until the pair carries `tag`; its value. ACQUIRE: for a
-// flag that guards other data (then barrier_acquire() before the CTA reads it).
-template <bool ACQUIRE = false>
-MONO_DEVICE u32 mailbox_wait(const u64* pair, u32 tag) {
+// Spin (with a pause between polls) until the pair carries `tag`, or until stop(seen) says to
+// give up (debug builds: templates/kernel.hip.j2); its value. ACQUIRE: for a flag that guards
+// other data (then barrier_acquire() before the CTA reads it).
+template <bool ACQUIRE, typename Stop>
+MONO_DEVICE u32 mailbox_wait_or(const u64* pair, u32 tag, Stop stop) {
     u32 value, seen;
     mailbox_load_as<ACQUIRE>(pair, value, seen);
-    while (seen != tag) {
+    while (seen != tag && !stop(seen)) {
         pause();
         mailbox_load_as<ACQUIRE>(pair, value, seen);
     }
     return value;
+}
+template <bool ACQUIRE = false>
+MONO_DEVICE u32 mailbox_wait(const u64* pair, u32 tag) {
+    return mailbox_wait_or<ACQUIRE>(pair, tag, [](u32) { return false; });
 }
 // Spin until all N pairs carry `tag`; their values. Each round sends the N loads out
 // together, so waiting on many pairs costs one memory round trip, not N.
