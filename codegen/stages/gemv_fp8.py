@@ -29,15 +29,15 @@ ROW_LOADS = 8
 # floats a row of a wave's 16 x 16 partial tile takes in LDS (the kernel's PART_ROW, for the
 # device libraries and both GEMV kinds), per vendor. AMD: odd, so that the epilogues' reads down
 # a column are conflict-free. NVIDIA: 18, even, so that put_tile stores a lane's column pair as
-# one 8-byte store: 2 stores a row pair of 4 bank wavefronts each, where 17's 4-byte stores took
-# 4 x 4 (bank conflicts), and the reads down a column stay conflict-free.
+# one 8-byte store: an 8-column half of a tile is 2 stores of 4 bank wavefronts (8 in all), where
+# 17 took 4 four-byte stores of 4 (16: bank conflicts); the reads down a column stay conflict-free.
 PART_ROW = {"amd": 17, "nvidia": 18}
+X8_ROW_PAD_WORDS = 4  # LDS row padding: token rows land on different banks
 
 
 def part_row(target) -> int:
     """The target's PART_ROW."""
     return PART_ROW[target.vendor]
-X8_ROW_PAD_WORDS = 4  # LDS row padding: token rows land on different banks
 
 
 def row_batch(pieces: int, threads: int) -> int:
