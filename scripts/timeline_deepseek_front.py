@@ -8,8 +8,9 @@ CTA's start: min / median / max over the CTAs that reached each point.
 --slowest=POINT also lists the 8 CTAs that stamped POINT last, each with all its stamps:
 a straggler's role shows in its other stamps; --cold: the timed launch follows an L2 flush, so the
 weights come from HBM, and so does the kernel's code; --rotate: as the bench, the launches cycle
-through 8 copies of the weights (`layer` = copy), so the stamped launch's weights are cold and its
-code is not: the phases the code's first fetch from HBM slows in a --cold timeline read as in the bench)"""
+through 8 copies of the weights (`layer` = copy), so the stamped launches' weights are cold and their
+code is not: the phases the code's first fetch from HBM slows in a --cold timeline read as in the bench;
+each figure is then the median over the second round's 8 launches)"""
 
 from __future__ import annotations
 
@@ -28,6 +29,26 @@ COPIES = 8  # --rotate: 8 x 19.7 MB of weights, over twice the H200's 60 MiB L2 
 BUILDS = [dict(tokens=1, tp=4), dict(tokens=16, tp=4), dict(tokens=48, tp=4), dict(tokens=48, tp=2)]
 
 
+def point_stats(samples: list[torch.Tensor], points: list[str]) -> dict[str, tuple[float, float, float, int]]:
+    """Per timeline point: (min, median, max) over the CTAs that stamped it, in us after the
+    launch's first CTA start, each the median over the launches' stamps `samples` ([CTAs, points]
+    ns each, 0: not stamped); and the CTAs that stamped it (in the last launch). A single launch's
+    numbers moved by about 1 us from one launch to the next (bench/NOTES.md, DeepSeek session 12)."""
+    out = {}
+    for p, name in enumerate(points):
+        per_launch = []
+        for tl in samples:
+            v = tl[:, p]
+            v = (v[v > 0] - tl[:, 0].min()) / 1e3
+            if v.numel():
+                per_launch.append((float(v.min()), float(v.median()), float(v.max()), v.numel()))
+        if per_launch:
+            stats = torch.tensor([x[:3] for x in per_launch], dtype=torch.float64)
+            lo, med, hi = stats.median(dim=0).values.tolist()
+            out[name] = (lo, med, hi, per_launch[-1][3])
+    return out
+
+
 def main() -> None:
     slowest = next((a.split("=", 1)[1] for a in sys.argv[1:] if a.startswith("--slowest=")), None)
     cold = "--cold" in sys.argv[1:]
@@ -43,26 +64,29 @@ def main() -> None:
         k = codegen.load(SPEC, timeline=True, tune=tune, **b)
         case = dc.make_case(b["tokens"], b["tp"], 1, "sm90", seed=2)
         args = dc.launch_args(case, k.workspace("cuda"))
+        samples = []  # the stamps of the launches reported
         with Watchdog(120).step(f"the timeline launches of S={b['tokens']} tp={b['tp']} {tune or ''}"):
-            if rotate:  # two rounds over the copies: the last launch's weights were last read a round ago
+            if rotate:  # two rounds over the copies: the second round's weights were last read a round ago
                 copies = [{w: args[w] for w in WEIGHTS}] + [{w: args[w].clone() for w in WEIGHTS} for _ in range(rotate - 1)]
                 for i in range(2 * rotate):
                     k(**dict(args, **copies[i % rotate], layer=i % rotate))
+                    if i >= rotate:
+                        samples.append(args["tl"].clone())  # stream order: after this launch
             else:
                 for i in range(5):  # warm: the last of five launches; cold: the L2 flushed before it
                     if flush is not None and i == 4:
                         flush.fill_(i)
                     k(**args)
+                samples.append(args["tl"])
             torch.cuda.synchronize()
-        tl = args["tl"].cpu().double()
+        samples = [t.cpu().double() for t in samples]
+        tl = samples[-1]
         t0 = tl[:, 0].min()
-        print(f"S={b['tokens']} tp={b['tp']} {'cold ' if cold else 'rotated ' if rotate else ''}{tune or ''}: us after the first CTA's start (min / median / max over CTAs)", file=out)
-        for p, name in enumerate(k.ir.timeline_points):
-            v = tl[:, p]
-            v = (v[v > 0] - t0) / 1e3
-            if v.numel():
-                print(f"  {name:12s} {v.min():7.2f} {v.median():7.2f} {v.max():7.2f}  ({v.numel()} CTAs)", file=out)
-        if slowest is not None:
+        each = f", each the median of {len(samples)} launches" if len(samples) > 1 else ""
+        print(f"S={b['tokens']} tp={b['tp']} {'cold ' if cold else 'rotated ' if rotate else ''}{tune or ''}: us after the first CTA's start (min / median / max over CTAs{each})", file=out)
+        for name, (lo, med, hi, n) in point_stats(samples, k.ir.timeline_points).items():
+            print(f"  {name:12s} {lo:7.2f} {med:7.2f} {hi:7.2f}  ({n} CTAs)", file=out)
+        if slowest is not None:  # the last launch's
             pts = k.ir.timeline_points
             us = (tl - t0) / 1e3 * (tl > 0)  # 0: not stamped
             for c in us[:, pts.index(slowest)].argsort(descending=True)[:8].tolist():

@@ -1,6 +1,7 @@
 """The sm90 probe scripts (scripts/probe_*.py, run on the lent H200): their CUDA sources
 compile with nvrtc here, and the wgmma probe's fragment layouts are the mma.sync
-m16n8k32 ones it claims (checked element by element on the CPU)."""
+m16n8k32 ones it claims (checked element by element on the CPU); the scoreboard and timeline
+scripts' arithmetic on made-up listings and stamps."""
 
 from __future__ import annotations
 
@@ -67,3 +68,19 @@ def test_sass_scoreboards_finds_a_poll_held_by_weight_loads():
     held = sass_scoreboards.held_waits(rows)
     assert len(held) == 1 and held[0].startswith("087f0 LDG.E.128.STRONG.GPU waits for 1 global load(s), e.g. 08090")
     assert sass_scoreboards.held_waits(rows[1:]) == []  # without the weight load in flight: nothing held
+
+
+def test_timeline_point_stats_take_the_median_launch():
+    """scripts/timeline_deepseek_front.py: per point, min / median / max over the CTAs that
+    stamped it (us after the launch's first start), each the median over the launches."""
+    import torch
+
+    from scripts.timeline_deepseek_front import point_stats
+    launches = []
+    for shift, late in ((0, 3000), (500, 9000), (200, 4000)):  # ns; point "b": CTA 2 did not stamp it
+        launches.append(torch.tensor([[1000 + shift, 2000 + shift], [1100 + shift, 2500 + shift],
+                                      [1100 + shift, 0], [1200 + shift, 1000 + late + shift]], dtype=torch.float64))
+    stats = point_stats(launches, ["a", "b"])
+    assert stats["a"] == (0.0, 0.1, 0.2, 4)  # every launch alike, relative to its own first start
+    lo, med, hi, n = stats["b"]
+    assert (lo, med, n) == (1.0, 1.5, 3) and hi == 4.0  # max 3 / 9 / 4 us: the median launch's 4
