@@ -337,3 +337,29 @@ def test_gemv_part_tiles_are_padded_as_lowering_sizes_them(target):
     part = next(b for b in ir.lds if b.qualified_name == "stage_qkv::LDS_PART")
     assert part.nbytes == (ir.threads // ir.target.wave_size) * 16 * row * 4
     assert not re.search(r"part\[[^\]]*\* 16 \+", text) and "wave * 256" not in text
+    if ir.target.vendor == "nvidia":  # put_tile: a lane's column pair in one 8-byte store, the idle half not at all
+        put = text[text.index("MONO_DEVICE void put_tile("):]
+        put = put[:put.index("\n}\n")]
+        assert put.count("*reinterpret_cast<float2*>(part + ") == 2 and "if (j == 1 && !both) break;" in put
+        assert "put_tile(part, acc, tokens > 8);" in text and "put_tile(pt, acc, J == 2);" in text
+
+
+def test_part_row_banks():
+    """The bank arithmetic behind sm90's PART_ROW 18 (32 four-byte banks; an 8-byte access in two
+    half-warp phases): put_tile's 8-byte stores (lane (g, q): row g or g + 8, column 2q) take 2
+    wavefronts a phase, where 17's 4-byte stores took 4 a store; a read down a column (lane r:
+    row r, 16 lanes) touches 16 distinct banks."""
+    from collections import Counter
+
+    from codegen.stages.gemv_fp8 import PART_ROW
+
+    def ways(words):  # wavefronts of one phase: the most words on one bank
+        return max(Counter(w % 32 for w in words).values())
+
+    nv, amd = PART_ROW["nvidia"], PART_ROW["amd"]
+    for rows in (0, 8):  # the two 8-byte stores (rows g, g + 8), each two phases of 16 lanes
+        for phase in range(2):
+            first = [(rows + l // 4) * nv + 2 * (l % 4) for l in range(16 * phase, 16 * phase + 16)]
+            assert ways(first + [w + 1 for w in first]) == 2
+    assert ways([(l // 4) * amd + 2 * (l % 4) for l in range(32)]) == 4  # 17 on sm90: 4-way 4-byte stores
+    assert ways([r * nv for r in range(16)]) == 1 and ways([r * amd for r in range(16)]) == 1
