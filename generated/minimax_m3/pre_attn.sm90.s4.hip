@@ -116,8 +116,8 @@ constexpr int SCRATCH_BYTES = 756736;  // size of the scratch buffer (all region
 
 // ---- GEMV partial tiles ---------------------------------------------------------------
 // A wave's f32 16 x 16 tile of partial sums sits in LDS at part[row * PART_ROW + column]: rows
-// padded so that the epilogues' reads down a column (16 rows, one a lane) hit 16 banks, and
-// even, so that a lane's pair of adjacent columns is one 8-byte store.
+// padded so that the epilogues' reads down a column (16 rows, one a lane) hit 16 banks (the
+// target's value: codegen.stages.gemv_fp8.PART_ROW says why).
 constexpr int PART_ROW = 18;
 constexpr int PART_WAVE = 16 * PART_ROW;  // floats of one wave's tile
 
