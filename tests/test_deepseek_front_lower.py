@@ -197,12 +197,13 @@ def test_wqb_knob_refusals(tune, message):
 
 
 def test_ilp_without_bulk_groups_the_register_units():
-    """ilp without bulk_weights: units go GROUP at a time from their registers (as many as the
-    bulk rule's register budget allows), split-K units (wqkv_a) too when no group of a CTA
-    holds two K parts; one at a time otherwise."""
+    """ilp without bulk_weights: units go GROUP at a time from their registers (every unit whose
+    weights were prefetched; past 16 tokens, as many as leave registers for both token halves'
+    operands), split-K units (wqkv_a) too when no group of a CTA holds two K parts; one at a
+    time otherwise."""
     from codegen.spec.load import tune_items
     loaded = load_spec(SPEC, tune_items({"wq_b.bulk_weights": 0, "wqkv_a.ilp": {"default": 0, "sm90": 1}}))
-    for tokens, group, wqkv_group in ((1, 4, 2), (6, 4, 2), (16, 2, 1), (48, 2, 1)):
+    for tokens, group, wqkv_group in ((1, 4, 2), (6, 4, 2), (16, 4, 2), (17, 2, 1), (48, 2, 1)):
         ir = lower(loaded, make_build(loaded, "sm90", tokens=tokens))
         v = {s.name: s.values for s in ir.stages}
         assert (v["wq_b"]["group"], v["wqkv_a"]["group"]) == (group, wqkv_group)

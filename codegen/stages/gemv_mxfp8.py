@@ -242,8 +242,12 @@ def lower(stage: Model, ctx) -> dict:
                      f"turn {knob} off for this build")
         regs = PREFETCH_LOADS - (cpw if staged < upc else 0)  # less a unit in flight through registers
         group = max(g for g in range(1, max(1, min(staged, regs // (cpw * halves))) + 1) if fits(staged, g))
-    elif ilp:  # units whose weights are in registers, computed at once (the bulk rule) ...
-        group = max(1, min(upc, PREFETCH_LOADS // (cpw * halves)))
+    elif ilp:  # units whose weights are in registers, computed at once: all whose weights were
+        # prefetched (PREFETCH_LOADS loads); with more than one 16-column pass a group (tile > 16),
+        # as many as the bulk rule's budget leaves for both token halves' operands. H200, TP4:
+        # groups of 4 instead of 2 at S = 9 / 16 18.38 / 19.57 -> 17.98 / 19.14 us; at S = 24 / 48
+        # -1.0 / -1.4 us too, but they spill (8 / 16 bytes: the scale codes), so not there ...
+        group = max(1, min(upc, PREFETCH_LOADS // (cpw * (halves if tile > 16 else 1))))
         if group > 1 and _group_spans_parts(units, ctx.stage_ctas, rows // ROWS_PER_UNIT, group):
             group = 1  # ... when every group's units share their K part (they share the token rows)
     ctx.lds(stage.name, "x", "u32", tile * xstride)

@@ -49,7 +49,7 @@
 //   qx8s     @   571648      2560 B  640 words: its E8M0 codes (int32): token t at t * 40
 //   qrdy     @   574208       128 B  16 flags: ready flag of token t's QX8 (copy c: + c * QRDY_STRIDE)
 //
-// LDS (65024 bytes; stages reuse the same bytes, one after another):
+// LDS (101376 bytes; stages reuse the same bytes, one after another):
 //   stage_kt::LDS_WINDOW   @      0  128 x int
 //   stage_wqkv_a::LDS_X    @      0  10304 x u32
 //   stage_wqkv_a::LDS_XS   @  41216  1344 x float
@@ -58,8 +58,8 @@
 //   stage_qkv::LDS_VALS    @    128  1792 x float
 //   stage_wq_b::LDS_X      @      0  5184 x u32
 //   stage_wq_b::LDS_XS     @  20736  704 x float
-//   stage_wq_b::LDS_PART   @  23552  9216 x float
-//   stage_wq_b::LDS_CS     @  60416  1024 x float
+//   stage_wq_b::LDS_PART   @  23552  18432 x float
+//   stage_wq_b::LDS_CS     @  97280  1024 x float
 //
 // stages (every CTA runs them in this order; a stage waits only on earlier ones):
 //   0. xq     mxfp8_quant  32 tasks on CTAs 92..131 (round_robin)
@@ -721,7 +721,7 @@ struct Mailbox {
     u64* qrdy;  // 16 flags @ 574208
 };
 
-constexpr int LDS_BYTES = 65024;  // the union of the stages' LDS, plus the stamps
+constexpr int LDS_BYTES = 101376;  // the union of the stages' LDS, plus the stamps
 
 // ---- timeline ---------------------------------------------------------------------------
 constexpr int TL_START = 0;
@@ -1219,8 +1219,8 @@ constexpr int FIRST = 0;
 constexpr int CTAS = 132;
 constexpr int LDS_X = 0;  // LDS: 5184 x u32
 constexpr int LDS_XS = 20736;  // LDS: 704 x float
-constexpr int LDS_PART = 23552;  // LDS: 9216 x float
-constexpr int LDS_CS = 60416;  // LDS: 1024 x float
+constexpr int LDS_PART = 23552;  // LDS: 18432 x float
+constexpr int LDS_CS = 97280;  // LDS: 1024 x float
 
 constexpr int ROWS = 8192;               // rows of wqb
 constexpr int K = 1280;                   // its columns
@@ -1242,7 +1242,7 @@ constexpr int COPIES = 1;              // the source's flag copies: CTA b polls 
 constexpr int FLAG_STRIDE = 16;
 constexpr int ROW_BATCH = 3;           // 16-byte loads a thread issues at once when it stages token rows
 constexpr float MX_FP8_MAX = 448.0f;  // the MX maximum of this target's e4m3 flavour
-constexpr int GROUP = 2;               // units computed at once from their registers (part tiles side by side)
+constexpr int GROUP = 4;               // units computed at once from their registers (part tiles side by side)
 constexpr int PART_TILE = WAVES * PART_WAVE;       // floats of one unit's wave tiles
 constexpr int HEAD_DIM = 512;          // rows per head
 constexpr int NOPE = 448;              // head dims before the GPT-J RoPE dims
