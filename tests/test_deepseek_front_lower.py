@@ -198,20 +198,24 @@ def test_wqb_knob_refusals(tune, message):
 
 def test_ilp_without_bulk_groups_the_register_units():
     """ilp without bulk_weights: units go GROUP at a time from their registers (every unit whose
-    weights were prefetched; past 16 tokens, as many as leave registers for both token halves'
-    operands), split-K units (wqkv_a) too when no group of a CTA holds two K parts; one at a
-    time otherwise."""
+    weights were prefetched), split-K units (wqkv_a) too when no group of a CTA holds two K
+    parts; one at a time otherwise. Where the group's weight loads times the token halves exceed
+    the register budget (PREFETCH_LOADS), the group's weight scales go to LDS (in registers they
+    spilled), else they stay in registers."""
     from codegen.spec.load import tune_items
     loaded = load_spec(SPEC, tune_items({"wq_b.bulk_weights": 0, "wqkv_a.ilp": {"default": 0, "sm90": 1}}))
-    for tokens, group, wqkv_group in ((1, 4, 2), (6, 4, 2), (16, 4, 2), (17, 2, 1), (48, 2, 1)):
+    for tokens, group, wqkv_group in ((1, 4, 2), (6, 4, 2), (16, 4, 2), (17, 4, 2), (48, 4, 2)):
         ir = lower(loaded, make_build(loaded, "sm90", tokens=tokens))
         v = {s.name: s.values for s in ir.stages}
         assert (v["wq_b"]["group"], v["wqkv_a"]["group"]) == (group, wqkv_group)
+        assert v["wq_b"]["lds_scales"] == (tokens > 8) == v["wqkv_a"]["lds_scales"]
         text = render(ir)
         wqb = text[text.index("namespace stage_wq_b {"):text.index("}  // namespace stage_wq_b")]
         wqkv = text[text.index("namespace stage_wqkv_a {"):text.index("}  // namespace stage_wqkv_a")]
         assert "prologue(a, mb, lds)" not in text and f"constexpr int GROUP = {group};" in wqb
         assert "mx_gemv16_units<GROUP, CPW" in wqb and "epilogue_group(a, mb, part, lds, b0, i0, UPC," in wqb
+        scales_in_lds = "unpack_scales(sw[i0 + uu], swg[uu]);\n            wave_sync();" in wqb
+        assert scales_in_lds == (tokens > 8) == ("LDS_WSC" in wqb)
         assert "constexpr int K_PARTS = 1;" in wqb and "return K_PARTS == 1 ? 0 :" in wqb  # k_parts 1: one part
         if wqkv_group > 1:  # each group stages its own part's rows, puts its partials there
             assert "const int kpart = unit_part(min_i(b0 + CTAS * i0, TASKS - 1));" in wqkv

@@ -220,7 +220,7 @@ def lower(stage: Model, ctx) -> dict:
                  f"turn {knob} off for this stage")
     tile_bytes = waves * ROWS_PER_UNIT * part_row(t) * 4  # one unit's partial tiles
     own = [_lds_size(tile * xstride), _lds_size(tile * sstride), 0, _lds_size(tokens * (head_dim - nope))]
-    staged, group = 0, 1
+    staged, group, lds_scales = 0, 1, False
     halves = 2 if tile > 8 else 1  # token halves of a pass (an mma each): registers per chunk
     unit_bytes = nc * ROWS_PER_UNIT * chunk
     # the scale rows n consecutive units span at most (the first may start mid-block)
@@ -242,17 +242,23 @@ def lower(stage: Model, ctx) -> dict:
                      f"turn {knob} off for this build")
         regs = PREFETCH_LOADS - (cpw if staged < upc else 0)  # less a unit in flight through registers
         group = max(g for g in range(1, max(1, min(staged, regs // (cpw * halves))) + 1) if fits(staged, g))
-    elif ilp:  # units whose weights are in registers, computed at once: all whose weights were
-        # prefetched (PREFETCH_LOADS loads); with more than one 16-column pass a group (tile > 16),
-        # as many as the bulk rule's budget leaves for both token halves' operands. H200, TP4:
-        # groups of 4 instead of 2 at S = 9 / 16 18.38 / 19.57 -> 17.98 / 19.14 us; at S = 24 / 48
-        # -1.0 / -1.4 us too, but they spill (8 / 16 bytes: the scale codes), so not there ...
-        group = max(1, min(upc, PREFETCH_LOADS // (cpw * (halves if tile > 16 else 1))))
+    elif ilp:  # units whose weights are in registers, computed at once: every unit of the CTA when
+        # the prefetch holds them all (H200, TP4, 4 units instead of 2 at S = 9 / 16 / 24 / 48:
+        # 18.40 / 19.69 / 25.0 / 33.5 -> 17.98 / 19.15 / 24.05 / 32.5 us); else as many as leave the
+        # next group's loads in flight (refilled as a group ends) beside both token halves' operands ...
+        prefetch = max(1, PREFETCH_LOADS // cpw)
+        group = upc if upc <= prefetch else max(1, PREFETCH_LOADS // (cpw * halves))
+        # ... their weight scales unpacked into LDS when the group's loads times the token halves
+        # exceed that budget: in registers they spilled then (16 B with 4 units at S = 48); in LDS
+        # at S = 1 the stage ended 0.3 us later (the store, sync and loads behind the rows' wait)
+        lds_scales = group * cpw * halves > PREFETCH_LOADS
         if group > 1 and _group_spans_parts(units, ctx.stage_ctas, rows // ROWS_PER_UNIT, group):
             group = 1  # ... when every group's units share their K part (they share the token rows)
     ctx.lds(stage.name, "x", "u32", tile * xstride)
     ctx.lds(stage.name, "xs", "float", tile * sstride)
     ctx.lds(stage.name, "part", "float", group * waves * ROWS_PER_UNIT * part_row(t))
+    if lds_scales:  # each warp's weight scales of a group (its chunks')
+        ctx.lds(stage.name, "wsc", "float", waves * group * cpw * (chunk // MX_BLOCK))
     if bulk:
         ctx.lds_kernel(stage.name, "w", "u32", staged * unit_bytes // 4)  # unit i of the CTA at i * UNIT_BYTES
         ctx.lds_kernel(stage.name, "wbar", "u64", 1)  # the bulk copies' mbarrier
@@ -289,6 +295,7 @@ def lower(stage: Model, ctx) -> dict:
         "bulk": "start" if bulk else "stage" if lds_w else "",
         "staged": staged,
         "group": group,
+        "lds_scales": lds_scales,  # a group's weight scales in LDS (else in registers)
         # bulk: units past the staged ones whose weights are in registers while a group computes
         "rest_prefetch": min(max(1, (PREFETCH_LOADS - group * cpw * halves) // cpw), upc - staged),
         "prologue": bulk,  # the kernel calls its prologue() before any stage: the bulk copies

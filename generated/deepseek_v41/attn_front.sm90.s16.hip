@@ -49,7 +49,7 @@
 //   qx8s     @   571648      2560 B  640 words: its E8M0 codes (int32): token t at t * 40
 //   qrdy     @   574208       128 B  16 flags: ready flag of token t's QX8 (copy c: + c * QRDY_STRIDE)
 //
-// LDS (101376 bytes; stages reuse the same bytes, one after another):
+// LDS (102144 bytes; stages reuse the same bytes, one after another):
 //   stage_kt::LDS_WINDOW   @      0  128 x int
 //   stage_wqkv_a::LDS_X    @      0  10304 x u32
 //   stage_wqkv_a::LDS_XS   @  41216  1344 x float
@@ -59,7 +59,8 @@
 //   stage_wq_b::LDS_X      @      0  5184 x u32
 //   stage_wq_b::LDS_XS     @  20736  704 x float
 //   stage_wq_b::LDS_PART   @  23552  18432 x float
-//   stage_wq_b::LDS_CS     @  97280  1024 x float
+//   stage_wq_b::LDS_WSC    @  97280  192 x float
+//   stage_wq_b::LDS_CS     @  98048  1024 x float
 //
 // stages (every CTA runs them in this order; a stage waits only on earlier ones):
 //   0. xq     mxfp8_quant  32 tasks on CTAs 92..131 (round_robin)
@@ -528,6 +529,9 @@ MONO_DEVICE void mx_gemv16_units_j(const u32x4 (&w)[G][CPW], const float (&sw)[G
     const u32* xr[2] = {x8 + min_i(g, tokens - 1) * STRIDE + q, x8 + min_i(8 + g, tokens - 1) * STRIDE + q};
     const float* s[4] = {xs + min_i(2 * q, tokens - 1) * SSTRIDE, xs + min_i(2 * q + 1, tokens - 1) * SSTRIDE,
                          xs + min_i(8 + 2 * q, tokens - 1) * SSTRIDE, xs + min_i(9 + 2 * q, tokens - 1) * SSTRIDE};
+    // the token scales: with one token half loaded here with the rest; with two, read where used,
+    // a unit at a time (behind the previous unit's tile stores: not hoisted), so that they do not
+    // hold 4 CPW registers through the pass (4 units' weights and both halves fill 128 registers)
     u32 xb[CPW][J][2];
     float sx[CPW][J][2];
 #pragma unroll
@@ -537,8 +541,10 @@ MONO_DEVICE void mx_gemv16_units_j(const u32x4 (&w)[G][CPW], const float (&sw)[G
         for (int j = 0; j < J; ++j) {
             xb[i][j][0] = xr[j][8 * c];
             xb[i][j][1] = xr[j][8 * c + 4];
-            sx[i][j][0] = s[2 * j][c];
-            sx[i][j][1] = s[2 * j + 1][c];
+            if (J == 1) {
+                sx[i][j][0] = s[2 * j][c];
+                sx[i][j][1] = s[2 * j + 1][c];
+            }
         }
     }
 #pragma unroll
@@ -548,11 +554,13 @@ MONO_DEVICE void mx_gemv16_units_j(const u32x4 (&w)[G][CPW], const float (&sw)[G
         for (int i = 0; i < CPW; ++i) {
             const u32 a[4] = {w[u][i].x, w[u][i].y, w[u][i].z, w[u][i].w};
             const bool live = wave + WAVES_ * i < NC;  // warp-uniform
+            const int c = min_i(wave + WAVES_ * i, NC - 1);
 #pragma unroll
             for (int j = 0; j < J; ++j) {
                 float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
                 mma_fp8_16x8x32_free(d, a, xb[i][j][0], xb[i][j][1]);
-                const float s0 = sx[i][j][0] * sw[u][i][0], s1 = sx[i][j][1] * sw[u][i][0];
+                const float x0 = J == 1 ? sx[i][j][0] : s[2 * j][c], x1 = J == 1 ? sx[i][j][1] : s[2 * j + 1][c];
+                const float s0 = x0 * sw[u][i][0], s1 = x1 * sw[u][i][0];
                 const float t[4] = {fma_rn(d[0], s0, acc[j][0]), fma_rn(d[1], s1, acc[j][1]),
                                     fma_rn(d[2], s0, acc[j][2]), fma_rn(d[3], s1, acc[j][3])};
 #pragma unroll
@@ -721,7 +729,7 @@ struct Mailbox {
     u64* qrdy;  // 16 flags @ 574208
 };
 
-constexpr int LDS_BYTES = 101376;  // the union of the stages' LDS, plus the stamps
+constexpr int LDS_BYTES = 102144;  // the union of the stages' LDS, plus the stamps
 
 // ---- timeline ---------------------------------------------------------------------------
 constexpr int TL_START = 0;
@@ -1220,7 +1228,8 @@ constexpr int CTAS = 132;
 constexpr int LDS_X = 0;  // LDS: 5184 x u32
 constexpr int LDS_XS = 20736;  // LDS: 704 x float
 constexpr int LDS_PART = 23552;  // LDS: 18432 x float
-constexpr int LDS_CS = 97280;  // LDS: 1024 x float
+constexpr int LDS_WSC = 97280;  // LDS: 192 x float
+constexpr int LDS_CS = 98048;  // LDS: 1024 x float
 
 constexpr int ROWS = 8192;               // rows of wqb
 constexpr int K = 1280;                   // its columns
@@ -1386,6 +1395,8 @@ MONO_DEVICE void run(const Args& a, const Mailbox& mb, u8* lds) {
     constexpr int SLOTS = (UPC + GROUP - 1) / GROUP * GROUP;  // whole groups
     u32x4 w[SLOTS][CPW];
     u32 sw[SLOTS][CODE_WORDS];
+    using GroupScales = float[GROUP][CPW][MX_BLOCKS_PER_CHUNK];
+    GroupScales& swg = reinterpret_cast<GroupScales*>(lds + LDS_WSC)[wave_id()];  // this warp's chunks' scales
 #pragma unroll
     for (int i = 0; i < PREFETCH; ++i) load_unit(a, min_i(b0 + CTAS * i, TASKS - 1), w[i], sw[i]);
     stage_cos_sin(a, reinterpret_cast<float*>(lds + LDS_CS));  // read after the rows' barriers
@@ -1402,9 +1413,13 @@ MONO_DEVICE void run(const Args& a, const Mailbox& mb, u8* lds) {
                 stage_rows(a, mb, lds, kpart, tok0, nt, xl, xs);
                 barrier();
             }
-            float swg[GROUP][CPW][MX_BLOCKS_PER_CHUNK];  // once, not once a 16-column pass (behind the rows' wait)
+            // the group's weight scales unpacked once into the warp's LDS (the previous group's passes
+            // ended in a barrier), read where the passes use them: in registers across the passes
+            // they spilled with groups of 4 past 16 tokens
+            if (lane_id() == 0)
 #pragma unroll
-            for (int uu = 0; uu < GROUP; ++uu) unpack_scales(sw[i0 + uu], swg[uu]);
+                for (int uu = 0; uu < GROUP; ++uu) unpack_scales(sw[i0 + uu], swg[uu]);
+            wave_sync();
             for (int c0 = 0; c0 < nt; c0 += 16) {
                 const int nc = min_i(16, nt - c0);
                 mx_gemv16_units<GROUP, CPW, NC, XSTRIDE, SSTRIDE, PART_TILE>(

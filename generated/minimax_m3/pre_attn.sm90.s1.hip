@@ -528,6 +528,9 @@ MONO_DEVICE void mx_gemv16_units_j(const u32x4 (&w)[G][CPW], const float (&sw)[G
     const u32* xr[2] = {x8 + min_i(g, tokens - 1) * STRIDE + q, x8 + min_i(8 + g, tokens - 1) * STRIDE + q};
     const float* s[4] = {xs + min_i(2 * q, tokens - 1) * SSTRIDE, xs + min_i(2 * q + 1, tokens - 1) * SSTRIDE,
                          xs + min_i(8 + 2 * q, tokens - 1) * SSTRIDE, xs + min_i(9 + 2 * q, tokens - 1) * SSTRIDE};
+    // the token scales: with one token half loaded here with the rest; with two, read where used,
+    // a unit at a time (behind the previous unit's tile stores: not hoisted), so that they do not
+    // hold 4 CPW registers through the pass (4 units' weights and both halves fill 128 registers)
     u32 xb[CPW][J][2];
     float sx[CPW][J][2];
 #pragma unroll
@@ -537,8 +540,10 @@ MONO_DEVICE void mx_gemv16_units_j(const u32x4 (&w)[G][CPW], const float (&sw)[G
         for (int j = 0; j < J; ++j) {
             xb[i][j][0] = xr[j][8 * c];
             xb[i][j][1] = xr[j][8 * c + 4];
-            sx[i][j][0] = s[2 * j][c];
-            sx[i][j][1] = s[2 * j + 1][c];
+            if (J == 1) {
+                sx[i][j][0] = s[2 * j][c];
+                sx[i][j][1] = s[2 * j + 1][c];
+            }
         }
     }
 #pragma unroll
@@ -548,11 +553,13 @@ MONO_DEVICE void mx_gemv16_units_j(const u32x4 (&w)[G][CPW], const float (&sw)[G
         for (int i = 0; i < CPW; ++i) {
             const u32 a[4] = {w[u][i].x, w[u][i].y, w[u][i].z, w[u][i].w};
             const bool live = wave + WAVES_ * i < NC;  // warp-uniform
+            const int c = min_i(wave + WAVES_ * i, NC - 1);
 #pragma unroll
             for (int j = 0; j < J; ++j) {
                 float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
                 mma_fp8_16x8x32_free(d, a, xb[i][j][0], xb[i][j][1]);
-                const float s0 = sx[i][j][0] * sw[u][i][0], s1 = sx[i][j][1] * sw[u][i][0];
+                const float x0 = J == 1 ? sx[i][j][0] : s[2 * j][c], x1 = J == 1 ? sx[i][j][1] : s[2 * j + 1][c];
+                const float s0 = x0 * sw[u][i][0], s1 = x1 * sw[u][i][0];
                 const float t[4] = {fma_rn(d[0], s0, acc[j][0]), fma_rn(d[1], s1, acc[j][1]),
                                     fma_rn(d[2], s0, acc[j][2]), fma_rn(d[3], s1, acc[j][3])};
 #pragma unroll
