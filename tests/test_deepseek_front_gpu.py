@@ -30,6 +30,7 @@ SPEC = "deepseek_v41/attn_front"
 # wq_b's weights by TMA into LDS at the kernel's start, or at wq_b's start (the spec's at S = 2)
 BULK = {"tune": {"wq_b.bulk_weights": {"default": 0, "sm90": 1}, "wq_b.lds_weights": 0}}
 LDS = {"tune": {"wq_b.lds_weights": {"default": 0, "sm90": 1}}}
+WGMMA = {"tune": {"wq_b.wgmma": {"default": 0, "sm90": 1}}}  # experimental: native fp8 wgmma (its own tolerance)
 # (tokens, tp, ratio, flags, swa_block, pad rows, swa block padding)
 CASES = [
     (1, 4, 1, {}, 128, (), 0),
@@ -52,13 +53,16 @@ CASES = [
     (16, 4, 1, BULK, 128, (4,), 0),
     (1, 4, 1, LDS, 128, (), 0),  # with q_inline
     (16, 4, 2, LDS, 64, (5,), 0),
+    (3, 4, 1, WGMMA, 64, (1,), 0),
+    (16, 4, 1, WGMMA, 128, (4,), 0),
+    (48, 4, 2, WGMMA, 128, (5, 47), 0),
 ]
 STATS: dict = {}
 
 
 def case_id(c):
     s, tp, ratio, flags, blk, pads, pad = c
-    tags = [("bulk" if flags is BULK else "lds") if k == "tune" else k for k in flags]
+    tags = [("bulk" if flags is BULK else "lds" if flags is LDS else "wgmma") if k == "tune" else k for k in flags]
     return f"s{s}-tp{tp}-r{ratio}" + "".join(f"-{k}" for k in tags) + f"-b{blk}"
 
 

@@ -186,6 +186,10 @@ def test_wqb_knobs_off_on_amd(target):
     ({"wq_b.ilp": 0, "wq_b.lds_weights": 1}, "the staged weights are read by the ILP loop"),
     ({"wq_b.bulk_weights": 1, "wq_b.lds_weights": 1}, "bulk_weights already moves the weights into LDS"),
     ({"wqkv_a.ilp": 1, "wqkv_a.lds_weights": 1}, "whole rows (k_parts: 1) needed"),
+    ({"wq_b.wgmma": {"default": 1}}, "the wgmma loop takes sm90"),
+    ({"wq_b.wgmma": 1, "wq_b.ilp": 0}, "the wgmma loop takes sm90 with ilp"),
+    ({"wq_b.wgmma": 1, "wq_b.lds_weights": 1}, "no staged weights"),
+    ({"wqkv_a.wgmma": 1, "wqkv_a.ilp": 1}, "(here: upc 2, 80 chunks)"),
 ])
 def test_wqb_knob_refusals(tune, message):
     from codegen.spec.load import tune_items
@@ -194,6 +198,31 @@ def test_wqb_knob_refusals(tune, message):
     with pytest.raises(SpecError) as e:
         lower(loaded, make_build(loaded, target, tokens=4))
     assert message in str(e.value)
+
+
+@pytest.mark.parametrize("tokens", [3, 16, 48])
+def test_wqb_wgmma_layout(tokens):
+    """wq_b.wgmma (sm90, experimental): the CTA's 4 units a warpgroup's 4 warps, a quarter of the 40
+    chunks a warpgroup (10 a warp), the token rows in LDS in core-matrix layout (whole groups of 8
+    tokens, 1280 bytes a token), made visible to the async proxy before the barrier; one partial
+    tile a warpgroup (4 to sum)."""
+    ir = ir_of(tokens=tokens, tune={"wq_b.wgmma": {"default": 0, "sm90": 1}})
+    v = next(s for s in ir.stages if s.name == "wq_b").values
+    assert v["wgmma"] and (v["group"], v["cpw"], v["groups"]) == (4, 10, 4) and not v["lds_scales"]
+    x = next(b for b in ir.lds if b.qualified_name == "stage_wq_b::LDS_X")
+    assert x.nbytes == -(-tokens // 8) * 8 * 1280
+    text = render(ir)
+    wqb = text[text.index("namespace stage_wq_b {"):text.index("}  // namespace stage_wq_b")]
+    assert "constexpr int PART_WAVES = GROUPS;" in wqb and "mx_gemv64_wgmma<CPWG, GROUPS, NG, SSTRIDE>(" in wqb
+    rows = wqb[wqb.index("MONO_DEVICE void stage_rows("):]
+    assert rows.index("* 32 + (t % 8) * 4) = x;") < rows.index("fence_proxy_async_lds();")
+    assert "part + r * PART_TILE + g * PART_WAVE" in wqb
+    # the spec leaves it off: the other builds keep the mma.sync loop and one tile a wave
+    off = render(ir_of(tokens=tokens))
+    assert "mx_gemv64_wgmma<" not in off and "constexpr int PART_WAVES = WAVES;" in off
+    # q_inline builds (S <= 2) stage no rows from the source: refused, located
+    with pytest.raises(SpecError, match="the wgmma loop takes"):
+        ir_of(tokens=1, tune={"wq_b.wgmma": {"default": 0, "sm90": 1}})
 
 
 def test_ilp_without_bulk_groups_the_register_units():

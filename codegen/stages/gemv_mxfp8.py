@@ -91,6 +91,12 @@ class Model(StageBase):
     # cp.async): they stream while the CTA waits for its token rows, and no load of theirs holds
     # a register or a load scoreboard that the rows' polls share
     lds_weights: PerTarget = PerTarget(default=0)
+    # native fp8 wgmma per target (1 = on; sm90, with ilp, 4 units a CTA): a warpgroup's 4 warps
+    # take the CTA's 4 units of one chunk, the 4 warpgroups a quarter of the chunks each; the
+    # activations in LDS in core-matrix layout. The tensor cores keep about 13 bits of a chunk's
+    # sum (up to 2^-12.8 of sum |w x|): a precision class of its own (bench/NOTES.md, DeepSeek
+    # session 13). Experimental.
+    wgmma: PerTarget = PerTarget(default=0)
     # mla_norm_rope source: the CTAs norm and quantize the q latent themselves from the source's
     # partials (template macro mla_q_math, the same bits as its QX8) instead of waiting for QX8:
     # one hand-off less (the source's QX8 store, fence and flag, this stage's flag poll and row
@@ -100,7 +106,7 @@ class Model(StageBase):
     unit_point: Name | None = None  # timeline point: the CTA's first unit (bulk: group) put
     weights_point: Name | None = None  # timeline point: bulk_weights / lds_weights: the staged copies landed
 
-    _tile = field_validator("token_tile", "ilp", "bulk_weights", "lds_weights", mode="before")(
+    _tile = field_validator("token_tile", "ilp", "bulk_weights", "lds_weights", "wgmma", mode="before")(
         classmethod(lambda cls, v: per_target(v)))
 
 
@@ -218,6 +224,15 @@ def lower(stage: Model, ctx) -> dict:
     if (bulk or lds_w) and parts != 1:
         ctx.fail((knob,), "a group of units shares its activations: whole rows (k_parts: 1) needed",
                  f"turn {knob} off for this stage")
+    wgmma = ctx.switch(stage.wgmma.for_target(t.name), ("wgmma",))
+    groups = waves // 4  # warpgroups
+    if wgmma and (t.name != "sm90" or not ilp or bulk or lds_w or inline or q_inline or parts != 1
+                  or upc != 4 or nc % groups):
+        ctx.fail(("wgmma",), "the wgmma loop takes sm90 with ilp and no staged weights, the rows from the source "
+                 "stage, k_parts 1, 4 units a CTA (one a warp of a warpgroup) and whole chunks a warpgroup "
+                 f"(here: upc {upc}, {nc} chunks)", "turn wgmma off for this build")
+    if wgmma:
+        cpw = nc // groups
     tile_bytes = waves * ROWS_PER_UNIT * part_row(t) * 4  # one unit's partial tiles
     own = [_lds_size(tile * xstride), _lds_size(tile * sstride), 0, _lds_size(tokens * (head_dim - nope))]
     staged, group, lds_scales = 0, 1, False
@@ -254,7 +269,10 @@ def lower(stage: Model, ctx) -> dict:
         lds_scales = group * cpw * halves > PREFETCH_LOADS
         if group > 1 and _group_spans_parts(units, ctx.stage_ctas, rows // ROWS_PER_UNIT, group):
             group = 1  # ... when every group's units share their K part (they share the token rows)
-    ctx.lds(stage.name, "x", "u32", tile * xstride)
+    if wgmma:
+        group = upc  # the CTA's units: warp r of each warpgroup computes unit r
+    # wgmma: the rows in core-matrix layout, whole groups of 8 tokens
+    ctx.lds(stage.name, "x", "u32", -(-tile // 8) * 8 * kp // 4 if wgmma else tile * xstride)
     ctx.lds(stage.name, "xs", "float", tile * sstride)
     ctx.lds(stage.name, "part", "float", group * waves * ROWS_PER_UNIT * part_row(t))
     if lds_scales:  # each warp's weight scales of a group (its chunks')
@@ -295,7 +313,9 @@ def lower(stage: Model, ctx) -> dict:
         "bulk": "start" if bulk else "stage" if lds_w else "",
         "staged": staged,
         "group": group,
-        "lds_scales": lds_scales,  # a group's weight scales in LDS (else in registers)
+        "lds_scales": lds_scales and not wgmma,  # a group's weight scales in LDS (else in registers)
+        "wgmma": wgmma,
+        "groups": groups,  # wgmma: warpgroups
         # bulk: units past the staged ones whose weights are in registers while a group computes
         "rest_prefetch": min(max(1, (PREFETCH_LOADS - group * cpw * halves) // cpw), upc - staged),
         "prologue": bulk,  # the kernel calls its prologue() before any stage: the bulk copies

@@ -679,6 +679,7 @@ constexpr int COPIES = 1;              // the source's flag copies: CTA b polls 
 constexpr int FLAG_STRIDE = 32;
 constexpr int ROW_BATCH = 5;           // 16-byte loads a thread issues at once when it stages token rows
 constexpr float MX_FP8_MAX = 224.0f;  // the MX maximum of this target's e4m3 flavour
+constexpr int PART_WAVES = WAVES;          // partial tiles of a unit: one a wave
 static_assert(KP % (GEMV_K_CHUNK * 1) == 0 && KP % 128 == 0, "whole chunks; 16-byte row pieces");
 
 // Task u (CTA FIRST + u % CTAS's (u / CTAS)-th) computes unit unit_of(u): a CTA's units are
@@ -760,7 +761,7 @@ MONO_DEVICE void await_rows(const Mailbox& mb, int part) {
 constexpr int ITEM_ROWS = 16;
 MONO_DEVICE void epilogue_item(const Args&, const Mailbox& mb, const float* part, const u8*, int row0, int kpart, int tok0, int r, int c) {
     float tot = 0.0f;
-    for (int wv = 0; wv < WAVES; ++wv) tot = tot + part[wv * PART_WAVE + r * PART_ROW + c];
+    for (int wv = 0; wv < PART_WAVES; ++wv) tot = tot + part[wv * PART_WAVE + r * PART_ROW + c];
     mailbox_put(mb.qkvp + (kpart * TOKENS + tok0 + c) * ROWS + row0 + r, float_as_u32(tot), mb.tag);
 }
 // A unit's epilogue: columns c < nt of its tiles, one item a thread.
@@ -1038,6 +1039,7 @@ constexpr int COPIES = 1;              // the source's flag copies: CTA b polls 
 constexpr int FLAG_STRIDE = 16;
 constexpr int ROW_BATCH = 3;           // 16-byte loads a thread issues at once when it stages token rows
 constexpr float MX_FP8_MAX = 224.0f;  // the MX maximum of this target's e4m3 flavour
+constexpr int PART_WAVES = WAVES;          // partial tiles of a unit: one a wave
 constexpr int HEAD_DIM = 512;          // rows per head
 constexpr int NOPE = 448;              // head dims before the GPT-J RoPE dims
 constexpr int ROPE = 64;               // cos_sin row: cos[0 .. ROPE / 2), sin[..]
@@ -1133,7 +1135,7 @@ constexpr int ITEM_ROWS = 8;
 MONO_DEVICE void epilogue_item(const Args& a, const Mailbox&, const float* part, const u8* lds, int row0, int, int tok0, int rp, int c) {
     const int t = tok0 + c;
     float v0 = 0.0f, v1 = 0.0f;
-    for (int wv = 0; wv < WAVES; ++wv) {
+    for (int wv = 0; wv < PART_WAVES; ++wv) {
         v0 = v0 + part[wv * PART_WAVE + (2 * rp) * PART_ROW + c];
         v1 = v1 + part[wv * PART_WAVE + (2 * rp + 1) * PART_ROW + c];
     }

@@ -570,6 +570,92 @@ MONO_DEVICE void mx_gemv16_units_j(const u32x4 (&w)[G][CPW], const float (&sw)[G
         put_tile(pt, acc, J == 2);
     }
 }
+// ---- MXFP8 GEMV inner loop, Hopper's native fp8 wgmma (sm_90a) -------------------------------
+// A warpgroup (4 warps) computes 64 rows = 4 units (warp r: unit r's 16 rows, A from registers in
+// the mma.sync m16n8k32 fragment layout, which wgmma's A fragment matches: scripts/probe_wgmma_fp8.py)
+// times N token columns of one 32-k chunk, B from LDS through a descriptor: the token rows in
+// core-matrix layout (8 tokens x 16 bytes a 128-byte core matrix; the chunk's two k halves LBO =
+// 128 apart, token groups of 8 SBO = 256 apart). The tensor cores sum a chunk's 32 products with
+// about 13 bits kept (up to 2^-12.8 of sum |w x| off, session 9's probe): a precision class of its
+// own, not the emulated mma.sync's (2^-24).
+MONO_DEVICE u64 lds_desc(const void* p, u32 lbo, u32 sbo) {
+    return u64((lds_address(p) & 0x3FFFFu) >> 4) | (u64(lbo >> 4) << 16) | (u64(sbo >> 4) << 32);
+}
+// this thread's LDS stores visible to the async proxy (wgmma's operand reads), before the barrier
+MONO_DEVICE void fence_proxy_async_lds() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
+MONO_DEVICE void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+MONO_DEVICE void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+template <int PENDING>
+MONO_DEVICE void wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(PENDING) : "memory"); }
+template <int R>
+MONO_DEVICE void fence_regs(float (&d)[R]) {  // the compiler keeps d where the async MMA writes it
+#pragma unroll
+    for (int i = 0; i < R; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+// d = A (64 x 32) * B (32 x 8 or 16), d's old value ignored (scale-d 0)
+MONO_DEVICE void wgmma_fp8_n8(float (&d)[4], const u32x4& a, u64 desc) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 0, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n8k32.f32.e4m3.e4m3 {%0, %1, %2, %3}, {%4, %5, %6, %7}, %8, p, 1, 1;\n}"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a.x), "r"(a.y), "r"(a.z), "r"(a.w), "l"(desc));
+}
+MONO_DEVICE void wgmma_fp8_n16(float (&d)[8], const u32x4& a, u64 desc) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 0, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n16k32.f32.e4m3.e4m3 {%0, %1, %2, %3, %4, %5, %6, %7}, {%8, %9, %10, %11}, %12, p, 1, 1;\n}"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+                 : "r"(a.x), "r"(a.y), "r"(a.z), "r"(a.w), "l"(desc));
+}
+// One warp's share of a 16-column pass: its unit's chunks g + GROUPS i (g: the warpgroup, w[i]:
+// their A fragments, sw[i]: their weight block scales), the token rows xcm (core-matrix layout,
+// the pass's first 8-token group; NG groups a chunk), xs their block scales. Per chunk and column,
+// acc = fma(d, sx * sw, acc) as the mma.sync loop does; two chunks in flight (d of chunk i + 1
+// issued before chunk i's is scaled). The warp's 16-row tile -> part (PART_ROW a row).
+template <int J, int CPWG, int GROUPS, int NG, int SSTRIDE>
+MONO_DEVICE void mx_gemv64_wgmma_j(const u32x4 (&w)[CPWG], const float (&sw)[CPWG], const u8* xcm, const float* xs, int tokens,
+                                   float* part) {
+    const int lane = lane_id(), g = wave_id() / 4, q = lane % 4;
+    const float* s[4] = {xs + min_i(2 * q, tokens - 1) * SSTRIDE, xs + min_i(2 * q + 1, tokens - 1) * SSTRIDE,
+                         xs + min_i(8 + 2 * q, tokens - 1) * SSTRIDE, xs + min_i(9 + 2 * q, tokens - 1) * SSTRIDE};
+    float acc[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
+    float d[2][4 * J];
+    auto issue = [&](int i, float (&di)[4 * J]) {
+        const u64 desc = lds_desc(xcm + (g + GROUPS * i) * NG * 256, 128, 256);
+#pragma unroll
+        for (int k = 0; k < 4 * J; ++k) di[k] = 0.0f;
+        wgmma_fence();
+        if (J == 1) wgmma_fp8_n8(reinterpret_cast<float(&)[4]>(di), w[i], desc);
+        else wgmma_fp8_n16(reinterpret_cast<float(&)[8]>(di), w[i], desc);
+        wgmma_commit();
+        fence_regs(di);
+    };
+    issue(0, d[0]);
+#pragma unroll
+    for (int i = 0; i < CPWG; ++i) {
+        if (i + 1 < CPWG) {
+            issue(i + 1, d[(i + 1) % 2]);
+            wgmma_wait<1>();
+        } else {
+            wgmma_wait<0>();
+        }
+        fence_regs(d[i % 2]);
+        const int c = g + GROUPS * i;
+#pragma unroll
+        for (int j = 0; j < J; ++j) {
+            const float s0 = s[2 * j][c] * sw[i], s1 = s[2 * j + 1][c] * sw[i];
+            acc[j][0] = fma_rn(d[i % 2][4 * j + 0], s0, acc[j][0]);
+            acc[j][1] = fma_rn(d[i % 2][4 * j + 1], s1, acc[j][1]);
+            acc[j][2] = fma_rn(d[i % 2][4 * j + 2], s0, acc[j][2]);
+            acc[j][3] = fma_rn(d[i % 2][4 * j + 3], s1, acc[j][3]);
+        }
+    }
+    put_tile(part, acc, J == 2);
+}
+template <int CPWG, int GROUPS, int NG, int SSTRIDE>
+MONO_DEVICE void mx_gemv64_wgmma(const u32x4 (&w)[CPWG], const float (&sw)[CPWG], const u8* xcm, const float* xs, int tokens,
+                                 float* part) {
+    if (tokens > 8) mx_gemv64_wgmma_j<2, CPWG, GROUPS, NG, SSTRIDE>(w, sw, xcm, xs, tokens, part);
+    else mx_gemv64_wgmma_j<1, CPWG, GROUPS, NG, SSTRIDE>(w, sw, xcm, xs, tokens, part);
+}
 template <int G, int CPW, int NC, int STRIDE, int SSTRIDE, int PART_TILE>
 MONO_DEVICE void mx_gemv16_units(const u32x4 (&w)[G][CPW], const float (&sw)[G][CPW][MX_BLOCKS_PER_CHUNK],
                                  const u32* x8, const float* xs, int tokens, float* part) {
