@@ -31,6 +31,7 @@ SPEC = "deepseek_v41/attn_front"
 BULK = {"tune": {"wq_b.bulk_weights": {"default": 0, "sm90": 1}, "wq_b.lds_weights": 0}}
 LDS = {"tune": {"wq_b.lds_weights": {"default": 0, "sm90": 1}}}
 WGMMA = {"tune": {"wq_b.wgmma": {"default": 0, "sm90": 1}}}  # experimental: native fp8 wgmma (its own tolerance)
+WGMMA_NO_LDS = {"tune": {"wq_b.wgmma": {"default": 0, "sm90": 1}, "wq_b.lds_weights": 0}}  # S = 2: the spec's TMA weights off
 # (tokens, tp, ratio, flags, swa_block, pad rows, swa block padding)
 CASES = [
     (1, 4, 1, {}, 128, (), 0),
@@ -53,6 +54,8 @@ CASES = [
     (16, 4, 1, BULK, 128, (4,), 0),
     (1, 4, 1, LDS, 128, (), 0),  # with q_inline
     (16, 4, 2, LDS, 64, (5,), 0),
+    (1, 4, 2, WGMMA, 64, (), 0),  # with q_inline: the rows normed in place, core-matrix layout
+    (2, 4, 1, WGMMA_NO_LDS, 64, (1,), 0),
     (3, 4, 1, WGMMA, 64, (1,), 0),
     (16, 4, 1, WGMMA, 128, (4,), 0),
     (48, 4, 2, WGMMA, 128, (5, 47), 0),

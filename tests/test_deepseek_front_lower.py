@@ -200,12 +200,12 @@ def test_wqb_knob_refusals(tune, message):
     assert message in str(e.value)
 
 
-@pytest.mark.parametrize("tokens", [3, 16, 48])
+@pytest.mark.parametrize("tokens", [1, 3, 16, 48])
 def test_wqb_wgmma_layout(tokens):
     """wq_b.wgmma (sm90, experimental): the CTA's 4 units a warpgroup's 4 warps, a quarter of the 40
     chunks a warpgroup (10 a warp), the token rows in LDS in core-matrix layout (whole groups of 8
-    tokens, 1280 bytes a token), made visible to the async proxy before the barrier; one partial
-    tile a warpgroup (4 to sum)."""
+    tokens, 1280 bytes a token: copied from QX8, or normed in place by q_inline at S <= 2), made
+    visible to the async proxy before the barrier; one partial tile a warpgroup (4 to sum)."""
     ir = ir_of(tokens=tokens, tune={"wq_b.wgmma": {"default": 0, "sm90": 1}})
     v = next(s for s in ir.stages if s.name == "wq_b").values
     assert v["wgmma"] and (v["group"], v["cpw"], v["groups"]) == (4, 10, 4) and not v["lds_scales"]
@@ -215,14 +215,15 @@ def test_wqb_wgmma_layout(tokens):
     wqb = text[text.index("namespace stage_wq_b {"):text.index("}  // namespace stage_wq_b")]
     assert "constexpr int PART_WAVES = GROUPS;" in wqb and "mx_gemv64_wgmma<CPWG, GROUPS, NG, SSTRIDE>(" in wqb
     rows = wqb[wqb.index("MONO_DEVICE void stage_rows("):]
-    assert rows.index("* 32 + (t % 8) * 4) = x;") < rows.index("fence_proxy_async_lds();")
+    put = "(r % 8) * 4 + (tt % 2) * 2;" if tokens <= 2 else "* 32 + (t % 8) * 4) = x;"  # q_inline norms the rows in place
+    assert rows.index(put) < rows.index("fence_proxy_async_lds();")
     assert "part + r * PART_TILE + g * PART_WAVE" in wqb
     # the spec leaves it off: the other builds keep the mma.sync loop and one tile a wave
     off = render(ir_of(tokens=tokens))
     assert "mx_gemv64_wgmma<" not in off and "constexpr int PART_WAVES = WAVES;" in off
-    # q_inline builds (S <= 2) stage no rows from the source: refused, located
-    with pytest.raises(SpecError, match="the wgmma loop takes"):
-        ir_of(tokens=1, tune={"wq_b.wgmma": {"default": 0, "sm90": 1}})
+    # S = 2: the spec's lds_weights (TMA weights) and wgmma (weights in registers) exclude each other
+    with pytest.raises(SpecError, match="no staged weights"):
+        ir_of(tokens=2, tune={"wq_b.wgmma": {"default": 0, "sm90": 1}})
 
 
 def test_ilp_without_bulk_groups_the_register_units():

@@ -226,10 +226,10 @@ def lower(stage: Model, ctx) -> dict:
                  f"turn {knob} off for this stage")
     wgmma = ctx.switch(stage.wgmma.for_target(t.name), ("wgmma",))
     groups = waves // 4  # warpgroups
-    if wgmma and (t.name != "sm90" or not ilp or bulk or lds_w or inline or q_inline or parts != 1
+    if wgmma and (t.name != "sm90" or not ilp or bulk or lds_w or inline or parts != 1
                   or upc != 4 or nc % groups):
-        ctx.fail(("wgmma",), "the wgmma loop takes sm90 with ilp and no staged weights, the rows from the source "
-                 "stage, k_parts 1, 4 units a CTA (one a warp of a warpgroup) and whole chunks a warpgroup "
+        ctx.fail(("wgmma",), "the wgmma loop takes sm90 with ilp, no staged weights, no x quantized here, "
+                 "k_parts 1, 4 units a CTA (one a warp of a warpgroup) and whole chunks a warpgroup "
                  f"(here: upc {upc}, {nc} chunks)", "turn wgmma off for this build")
     if wgmma:
         cpw = nc // groups
