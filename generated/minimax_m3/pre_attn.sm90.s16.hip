@@ -571,6 +571,13 @@ MONO_DEVICE void mx_gemv16_units_j(const u32x4 (&w)[G][CPW], const float (&sw)[G
         put_tile(pt, acc, J == 2);
     }
 }
+template <int G, int CPW, int NC, int STRIDE, int SSTRIDE, int PART_TILE>
+MONO_DEVICE void mx_gemv16_units(const u32x4 (&w)[G][CPW], const float (&sw)[G][CPW][MX_BLOCKS_PER_CHUNK],
+                                 const u32* x8, const float* xs, int tokens, float* part) {
+    if (tokens > 8) mx_gemv16_units_j<2, G, CPW, NC, STRIDE, SSTRIDE, PART_TILE>(w, sw, x8, xs, tokens, part);
+    else mx_gemv16_units_j<1, G, CPW, NC, STRIDE, SSTRIDE, PART_TILE>(w, sw, x8, xs, tokens, part);
+}
+
 // ---- MXFP8 GEMV inner loop, Hopper's native fp8 wgmma (sm_90a) -------------------------------
 // A warpgroup (4 warps) computes 64 rows = 4 units (warp r: unit r's 16 rows, A from registers in
 // the mma.sync m16n8k32 fragment layout, which wgmma's A fragment matches: scripts/probe_wgmma_fp8.py)
@@ -656,12 +663,6 @@ MONO_DEVICE void mx_gemv64_wgmma(const u32x4 (&w)[CPWG], const float (&sw)[CPWG]
                                  float* part) {
     if (tokens > 8) mx_gemv64_wgmma_j<2, CPWG, GROUPS, NG, SSTRIDE>(w, sw, xcm, xs, tokens, part);
     else mx_gemv64_wgmma_j<1, CPWG, GROUPS, NG, SSTRIDE>(w, sw, xcm, xs, tokens, part);
-}
-template <int G, int CPW, int NC, int STRIDE, int SSTRIDE, int PART_TILE>
-MONO_DEVICE void mx_gemv16_units(const u32x4 (&w)[G][CPW], const float (&sw)[G][CPW][MX_BLOCKS_PER_CHUNK],
-                                 const u32* x8, const float* xs, int tokens, float* part) {
-    if (tokens > 8) mx_gemv16_units_j<2, G, CPW, NC, STRIDE, SSTRIDE, PART_TILE>(w, sw, x8, xs, tokens, part);
-    else mx_gemv16_units_j<1, G, CPW, NC, STRIDE, SSTRIDE, PART_TILE>(w, sw, x8, xs, tokens, part);
 }
 
 // ---- shared by every target, on the primitives of its library above -------------------
