@@ -2,7 +2,7 @@
 build's per-CTA stamps (%globaltimer, ns), as microseconds after the first
 CTA's start: min / median / max over the CTAs that reached each point.
 
-    PYTHONPATH=. python3 scripts/timeline_deepseek_front.py [out.txt] [--cold | --rotate] [--slowest=POINT] [stage.field=value ...]
+    PYTHONPATH=. python3 scripts/timeline_deepseek_front.py [out.txt] [--cold | --rotate] [--no-mma] [--slowest=POINT] [stage.field=value ...]
 
 (stage.field=value: spec knob overrides, codegen.load's tune, e.g. wq_b.bulk_weights=0;
 --slowest=POINT also lists the 8 CTAs that stamped POINT last, each with all its stamps:
@@ -10,7 +10,8 @@ a straggler's role shows in its other stamps; --cold: the timed launch follows a
 weights come from HBM, and so does the kernel's code; --rotate: as the bench, the launches cycle
 through 8 copies of the weights (`layer` = copy), so the stamped launches' weights are cold and their
 code is not: the phases the code's first fetch from HBM slows in a --cold timeline read as in the bench;
-each figure is then the median over the second round's 8 launches)"""
+each figure is then the median over the second round's 8 launches; --no-mma: the build without its
+fp8 MMAs, scripts/no_mma.py: wrong results, the time they cost)"""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ import codegen
 from bench.deepseek import WEIGHTS  # the tensors the bench copies
 from bench.timing import Watchdog
 from codegen.__main__ import name_values
+from scripts.no_mma import without_fp8_mma
 from tests import deepseek_case as dc
 
 SPEC = "deepseek_v41/attn_front"
@@ -53,15 +55,17 @@ def main() -> None:
     slowest = next((a.split("=", 1)[1] for a in sys.argv[1:] if a.startswith("--slowest=")), None)
     cold = "--cold" in sys.argv[1:]
     rotate = COPIES if "--rotate" in sys.argv[1:] else 0
-    words = [a for a in sys.argv[1:] if not a.startswith("--slowest=") and a not in ("--cold", "--rotate")]
+    no_mma = "--no-mma" in sys.argv[1:]
+    words = [a for a in sys.argv[1:] if not a.startswith("--slowest=") and a not in ("--cold", "--rotate", "--no-mma")]
     flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda") if cold else None  # > 4x the H200's 60 MiB L2
     files = [a for a in words if "=" not in a]
     tune = name_values([a for a in words if "=" in a]) or None
     out = open(files[0], "w") if files else sys.stdout
-    if tune is None:
+    if tune is None and not no_mma:
         dc.precompile([dict(b, timeline=True) for b in BUILDS])
     for b in BUILDS:
         k = codegen.load(SPEC, timeline=True, tune=tune, **b)
+        k = without_fp8_mma(k) if no_mma else k
         case = dc.make_case(b["tokens"], b["tp"], 1, "sm90", seed=2)
         args = dc.launch_args(case, k.workspace("cuda"))
         samples = []  # the stamps of the launches reported
@@ -83,7 +87,7 @@ def main() -> None:
         tl = samples[-1]
         t0 = tl[:, 0].min()
         each = f", each the median of {len(samples)} launches" if len(samples) > 1 else ""
-        print(f"S={b['tokens']} tp={b['tp']} {'cold ' if cold else 'rotated ' if rotate else ''}{tune or ''}: us after the first CTA's start (min / median / max over CTAs{each})", file=out)
+        print(f"S={b['tokens']} tp={b['tp']} {'cold ' if cold else 'rotated ' if rotate else ''}{'NO MMA ' if no_mma else ''}{tune or ''}: us after the first CTA's start (min / median / max over CTAs{each})", file=out)
         for name, (lo, med, hi, n) in point_stats(samples, k.ir.timeline_points).items():
             print(f"  {name:12s} {lo:7.2f} {med:7.2f} {hi:7.2f}  ({n} CTAs)", file=out)
         if slowest is not None:  # the last launch's

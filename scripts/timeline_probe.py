@@ -5,11 +5,12 @@ replayed from a CUDA graph (bench.timing). Weights cold as in the bench: the
 launches rotate over enough copies of w_qkv to overflow the L2, and the stamps
 are the last launch's.
 
-Usage: python scripts/timeline_probe.py [--cold-keys] [tokens ...] [flag=value ...]
+Usage: python scripts/timeline_probe.py [--cold-keys] [--no-mma] [tokens ...] [flag=value ...]
 (flags: build parameters, e.g. timeline-free ones like static_kv_scale=true, or
 spec knobs as stage.field=value, e.g. qkv.bulk_copies=1: codegen.load's tune).
 The index cache is 16 MB with pages drawn with replacement (its keys stay in the L2);
---cold-keys gives every request its own pages, as the bench does (64K: 134 MB at S=16)."""
+--cold-keys gives every request its own pages, as the bench does (64K: 134 MB at S=16);
+--no-mma times the build without its fp8 MMAs (scripts/no_mma.py: wrong results, what they cost)."""
 
 import sys
 
@@ -19,10 +20,18 @@ import codegen
 from codegen.__main__ import name_values
 from bench.run import auto_copies
 from bench.timing import GpuTimer
+from scripts.no_mma import without_fp8_mma
 from tests.minimax_case import NUM_BLOCKS, context_case, launch_args, make_inputs
 
 
 COLD_KEYS = "--cold-keys" in sys.argv
+NO_MMA = "--no-mma" in sys.argv
+
+
+def build(tokens: int, tune: dict | None, **flags):
+    """The kernel as launched here: codegen.load's, or (--no-mma) its probe twin."""
+    kernel = codegen.load("minimax_m3/pre_attn", tokens=tokens, tune=tune, **flags)
+    return without_fp8_mma(kernel) if NO_MMA else kernel
 
 
 def setup(kernel, tokens: int, contexts) -> tuple[dict, list]:
@@ -41,7 +50,7 @@ def setup(kernel, tokens: int, contexts) -> tuple[dict, list]:
 
 
 def probe(tokens: int, contexts=(4096,), reps: int = 20, tune: dict | None = None, **flags) -> None:
-    kernel = codegen.load("minimax_m3/pre_attn", tokens=tokens, timeline=True, tune=tune, **flags)
+    kernel = build(tokens, tune, timeline=True, **flags)
     args, weights = setup(kernel, tokens, contexts)
     for i in range(max(reps, 2 * len(weights))):  # the last launch's stamps are read; its weights cold
         args["w_qkv"] = weights[i % len(weights)]
@@ -50,14 +59,14 @@ def probe(tokens: int, contexts=(4096,), reps: int = 20, tune: dict | None = Non
     tl = args["tl"].cpu().double()
     pts = kernel.ir.timeline_points
     t0 = tl[:, 0][tl[:, 0] > 0].min()
-    print(f"S={tokens} contexts={list(contexts)} {flags or ''} {tune or ''}, cold weights ({len(weights)} copies): "
+    print(f"S={tokens} contexts={list(contexts)} {flags or ''} {tune or ''}{' NO MMA' if NO_MMA else ''}, cold weights ({len(weights)} copies): "
           "us from the first CTA's start, median / max over CTAs that stamp")
     for i, p in enumerate(pts):
         col = tl[:, i]
         col = (col[col > 0] - t0) / 1000.0
         if col.numel():
             print(f"  {p:14s} n={col.numel():4d}  median {col.median().item():7.2f}  max {col.max().item():7.2f}")
-    plain = codegen.load("minimax_m3/pre_attn", tokens=tokens, tune=tune, **flags)
+    plain = build(tokens, tune, **flags)
     args, weights = setup(plain, tokens, contexts)
     calls = [lambda i=i: plain(**dict(args, w_qkv=weights[i], layer=i)) for i in range(len(weights))]
     sample = GpuTimer(replays=30).graph(calls)
@@ -65,7 +74,7 @@ def probe(tokens: int, contexts=(4096,), reps: int = 20, tune: dict | None = Non
 
 
 if __name__ == "__main__":
-    words = [a for a in sys.argv[1:] if a != "--cold-keys"]
+    words = [a for a in sys.argv[1:] if a not in ("--cold-keys", "--no-mma")]
     tokens = [int(a) for a in words if "=" not in a] or [1, 16]
     pairs = name_values([a for a in words if "=" in a])
     flags = {k: v for k, v in pairs.items() if "." not in k}

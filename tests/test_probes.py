@@ -1,7 +1,7 @@
 """The sm90 probe scripts (scripts/probe_*.py, run on the lent H200): their CUDA sources
 compile with nvrtc here, and the wgmma probe's fragment layouts are the mma.sync
 m16n8k32 ones it claims (checked element by element on the CPU); the scoreboard and timeline
-scripts' arithmetic on made-up listings and stamps."""
+scripts' arithmetic on made-up listings and stamps; the no-MMA probe build (--no-mma)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import torch
 
 from codegen.jit import cuda
 from codegen.targets import get_target
-from scripts import probe_fp8_convert, probe_wgmma_fp8, sass_scoreboards
+from scripts import no_mma, probe_fp8_convert, probe_wgmma_fp8, sass_scoreboards
 
 
 def test_probe_sources_compile():
@@ -84,3 +84,22 @@ def test_timeline_point_stats_take_the_median_launch():
     assert stats["a"] == (0.0, 0.1, 0.2, 4)  # every launch alike, relative to its own first start
     lo, med, hi, n = stats["b"]
     assert (lo, med, n) == (1.0, 1.5, 3) and hi == 4.0  # max 3 / 9 / 4 us: the median launch's 4
+
+
+def test_no_mma_probe_build():
+    """--no-mma: the sm90 builds of both kernels compile without any fp8 MMA (the bf16 ones of
+    MiniMax's scorer stay); a build without the sm90 library's fp8 MMAs is refused."""
+    import pytest
+
+    from codegen import jit
+    from codegen.render import source
+    for spec, tokens in (("deepseek_v41/attn_front", 1), ("minimax_m3/pre_attn", 16)):
+        ir, src = source(spec, "sm90", tokens=tokens)
+        probe = no_mma.without_fp8_mma_source(src)
+        assert probe.count("// probe: no MMA") == 2
+        before, after = (jit.resource_report(s, f"{ir.name}.{tag}.hip", ir.target)[0] for tag, s in (("a", src), ("b", probe)))
+        e4m3 = lambda r: sum(n for op, n in r.mfma.items() if "e4m3" in op)  # noqa: E731
+        assert e4m3(before) > 0 and e4m3(after) == 0 and after.spill_store_bytes == 0
+        assert {op: n for op, n in after.mfma.items() if "bf16" in op} == {op: n for op, n in before.mfma.items() if "bf16" in op}
+    with pytest.raises(ValueError, match="not an sm90 build"):
+        no_mma.without_fp8_mma_source(source("deepseek_v41/attn_front", "gfx942", tokens=1)[1])
