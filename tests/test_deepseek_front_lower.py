@@ -217,7 +217,7 @@ def test_wqb_wgmma_layout(tokens):
     rows = wqb[wqb.index("MONO_DEVICE void stage_rows("):]
     put = "(r % 8) * 4 + (tt % 2) * 2;" if tokens <= 2 else "* 32 + (t % 8) * 4) = x;"  # q_inline norms the rows in place
     assert rows.index(put) < rows.index("fence_proxy_async_lds();")
-    assert "part + r * PART_TILE + g * PART_WAVE" in wqb
+    assert "part + r * PART_TILE + g * PART_WAVE" in wqb and "LDS_WSC" not in wqb  # scales in registers
     # the spec leaves it off: the other builds keep the mma.sync loop and one tile a wave
     off = render(ir_of(tokens=tokens))
     assert "mx_gemv64_wgmma<" not in off and "constexpr int PART_WAVES = WAVES;" in off

@@ -257,6 +257,8 @@ def lower(stage: Model, ctx) -> dict:
                      f"turn {knob} off for this build")
         regs = PREFETCH_LOADS - (cpw if staged < upc else 0)  # less a unit in flight through registers
         group = max(g for g in range(1, max(1, min(staged, regs // (cpw * halves))) + 1) if fits(staged, g))
+    elif wgmma:
+        group = upc  # the CTA's units: warp r of each warpgroup computes unit r
     elif ilp:  # units whose weights are in registers, computed at once: every unit of the CTA when
         # the prefetch holds them all (H200, TP4, 4 units instead of 2 at S = 9 / 16 / 24 / 48:
         # 18.40 / 19.69 / 25.0 / 33.5 -> 17.98 / 19.15 / 24.05 / 32.5 us); else as many as leave the
@@ -269,8 +271,6 @@ def lower(stage: Model, ctx) -> dict:
         lds_scales = group * cpw * halves > PREFETCH_LOADS
         if group > 1 and _group_spans_parts(units, ctx.stage_ctas, rows // ROWS_PER_UNIT, group):
             group = 1  # ... when every group's units share their K part (they share the token rows)
-    if wgmma:
-        group = upc  # the CTA's units: warp r of each warpgroup computes unit r
     # wgmma: the rows in core-matrix layout, whole groups of 8 tokens
     ctx.lds(stage.name, "x", "u32", -(-tile // 8) * 8 * kp // 4 if wgmma else tile * xstride)
     ctx.lds(stage.name, "xs", "float", tile * sstride)
@@ -313,7 +313,7 @@ def lower(stage: Model, ctx) -> dict:
         "bulk": "start" if bulk else "stage" if lds_w else "",
         "staged": staged,
         "group": group,
-        "lds_scales": lds_scales and not wgmma,  # a group's weight scales in LDS (else in registers)
+        "lds_scales": lds_scales,  # a group's weight scales in LDS (else in registers)
         "wgmma": wgmma,
         "groups": groups,  # wgmma: warpgroups
         # bulk: units past the staged ones whose weights are in registers while a group computes
