@@ -215,7 +215,7 @@ def test_wqb_wgmma_layout(tokens):
     wqb = text[text.index("namespace stage_wq_b {"):text.index("}  // namespace stage_wq_b")]
     assert "constexpr int PART_WAVES = GROUPS;" in wqb and "mx_gemv64_wgmma<CPWG, GROUPS, NG, SSTRIDE>(" in wqb
     rows = wqb[wqb.index("MONO_DEVICE void stage_rows("):]
-    put = "(r % 8) * 4 + (tt % 2) * 2;" if tokens <= 2 else "* 32 + (t % 8) * 4) = x;"  # q_inline norms the rows in place
+    put = "xl + core_word(r, tt / 4, (tt / 2) % 2) + (tt % 2) * 2;" if tokens <= 2 else "xl + core_word(t, c, h)) = x;"  # q_inline: in place
     assert rows.index(put) < rows.index("fence_proxy_async_lds();")
     assert "part + r * PART_TILE + g * PART_WAVE" in wqb and "LDS_WSC" not in wqb  # scales in registers
     # the spec leaves it off: the other builds keep the mma.sync loop and one tile a wave

@@ -236,6 +236,8 @@ def lower(stage: Model, ctx) -> dict:
     tile_bytes = waves * ROWS_PER_UNIT * part_row(t) * 4  # one unit's partial tiles
     own = [_lds_size(tile * xstride), _lds_size(tile * sstride), 0, _lds_size(tokens * (head_dim - nope))]
     staged, group, lds_scales = 0, 1, False
+    prefetch = max(1, PREFETCH_LOADS // cpw)  # units whose weights are issued before any wait
+    token_groups = -(-tile // 8)  # wgmma: 8-token core-matrix groups of the LDS rows
     halves = 2 if tile > 8 else 1  # token halves of a pass (an mma each): registers per chunk
     unit_bytes = nc * ROWS_PER_UNIT * chunk
     # the scale rows n consecutive units span at most (the first may start mid-block)
@@ -263,7 +265,6 @@ def lower(stage: Model, ctx) -> dict:
         # the prefetch holds them all (H200, TP4, 4 units instead of 2 at S = 9 / 16 / 24 / 48:
         # 18.40 / 19.69 / 25.0 / 33.5 -> 17.98 / 19.15 / 24.05 / 32.5 us); else as many as leave the
         # next group's loads in flight (refilled as a group ends) beside both token halves' operands ...
-        prefetch = max(1, PREFETCH_LOADS // cpw)
         group = upc if upc <= prefetch else max(1, PREFETCH_LOADS // (cpw * halves))
         # ... their weight scales unpacked into LDS when the group's loads times the token halves
         # exceed that budget: in registers they spilled then (16 B with 4 units at S = 48); in LDS
@@ -272,7 +273,7 @@ def lower(stage: Model, ctx) -> dict:
         if group > 1 and _group_spans_parts(units, ctx.stage_ctas, rows // ROWS_PER_UNIT, group):
             group = 1  # ... when every group's units share their K part (they share the token rows)
     # wgmma: the rows in core-matrix layout, whole groups of 8 tokens
-    ctx.lds(stage.name, "x", "u32", -(-tile // 8) * 8 * kp // 4 if wgmma else tile * xstride)
+    ctx.lds(stage.name, "x", "u32", token_groups * 8 * kp // 4 if wgmma else tile * xstride)
     ctx.lds(stage.name, "xs", "float", tile * sstride)
     ctx.lds(stage.name, "part", "float", group * waves * ROWS_PER_UNIT * part_row(t))
     if lds_scales:  # each warp's weight scales of a group (its chunks')
@@ -306,7 +307,7 @@ def lower(stage: Model, ctx) -> dict:
         "kp": kp,
         "nc": nc,
         "cpw": cpw,
-        "prefetch": max(1, PREFETCH_LOADS // cpw),
+        "prefetch": prefetch,
         "ilp": ilp,
         # when the staged units' bulk copies go out: "start" (bulk_weights: at the kernel's start,
         # into LDS of the kernel's lifetime), "stage" (lds_weights: at the stage's start), "" (none)
@@ -316,6 +317,7 @@ def lower(stage: Model, ctx) -> dict:
         "lds_scales": lds_scales,  # a group's weight scales in LDS (else in registers)
         "wgmma": wgmma,
         "groups": groups,  # wgmma: warpgroups
+        "token_groups": token_groups,
         # bulk: units past the staged ones whose weights are in registers while a group computes
         "rest_prefetch": min(max(1, (PREFETCH_LOADS - group * cpw * halves) // cpw), upc - staged),
         "prologue": bulk,  # the kernel calls its prologue() before any stage: the bulk copies

@@ -474,15 +474,24 @@ MONO_DEVICE void st4(void* p, u32 v) { asm volatile("st.global.u32 [%0], %1;" ::
 // acc + (d * sx) * sw would (one FFMA a value, not two FMUL and an FADD). Columns
 // past `tokens` repeat the last token (ignored). The warp's tile -> part[row * PART_ROW + column].
 constexpr int MX_BLOCKS_PER_CHUNK = GEMV_K_CHUNK / 32;
+// The block-scale rows (xs: SSTRIDE a token) of this lane's D columns 2q, 2q + 1 (first 8-column
+// half) and 8 + 2q, 9 + 2q (second), past `tokens` the last token's (their results are ignored)
+template <int SSTRIDE>
+MONO_DEVICE void lane_scale_rows(const float* xs, int tokens, const float* (&s)[4]) {
+    const int q = lane_id() % 4;
+    s[0] = xs + min_i(2 * q, tokens - 1) * SSTRIDE;
+    s[1] = xs + min_i(2 * q + 1, tokens - 1) * SSTRIDE;
+    s[2] = xs + min_i(8 + 2 * q, tokens - 1) * SSTRIDE;
+    s[3] = xs + min_i(9 + 2 * q, tokens - 1) * SSTRIDE;
+}
 template <int CPW, int NC, int STRIDE, int SSTRIDE>
 MONO_DEVICE void mx_gemv16_partial(const u32x4 (&w)[CPW], const float (&sw)[CPW][MX_BLOCKS_PER_CHUNK],
                                    const u32* x8, const float* xs, int tokens, float* part) {
     const int lane = lane_id(), wave = wave_id(), g = lane / 4, q = lane % 4;
     const u32* x_lo = x8 + min_i(g, tokens - 1) * STRIDE + q;
     const u32* x_hi = x8 + min_i(8 + g, tokens - 1) * STRIDE + q;
-    // this lane's D columns: 2q, 2q + 1 (first mma), 8 + 2q, 9 + 2q (second)
-    const float* s[4] = {xs + min_i(2 * q, tokens - 1) * SSTRIDE, xs + min_i(2 * q + 1, tokens - 1) * SSTRIDE,
-                         xs + min_i(8 + 2 * q, tokens - 1) * SSTRIDE, xs + min_i(9 + 2 * q, tokens - 1) * SSTRIDE};
+    const float* s[4];  // this lane's D columns' scale rows
+    lane_scale_rows<SSTRIDE>(xs, tokens, s);
     float acc[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
 #pragma unroll
     for (int i = 0; i < CPW; ++i) {
@@ -527,8 +536,8 @@ MONO_DEVICE void mx_gemv16_units_j(const u32x4 (&w)[G][CPW], const float (&sw)[G
     constexpr int WAVES_ = THREADS / WAVE;
     const int lane = lane_id(), wave = wave_id(), g = lane / 4, q = lane % 4;
     const u32* xr[2] = {x8 + min_i(g, tokens - 1) * STRIDE + q, x8 + min_i(8 + g, tokens - 1) * STRIDE + q};
-    const float* s[4] = {xs + min_i(2 * q, tokens - 1) * SSTRIDE, xs + min_i(2 * q + 1, tokens - 1) * SSTRIDE,
-                         xs + min_i(8 + 2 * q, tokens - 1) * SSTRIDE, xs + min_i(9 + 2 * q, tokens - 1) * SSTRIDE};
+    const float* s[4];  // this lane's D columns' scale rows
+    lane_scale_rows<SSTRIDE>(xs, tokens, s);
     // the token scales: with one token half loaded here with the rest; with two, read where used,
     // a unit at a time (behind the previous unit's tile stores: not hoisted), so that they do not
     // hold 4 CPW registers through the pass (4 units' weights and both halves fill 128 registers)
@@ -621,9 +630,9 @@ MONO_DEVICE void wgmma_fp8_n16(float (&d)[8], const u32x4& a, u64 desc) {
 template <int J, int CPWG, int GROUPS, int NG, int SSTRIDE>
 MONO_DEVICE void mx_gemv64_wgmma_j(const u32x4 (&w)[CPWG], const float (&sw)[CPWG], const u8* xcm, const float* xs, int tokens,
                                    float* part) {
-    const int lane = lane_id(), g = wave_id() / 4, q = lane % 4;
-    const float* s[4] = {xs + min_i(2 * q, tokens - 1) * SSTRIDE, xs + min_i(2 * q + 1, tokens - 1) * SSTRIDE,
-                         xs + min_i(8 + 2 * q, tokens - 1) * SSTRIDE, xs + min_i(9 + 2 * q, tokens - 1) * SSTRIDE};
+    const int g = wave_id() / 4;  // the warpgroup
+    const float* s[4];  // this lane's D columns' scale rows
+    lane_scale_rows<SSTRIDE>(xs, tokens, s);
     float acc[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
     float d[2][4 * J];
     auto issue = [&](int i, float (&di)[4 * J]) {
