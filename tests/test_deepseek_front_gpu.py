@@ -1,10 +1,11 @@
 """DeepSeek-V4.1 attn_front on the GPU against the PyTorch reference
 (contract B, C.2; the checks and tolerances: tests/deepseek_case.py).
 
-Builds: S in {1, 2, 6, 16, 17, 48} (16, 17 and 48 through the xq stage; S = 1 and 2 with
+Builds: S in {1, 2, 3, 6, 16, 17, 48} (16, 17 and 48 through the xq stage; S = 1 and 2 with
 wq_b norming q itself, q_inline, also against the publishing build), TP 2 and 4,
-ratio 0 / 1 / 2, index and tuned on and off, timeline, wq_b's weights three ways (registers;
-TMA into LDS at wq_b's start, lds_weights, the spec's at S = 2; at the kernel's start,
+ratio 0 / 1 / 2, index and tuned on and off, timeline, wq_b's MMAs two ways (TP4: native fp8
+wgmma, the spec's, checked against its own bound; TP2 and TP4 `emulated`: mma.sync), wq_b's
+weights three ways (registers; TMA into LDS at wq_b's start, lds_weights; at the kernel's start,
 bulk_weights); pad rows (slot -1),
 SWA blocks of 64 and 128 tokens, padded block strides. Each build launches
 twice (the second launch: the next epoch's tags, the same bits); one build
@@ -27,15 +28,18 @@ from .graphs import capture
 pytestmark = pytest.mark.gpu
 
 SPEC = "deepseek_v41/attn_front"
-# wq_b's weights by TMA into LDS at the kernel's start, or at wq_b's start (the spec's at S = 2)
-BULK = {"tune": {"wq_b.bulk_weights": {"default": 0, "sm90": 1}, "wq_b.lds_weights": 0}}
-LDS = {"tune": {"wq_b.lds_weights": {"default": 0, "sm90": 1}}}
-WGMMA = {"tune": {"wq_b.wgmma": {"default": 0, "sm90": 1}}}  # experimental: native fp8 wgmma (its own tolerance)
-WGMMA_NO_LDS = {"tune": {"wq_b.wgmma": {"default": 0, "sm90": 1}, "wq_b.lds_weights": 0}}  # S = 2: the spec's TMA weights off
-# (tokens, tp, ratio, flags, swa_block, pad rows, swa block padding)
+# wq_b's weights by TMA into LDS at the kernel's start, or at wq_b's start: with the emulated MMAs
+# (TP4's native wgmma takes its weights in registers)
+BULK = {"tune": {"wq_b.bulk_weights": {"default": 0, "sm90": 1}, "wq_b.wgmma": 0}}
+LDS = {"tune": {"wq_b.lds_weights": {"default": 0, "sm90": 1}, "wq_b.wgmma": 0}}
+# TP4 with the emulated fp8 mma.sync instead of the spec's native wgmma (TP2's loop, exact to 2^-22)
+EMULATED = {"tune": {"wq_b.wgmma": 0}}
+TUNES = {id(BULK): "bulk", id(LDS): "lds", id(EMULATED): "emulated"}
+# (tokens, tp, ratio, flags, swa_block, pad rows, swa block padding); TP4 builds run wq_b on wgmma
 CASES = [
-    (1, 4, 1, {}, 128, (), 0),
+    (1, 4, 1, {}, 128, (), 0),  # q_inline: the rows normed in place, core-matrix layout
     (2, 4, 2, {}, 64, (1,), 0),  # q_inline with two rows on the one qkv CTA
+    (3, 4, 1, {}, 64, (1,), 0),
     (6, 4, 2, {}, 64, (1, 4), 64),
     (16, 4, 0, {}, 128, (3,), 0),
     (17, 4, 1, {}, 64, (0, 16), 8),
@@ -53,19 +57,19 @@ CASES = [
     (1, 4, 2, BULK, 64, (), 0),  # with q_inline
     (16, 4, 1, BULK, 128, (4,), 0),
     (1, 4, 1, LDS, 128, (), 0),  # with q_inline
+    (2, 4, 1, LDS, 64, (1,), 0),
     (16, 4, 2, LDS, 64, (5,), 0),
-    (1, 4, 2, WGMMA, 64, (), 0),  # with q_inline: the rows normed in place, core-matrix layout
-    (2, 4, 1, WGMMA_NO_LDS, 64, (1,), 0),
-    (3, 4, 1, WGMMA, 64, (1,), 0),
-    (16, 4, 1, WGMMA, 128, (4,), 0),
-    (48, 4, 2, WGMMA, 128, (5, 47), 0),
+    (1, 4, 2, EMULATED, 64, (), 0),  # with q_inline
+    (3, 4, 1, EMULATED, 64, (1,), 0),
+    (16, 4, 1, EMULATED, 128, (4,), 0),
+    (48, 4, 2, EMULATED, 128, (5, 47), 0),
 ]
 STATS: dict = {}
 
 
 def case_id(c):
     s, tp, ratio, flags, blk, pads, pad = c
-    tags = [("bulk" if flags is BULK else "lds" if flags is LDS else "wgmma") if k == "tune" else k for k in flags]
+    tags = [TUNES[id(flags)] if k == "tune" else k for k in flags]
     return f"s{s}-tp{tp}-r{ratio}" + "".join(f"-{k}" for k in tags) + f"-b{blk}"
 
 

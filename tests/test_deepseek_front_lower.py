@@ -130,7 +130,7 @@ def test_wqb_bulk_weights_layout(tp, tokens, staged, group):
     if tokens > 16:
         assert not next(s for s in ir_of(tokens=tokens, tp=tp).stages if s.name == "wq_b").values["bulk"]
     ir = ir_of(tokens=tokens, tp=tp, timeline=True,
-               tune={"wq_b.bulk_weights": {"default": 0, "sm90": 1}, "wq_b.ilp": {"default": 0, "sm90": 1}})
+               tune={"wq_b.bulk_weights": {"default": 0, "sm90": 1}, "wq_b.ilp": {"default": 0, "sm90": 1}, "wq_b.wgmma": 0})
     v = next(s for s in ir.stages if s.name == "wq_b").values
     assert v["ilp"] and v["bulk"] and v["prologue"] and (v["staged"], v["group"]) == (staged, group)
     union = max(b.offset + b.nbytes for b in ir.lds if not b.whole_kernel and b.stage != "kernel")
@@ -148,7 +148,7 @@ def test_wqb_bulk_weights_layout(tp, tokens, staged, group):
 ])
 def test_wqb_lds_weights_layout(tp, tokens, staged, group):
     ir = ir_of(tokens=tokens, tp=tp, timeline=True,
-               tune={"wq_b.lds_weights": {"default": 0, "sm90": 1}, "wq_b.ilp": {"default": 0, "sm90": 1}})
+               tune={"wq_b.lds_weights": {"default": 0, "sm90": 1}, "wq_b.ilp": {"default": 0, "sm90": 1}, "wq_b.wgmma": 0})
     v = next(s for s in ir.stages if s.name == "wq_b").values
     assert v["bulk"] == "stage" and not v["prologue"] and (v["staged"], v["group"]) == (staged, group)
     bufs = {b.qualified_name: b for b in ir.lds}
@@ -164,12 +164,16 @@ def test_wqb_lds_weights_layout(tp, tokens, staged, group):
     assert "load_scales(lds + LDS_WCODES" in run and "load_scales(a.wqb_s" not in run
 
 
-def test_wqb_lds_weights_in_the_spec():
-    """The spec's: sm90 TP4 at S = 2 only (H200 bench: slower at S = 1, 6, 16, 48)."""
-    for tp, tokens in ((4, 1), (4, 2), (4, 6), (2, 2)):
+def test_wqb_mma_in_the_spec():
+    """The spec's wq_b MMAs: native fp8 wgmma at sm90 TP4 (weights in registers, no lds_weights:
+    H200, S = 2 12.95 us against 13.80 with lds_weights and the emulated MMAs), the emulated
+    mma.sync at TP2 (8 units a CTA), MFMA on AMD."""
+    for tp, tokens in ((4, 1), (4, 2), (4, 6), (4, 48), (2, 2), (2, 48)):
         v = next(s for s in ir_of(tokens=tokens, tp=tp).stages if s.name == "wq_b").values
-        assert v["bulk"] == ("stage" if (tp, tokens) == (4, 2) else "")
-    assert not next(s for s in ir_of("gfx950", tokens=2).stages if s.name == "wq_b").values["bulk"]
+        assert v["wgmma"] == (tp == 4) and v["bulk"] == ""
+    for target in ("gfx942", "gfx950"):
+        v = next(s for s in ir_of(target, tokens=2).stages if s.name == "wq_b").values
+        assert not v["wgmma"] and not v["bulk"]
 
 
 @pytest.mark.parametrize("target", ["gfx942", "gfx950"])
@@ -186,10 +190,10 @@ def test_wqb_knobs_off_on_amd(target):
     ({"wq_b.ilp": 0, "wq_b.lds_weights": 1}, "the staged weights are read by the ILP loop"),
     ({"wq_b.bulk_weights": 1, "wq_b.lds_weights": 1}, "bulk_weights already moves the weights into LDS"),
     ({"wqkv_a.ilp": 1, "wqkv_a.lds_weights": 1}, "whole rows (k_parts: 1) needed"),
-    ({"wq_b.wgmma": {"default": 1}}, "the wgmma loop takes sm90"),
-    ({"wq_b.wgmma": 1, "wq_b.ilp": 0}, "the wgmma loop takes sm90 with ilp"),
-    ({"wq_b.wgmma": 1, "wq_b.lds_weights": 1}, "no staged weights"),
-    ({"wqkv_a.wgmma": 1, "wqkv_a.ilp": 1}, "(here: upc 2, 80 chunks)"),
+    ({"wq_b.wgmma": {"default": 1}}, "target gfx942 (sm90 only)"),
+    ({"wq_b.wgmma": 1, "wq_b.lds_weights": 1}, "lds_weights on (the wgmma loop takes its weights in registers)"),
+    ({"wq_b.wgmma": 1, "wq_b.bulk_weights": 1}, "bulk_weights on"),
+    ({"wqkv_a.wgmma": 1}, "k_parts 2 (whole rows needed); 2 units a CTA (one a warp of a warpgroup: 4 needed)"),
 ])
 def test_wqb_knob_refusals(tune, message):
     from codegen.spec.load import tune_items
@@ -200,30 +204,36 @@ def test_wqb_knob_refusals(tune, message):
     assert message in str(e.value)
 
 
-@pytest.mark.parametrize("tokens", [1, 3, 16, 48])
+@pytest.mark.parametrize("tokens", [1, 2, 3, 16, 48])
 def test_wqb_wgmma_layout(tokens):
-    """wq_b.wgmma (sm90, experimental): the CTA's 4 units a warpgroup's 4 warps, a quarter of the 40
-    chunks a warpgroup (10 a warp), the token rows in LDS in core-matrix layout (whole groups of 8
-    tokens, 1280 bytes a token: copied from QX8, or normed in place by q_inline at S <= 2), made
-    visible to the async proxy before the barrier; one partial tile a warpgroup (4 to sum)."""
-    ir = ir_of(tokens=tokens, tune={"wq_b.wgmma": {"default": 0, "sm90": 1}})
+    """wq_b.wgmma (the spec's at sm90 TP4): the CTA's 4 units a warpgroup's 4 warps, a quarter of the
+    40 chunks a warpgroup (10 a warp), the token rows in LDS in core-matrix layout (whole groups of
+    8 tokens, 1280 bytes a token: copied from QX8, or normed in place by q_inline at S <= 2), made
+    visible to the async proxy before the barrier; one partial tile a warpgroup (4 to sum), and LDS
+    for those only."""
+    ir = ir_of(tokens=tokens)
     v = next(s for s in ir.stages if s.name == "wq_b").values
     assert v["wgmma"] and (v["group"], v["cpw"], v["groups"]) == (4, 10, 4) and not v["lds_scales"]
+    assert not v["bulk"]  # the weights travel in registers
     x = next(b for b in ir.lds if b.qualified_name == "stage_wq_b::LDS_X")
     assert x.nbytes == -(-tokens // 8) * 8 * 1280
+    part = next(b for b in ir.lds if b.qualified_name == "stage_wq_b::LDS_PART")
+    assert part.nbytes == 4 * 4 * 16 * 18 * 4  # 4 units x 4 warpgroup tiles of 16 rows x PART_ROW floats
     text = render(ir)
     wqb = text[text.index("namespace stage_wq_b {"):text.index("}  // namespace stage_wq_b")]
     assert "constexpr int PART_WAVES = GROUPS;" in wqb and "mx_gemv64_wgmma<CPWG, GROUPS, NG, SSTRIDE>(" in wqb
+    assert "constexpr int PART_TILE = PART_WAVES * PART_WAVE;" in wqb
     rows = wqb[wqb.index("MONO_DEVICE void stage_rows("):]
     put = "xl + core_word(r, tt / 4, (tt / 2) % 2) + (tt % 2) * 2;" if tokens <= 2 else "xl + core_word(t, c, h)) = x;"  # q_inline: in place
     assert rows.index(put) < rows.index("fence_proxy_async_lds();")
     assert "part + r * PART_TILE + g * PART_WAVE" in wqb and "LDS_WSC" not in wqb  # scales in registers
-    # the spec leaves it off: the other builds keep the mma.sync loop and one tile a wave
-    off = render(ir_of(tokens=tokens))
-    assert "mx_gemv64_wgmma<" not in off and "constexpr int PART_WAVES = WAVES;" in off
-    # S = 2: the spec's lds_weights (TMA weights) and wgmma (weights in registers) exclude each other
-    with pytest.raises(SpecError, match="no staged weights"):
-        ir_of(tokens=2, tune={"wq_b.wgmma": {"default": 0, "sm90": 1}})
+    # off (and at TP2, 8 units a CTA): the emulated mma.sync loop and one tile a wave
+    for off in (ir_of(tokens=tokens, tune={"wq_b.wgmma": 0}), ir_of(tokens=tokens, tp=2)):
+        text = render(off)
+        assert "mx_gemv64_wgmma<" not in text and "constexpr int PART_WAVES = WAVES;" in text
+    # lds_weights (TMA weights) and wgmma (weights in registers) exclude each other
+    with pytest.raises(SpecError, match="lds_weights on"):
+        ir_of(tokens=tokens, tune={"wq_b.lds_weights": {"default": 0, "sm90": 1}})
 
 
 def test_ilp_without_bulk_groups_the_register_units():
@@ -233,7 +243,7 @@ def test_ilp_without_bulk_groups_the_register_units():
     the register budget (PREFETCH_LOADS), the group's weight scales go to LDS (in registers they
     spilled), else they stay in registers."""
     from codegen.spec.load import tune_items
-    loaded = load_spec(SPEC, tune_items({"wq_b.bulk_weights": 0, "wqkv_a.ilp": {"default": 0, "sm90": 1}}))
+    loaded = load_spec(SPEC, tune_items({"wq_b.bulk_weights": 0, "wq_b.wgmma": 0, "wqkv_a.ilp": {"default": 0, "sm90": 1}}))
     for tokens, group, wqkv_group in ((1, 4, 2), (6, 4, 2), (16, 4, 2), (17, 4, 2), (48, 4, 2)):
         ir = lower(loaded, make_build(loaded, "sm90", tokens=tokens))
         v = {s.name: s.values for s in ir.stages}
@@ -313,7 +323,8 @@ def test_gemv_probe_points(stage, tokens):
 
 def test_wq_b_weights_point():
     """weights_point stamps right after the bulk weights' mbarrier wait (bulk builds only)."""
-    text = render(ir_of(tokens=1, timeline=True, tune={"wq_b.weights_point": "spare", "wq_b.bulk_weights": {"default": 0, "sm90": 1}}))
+    text = render(ir_of(tokens=1, timeline=True, tune={"wq_b.weights_point": "spare", "wq_b.bulk_weights": {"default": 0, "sm90": 1},
+                                                         "wq_b.wgmma": 0}))
     ns = text[text.index("namespace stage_wq_b {"):text.index("}  // namespace stage_wq_b")]
     wait = ns.index("bulk_wait(reinterpret_cast<u64*>(lds + LDS_WBAR), 0);")
     assert ns.count("stamp(lds, TL_SPARE);") == 1 and wait < ns.index("stamp(lds, TL_SPARE);") < ns.index("mx_gemv16_units<")
@@ -322,9 +333,11 @@ def test_wq_b_weights_point():
 def test_q_inline_builds():
     """Up to INLINE_Q_TOKENS rows wq_b norms q itself from the partials (no QX8 wait) and the
     qkv stage publishes nothing, on the last CTA, which has no wq_b unit (sm90); above, QX8 and
-    its flags as before. Both emit the one q latent math (mla_q_math)."""
+    its flags as before. Both emit the one q latent math (mla_q_math). The emulated MMAs' loop (TP2's;
+    test_wqb_wgmma_layout has the wgmma loop's rows)."""
+    emulated = {"wq_b.wgmma": 0}
     for tokens, inline in ((1, True), (6, False)):
-        ir = ir_of(tokens=tokens)
+        ir = ir_of(tokens=tokens, tune=emulated)
         qkv, wqb = (next(s for s in ir.stages if s.name == n) for n in ("qkv", "wq_b"))
         assert wqb.values["q_inline"] is inline and qkv.values["publish"] is not inline
         assert qkv.first == (131 if inline else 0) and wqb.ctas == (131 if inline else 132)
@@ -337,7 +350,7 @@ def test_q_inline_builds():
         if inline:  # nothing ahead of the partials' wait waits on memory: cos / sin behind it (bulk too)
             order = ["const long long cs_pos = a.pos[csi / ROPE];", "stage_rows(a, mb, lds, ",
                      "cs_val = cos_sin_value(a, cs_pos, csi);", "mx_gemv16_units<GROUP", "[thread_id()] = cs_val;", "epilogue_group("]
-            bulk = render(ir_of(tokens=tokens, tune={"wq_b.bulk_weights": {"default": 0, "sm90": 1}}))
+            bulk = render(ir_of(tokens=tokens, tune=emulated | {"wq_b.bulk_weights": {"default": 0, "sm90": 1}}))
             bulk = bulk[bulk.index("namespace stage_wq_b {"):bulk.index("}  // namespace stage_wq_b")]
             for r in (run, bulk[bulk.index("MONO_DEVICE void run("):]):
                 assert [r.index(o) for o in order] == sorted(r.index(o) for o in order) and "stage_cos_sin(a," not in r

@@ -91,11 +91,10 @@ class Model(StageBase):
     # cp.async): they stream while the CTA waits for its token rows, and no load of theirs holds
     # a register or a load scoreboard that the rows' polls share
     lds_weights: PerTarget = PerTarget(default=0)
-    # native fp8 wgmma per target (1 = on; sm90, with ilp, 4 units a CTA): a warpgroup's 4 warps
-    # take the CTA's 4 units of one chunk, the 4 warpgroups a quarter of the chunks each; the
-    # activations in LDS in core-matrix layout. The tensor cores keep about 13 bits of a chunk's
-    # sum (up to 2^-12.8 of sum |w x|): a precision class of its own (bench/NOTES.md, DeepSeek
-    # session 13). Experimental.
+    # native fp8 wgmma per target (1 = on; sm90, 4 units a CTA): a warpgroup's 4 warps take the
+    # CTA's 4 units of one chunk, the 4 warpgroups a quarter of the chunks each; the activations in
+    # LDS in core-matrix layout. The tensor cores keep about 13 bits of a chunk's sum (up to
+    # 2^-12.8 of sum |w x|): sm90's fp8 tensor-core precision class (README "Precision")
     wgmma: PerTarget = PerTarget(default=0)
     # mla_norm_rope source: the CTAs norm and quantize the q latent themselves from the source's
     # partials (template macro mla_q_math, the same bits as its QX8) instead of waiting for QX8:
@@ -226,12 +225,17 @@ def lower(stage: Model, ctx) -> dict:
                  f"turn {knob} off for this stage")
     wgmma = ctx.switch(stage.wgmma.for_target(t.name), ("wgmma",))
     groups = waves // 4  # warpgroups
-    if wgmma and (t.name != "sm90" or not ilp or bulk or lds_w or inline or parts != 1
-                  or upc != 4 or nc % groups):
-        ctx.fail(("wgmma",), "the wgmma loop takes sm90 with ilp, no staged weights, no x quantized here, "
-                 "k_parts 1, 4 units a CTA (one a warp of a warpgroup) and whole chunks a warpgroup "
-                 f"(here: upc {upc}, {nc} chunks)", "turn wgmma off for this build")
     if wgmma:
+        why = [r for r, bad in (
+            (f"target {t.name} (sm90 only)", t.name != "sm90"),
+            (f"{knob} on (the wgmma loop takes its weights in registers)", bulk or lds_w),
+            ("x quantized here", inline),
+            (f"k_parts {parts} (whole rows needed)", parts != 1),
+            (f"{upc} units a CTA (one a warp of a warpgroup: 4 needed)", upc != 4),
+            (f"{nc} chunks do not split over {groups} warpgroups", nc % groups)) if bad]
+        if why:
+            ctx.fail(("wgmma",), "the wgmma loop cannot run this build: " + "; ".join(why),
+                     "turn wgmma off for this build")
         cpw = nc // groups
     tile_bytes = waves * ROWS_PER_UNIT * part_row(t) * 4  # one unit's partial tiles
     own = [_lds_size(tile * xstride), _lds_size(tile * sstride), 0, _lds_size(tokens * (head_dim - nope))]
@@ -275,7 +279,8 @@ def lower(stage: Model, ctx) -> dict:
     # wgmma: the rows in core-matrix layout, whole groups of 8 tokens
     ctx.lds(stage.name, "x", "u32", token_groups * 8 * kp // 4 if wgmma else tile * xstride)
     ctx.lds(stage.name, "xs", "float", tile * sstride)
-    ctx.lds(stage.name, "part", "float", group * waves * ROWS_PER_UNIT * part_row(t))
+    part_waves = groups if wgmma else waves  # partial tiles a unit: one a warpgroup (wgmma), else one a wave
+    ctx.lds(stage.name, "part", "float", group * part_waves * ROWS_PER_UNIT * part_row(t))
     if lds_scales:  # each warp's weight scales of a group (its chunks')
         ctx.lds(stage.name, "wsc", "float", waves * group * cpw * (chunk // MX_BLOCK))
     if bulk:

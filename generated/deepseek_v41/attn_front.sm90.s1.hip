@@ -49,7 +49,7 @@
 //   qx8s     @    36096       160 B  40 words: its E8M0 codes (int32): token t at t * 40
 //   qrdy     @    36352         8 B  1 flags: ready flag of token t's QX8 (copy c: + c * QRDY_STRIDE)
 //
-// LDS (80672 bytes; stages reuse the same bytes, one after another):
+// LDS (34320 bytes; stages reuse the same bytes, one after another):
 //   stage_kt::LDS_WINDOW   @      0  128 x int
 //   stage_wqkv_a::LDS_X    @      0  644 x u32
 //   stage_wqkv_a::LDS_XS   @   2576  84 x float
@@ -58,10 +58,10 @@
 //   stage_qkv::LDS_VALS    @    128  1792 x float
 //   stage_wq_b::LDS_QV     @      0  1280 x float
 //   stage_wq_b::LDS_QRED   @   5120  24 x float
-//   stage_wq_b::LDS_X      @   5216  324 x u32
-//   stage_wq_b::LDS_XS     @   6512  44 x float
-//   stage_wq_b::LDS_PART   @   6688  18432 x float
-//   stage_wq_b::LDS_CS     @  80416  64 x float
+//   stage_wq_b::LDS_X      @   5216  2560 x u32
+//   stage_wq_b::LDS_XS     @  15456  44 x float
+//   stage_wq_b::LDS_PART   @  15632  4608 x float
+//   stage_wq_b::LDS_CS     @  34064  64 x float
 //
 // stages (every CTA runs them in this order; a stage waits only on earlier ones):
 //   1. kt     key_table    1 tasks on CTAs 92..131 (round_robin)
@@ -825,7 +825,7 @@ struct Mailbox {
     u64* qrdy;  // 1 flags @ 36352
 };
 
-constexpr int LDS_BYTES = 80672;  // the union of the stages' LDS, plus the stamps
+constexpr int LDS_BYTES = 34320;  // the union of the stages' LDS, plus the stamps
 
 // ---- timeline ---------------------------------------------------------------------------
 constexpr int TL_START = 0;
@@ -1281,10 +1281,10 @@ constexpr int FIRST = 0;
 constexpr int CTAS = 131;
 constexpr int LDS_QV = 0;  // LDS: 1280 x float
 constexpr int LDS_QRED = 5120;  // LDS: 24 x float
-constexpr int LDS_X = 5216;  // LDS: 324 x u32
-constexpr int LDS_XS = 6512;  // LDS: 44 x float
-constexpr int LDS_PART = 6688;  // LDS: 18432 x float
-constexpr int LDS_CS = 80416;  // LDS: 64 x float
+constexpr int LDS_X = 5216;  // LDS: 2560 x u32
+constexpr int LDS_XS = 15456;  // LDS: 44 x float
+constexpr int LDS_PART = 15632;  // LDS: 4608 x float
+constexpr int LDS_CS = 34064;  // LDS: 64 x float
 
 constexpr int ROWS = 8192;               // rows of wqb
 constexpr int K = 1280;                   // its columns
@@ -1293,10 +1293,10 @@ constexpr int ROW_TILES = ROWS / 16;
 constexpr int KP = K / K_PARTS;              // columns of one unit
 constexpr int KB = K / 32;                   // scale blocks along K (wqb_s's row)
 constexpr int NC = KP / GEMV_K_CHUNK;        // weight chunks of a unit: one 16-byte load per lane each
-constexpr int CPW = 3;                 // chunks per wave: wave w takes w, w + WAVES, ..
+constexpr int CPW = 10;                 // chunks per wave: wave w takes w, w + WAVES, ..
 constexpr int WAVES = THREADS / WAVE;
 constexpr int UPC = (TASKS + CTAS - 1) / CTAS;  // units per CTA (round robin)
-constexpr int PREFETCH = 4 < UPC ? 4 : UPC;  // units whose weights are issued before any wait
+constexpr int PREFETCH = 1 < UPC ? 1 : UPC;  // units whose weights are issued before any wait
 constexpr int LDS_TOKENS = 1;         // token rows resident in LDS
 constexpr int N_LDS_TILES = 1;
 constexpr int XSTRIDE = 324;          // LDS words of a token row (padded: rows on distinct banks)
@@ -1306,9 +1306,15 @@ constexpr int COPIES = 1;              // the source's flag copies: CTA b polls 
 constexpr int FLAG_STRIDE = 1;
 constexpr int ROW_BATCH = 1;           // 16-byte loads a thread issues at once when it stages token rows
 constexpr float MX_FP8_MAX = 448.0f;  // the MX maximum of this target's e4m3 flavour
+constexpr int GROUPS = 4;              // warpgroups: a quarter of the chunks each, warp r of each unit r
+constexpr int PART_WAVES = GROUPS;         // partial tiles of a unit: one a warpgroup
+constexpr int NG = 1;                  // 8-token core-matrix groups of the LDS rows
+// The LDS word of token t's 16 bytes of chunk c, k half h: 128-byte core matrices of 8 tokens x 16
+// bytes, the chunk's two k halves 128 bytes apart, its token groups 256 apart (mx_gemv64_wgmma's
+// descriptor strides), chunk c at c * NG * 256 bytes
+MONO_DEVICE int core_word(int t, int c, int h) { return ((c * NG + t / 8) * 2 + h) * 32 + (t % 8) * 4; }
 constexpr int GROUP = 4;               // units computed at once from their registers (part tiles side by side)
-constexpr int PART_TILE = WAVES * PART_WAVE;       // floats of one unit's wave tiles
-constexpr int PART_WAVES = WAVES;          // partial tiles of a unit: one a wave
+constexpr int PART_TILE = PART_WAVES * PART_WAVE;  // floats of one unit's partial tiles
 constexpr int HEAD_DIM = 512;          // rows per head
 constexpr int NOPE = 448;              // head dims before the GPT-J RoPE dims
 constexpr int ROPE = 64;               // cos_sin row: cos[0 .. ROPE / 2), sin[..]
@@ -1453,12 +1459,16 @@ MONO_DEVICE void stage_rows(const Args& a, const Mailbox& mb, u8* lds, int, int 
         u32 w0, w1;
         const int code = q_quant(xq, q_rsq(red + 8 * r0), qw, ys, w0, w1);
         if (live) {
-            xl[r * XSTRIDE + 2 * tt] = w0;
-            xl[r * XSTRIDE + 2 * tt + 1] = w1;
+            // core-matrix layout (wgmma): values 8tt .. are chunk tt / 4's k half (tt / 2) % 2, bytes
+            // (tt % 2) 8 .. of token r's 16 there
+            u32* at = xl + core_word(r, tt / 4, (tt / 2) % 2) + (tt % 2) * 2;
+            at[0] = w0;
+            at[1] = w1;
             if (tt % 4 == 0) xs[r * SSTRIDE + tt / 4] = e8m0_scale(code);
         }
         barrier();  // red[] is reused
     }
+    fence_proxy_async_lds();  // the wgmma reads the rows through the async proxy (after the caller's barrier)
 }
 
 // Value i of the LDS cos / sin rows (cs[t * ROPE ..]): token i / ROPE's row at position pos.
@@ -1510,55 +1520,54 @@ MONO_DEVICE void epilogue_group(const Args& a, const Mailbox& mb, const float* p
     }
 }
 
-// The CTA's units GROUP at a time, their weights in registers: the first PREFETCH units'
-// issued before anything waits, then each group, once computed, issues as many more (PREFETCH
-// units' registers in all). A group's units share their K part (the lowering checks), so they
-// share the token rows. Per group and 16 token columns: one ILP pass over the group's units,
-// one barrier and one epilogue pass. A unit past TASKS computes a copy of the last (not stored).
+// The CTA's 4 units on the tensor cores' native fp8 wgmma (mx_gemv64_wgmma): warp r of each
+// warpgroup g loads unit r's chunks g, g + GROUPS, .. (issued before anything waits); per LDS
+// tile of tokens and 16 token columns one pass (each warpgroup's tile of each unit), one
+// barrier, one epilogue pass over the 4 units. A unit past TASKS computes a copy (not stored).
 MONO_DEVICE void run(const Args& a, const Mailbox& mb, u8* lds) {
     const int b0 = block_id() - FIRST;
     if (b0 < 0 || b0 >= CTAS) return;
     u32* xl = reinterpret_cast<u32*>(lds + LDS_X);
     float* xs = reinterpret_cast<float*>(lds + LDS_XS);
     float* part = reinterpret_cast<float*>(lds + LDS_PART);
-    constexpr int SLOTS = (UPC + GROUP - 1) / GROUP * GROUP;  // whole groups
-    u32x4 w[SLOTS][CPW];
-    u32 sw[SLOTS][CODE_WORDS];
+    constexpr int CPWG = NC / GROUPS;  // chunks of a warp
+    const int g = wave_id() / 4, r = wave_id() % 4;
+    const int u = min_i(b0 + CTAS * r, TASKS - 1);
+    u32x4 w[CPWG];
+    u32 code[CPWG];  // the chunks' weight block scale codes: unpacked behind the rows' wait
+    {
+        const int row0 = unit_row0(u);
+        const u8* wrow = a.wqb + (long long)row0 * K + lane_id() * 16;
+        const u8* srow = a.wqb_s + (row0 / 32) * KB;
 #pragma unroll
-    for (int i = 0; i < PREFETCH; ++i) load_unit(a, min_i(b0 + CTAS * i, TASKS - 1), w[i], sw[i]);
+        for (int i = 0; i < CPWG; ++i) {
+            const int c = g + GROUPS * i;
+            w[i] = ld16(wrow + (long long)c * 16 * GEMV_K_CHUNK);
+            code[i] = srow[c];
+        }
+    }
     static_assert(TOKENS * ROPE <= THREADS, "one cos / sin value a thread");
     const int csi = min_i(thread_id(), TOKENS * ROPE - 1);
     const long long cs_pos = a.pos[csi / ROPE];  // pos now, its row behind the partials' wait
     float cs_val = 0.0f;
+    for (int tile = 0; tile < N_LDS_TILES; ++tile) {
+        const int tok0 = tile * LDS_TOKENS, nt = min_i(LDS_TOKENS, TOKENS - tok0);
+        barrier();
+        stage_rows(a, mb, lds, 0, tok0, nt, xl, xs);
+        barrier();
+        cs_val = cos_sin_value(a, cs_pos, csi);
+        float sw[CPWG];
 #pragma unroll
-    for (int i0 = 0; i0 < UPC; i0 += GROUP) {
-        const int kpart = unit_part(min_i(b0 + CTAS * i0, TASKS - 1));  // past TASKS: the last unit's
-        const bool new_part = i0 == 0 || kpart != unit_part(b0 + CTAS * (i0 - GROUP));  // not the last group's rows
-        for (int tile = 0; tile < N_LDS_TILES; ++tile) {
-            const int tok0 = tile * LDS_TOKENS, nt = min_i(LDS_TOKENS, TOKENS - tok0);
-            if (N_LDS_TILES > 1 || new_part) {  // the rows are not in LDS yet
-                barrier();
-                stage_rows(a, mb, lds, kpart, tok0, nt, xl, xs);
-                barrier();
-                cs_val = cos_sin_value(a, cs_pos, csi);
-            }
-            float swg[GROUP][CPW][MX_BLOCKS_PER_CHUNK];  // once, not once a 16-column pass (behind the rows' wait)
-#pragma unroll
-            for (int uu = 0; uu < GROUP; ++uu) unpack_scales(sw[i0 + uu], swg[uu]);
-            for (int c0 = 0; c0 < nt; c0 += 16) {
-                const int nc = min_i(16, nt - c0);
-                mx_gemv16_units<GROUP, CPW, NC, XSTRIDE, SSTRIDE, PART_TILE>(
-                    reinterpret_cast<const u32x4(&)[GROUP][CPW]>(w[i0]), swg, xl + c0 * XSTRIDE,
-                    xs + c0 * SSTRIDE, nc, part + wave_id() * PART_WAVE);
-                if (i0 == 0 && c0 == 0 && thread_id() < TOKENS * ROPE) reinterpret_cast<float*>(lds + LDS_CS)[thread_id()] = cs_val;
-                barrier();
-                epilogue_group(a, mb, part, lds, b0, i0, UPC, tok0 + c0, nc);
-                barrier();  // part[] is reused
-            }
+        for (int i = 0; i < CPWG; ++i) sw[i] = e8m0_scale(int(opaque(code[i])));
+        for (int c0 = 0; c0 < nt; c0 += 16) {
+            const int nc = min_i(16, nt - c0);
+            mx_gemv64_wgmma<CPWG, GROUPS, NG, SSTRIDE>(w, sw, reinterpret_cast<const u8*>(xl) + (c0 / 8) * 256, xs + c0 * SSTRIDE, nc,
+                                                      part + r * PART_TILE + g * PART_WAVE);
+            if (tile == 0 && c0 == 0 && thread_id() < TOKENS * ROPE) reinterpret_cast<float*>(lds + LDS_CS)[thread_id()] = cs_val;
+            barrier();
+            epilogue_group(a, mb, part, lds, b0, 0, UPC, tok0 + c0, nc);
+            barrier();  // part[] is reused
         }
-#pragma unroll
-        for (int i = i0 + PREFETCH; i < i0 + PREFETCH + GROUP && i < SLOTS; ++i)  // the group's registers, refilled
-            load_unit(a, min_i(b0 + CTAS * i, TASKS - 1), w[i], sw[i]);
     }
     stamp(lds, TL_WQB_DONE);
 }

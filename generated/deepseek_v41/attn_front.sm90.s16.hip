@@ -49,18 +49,17 @@
 //   qx8s     @   571648      2560 B  640 words: its E8M0 codes (int32): token t at t * 40
 //   qrdy     @   574208       128 B  16 flags: ready flag of token t's QX8 (copy c: + c * QRDY_STRIDE)
 //
-// LDS (102144 bytes; stages reuse the same bytes, one after another):
+// LDS (65024 bytes; stages reuse the same bytes, one after another):
 //   stage_kt::LDS_WINDOW   @      0  128 x int
 //   stage_wqkv_a::LDS_X    @      0  10304 x u32
 //   stage_wqkv_a::LDS_XS   @  41216  1344 x float
 //   stage_wqkv_a::LDS_PART @  46592  4608 x float
 //   stage_qkv::LDS_RED     @      0  32 x float
 //   stage_qkv::LDS_VALS    @    128  1792 x float
-//   stage_wq_b::LDS_X      @      0  5184 x u32
-//   stage_wq_b::LDS_XS     @  20736  704 x float
-//   stage_wq_b::LDS_PART   @  23552  18432 x float
-//   stage_wq_b::LDS_WSC    @  97280  192 x float
-//   stage_wq_b::LDS_CS     @  98048  1024 x float
+//   stage_wq_b::LDS_X      @      0  5120 x u32
+//   stage_wq_b::LDS_XS     @  20480  704 x float
+//   stage_wq_b::LDS_PART   @  23296  4608 x float
+//   stage_wq_b::LDS_CS     @  41728  1024 x float
 //
 // stages (every CTA runs them in this order; a stage waits only on earlier ones):
 //   0. xq     mxfp8_quant  32 tasks on CTAs 92..131 (round_robin)
@@ -825,7 +824,7 @@ struct Mailbox {
     u64* qrdy;  // 16 flags @ 574208
 };
 
-constexpr int LDS_BYTES = 102144;  // the union of the stages' LDS, plus the stamps
+constexpr int LDS_BYTES = 65024;  // the union of the stages' LDS, plus the stamps
 
 // ---- timeline ---------------------------------------------------------------------------
 constexpr int TL_START = 0;
@@ -1322,11 +1321,10 @@ namespace stage_wq_b {
 constexpr int TASKS = 512;  // task t runs on CTA FIRST + t % CTAS
 constexpr int FIRST = 0;
 constexpr int CTAS = 132;
-constexpr int LDS_X = 0;  // LDS: 5184 x u32
-constexpr int LDS_XS = 20736;  // LDS: 704 x float
-constexpr int LDS_PART = 23552;  // LDS: 18432 x float
-constexpr int LDS_WSC = 97280;  // LDS: 192 x float
-constexpr int LDS_CS = 98048;  // LDS: 1024 x float
+constexpr int LDS_X = 0;  // LDS: 5120 x u32
+constexpr int LDS_XS = 20480;  // LDS: 704 x float
+constexpr int LDS_PART = 23296;  // LDS: 4608 x float
+constexpr int LDS_CS = 41728;  // LDS: 1024 x float
 
 constexpr int ROWS = 8192;               // rows of wqb
 constexpr int K = 1280;                   // its columns
@@ -1335,10 +1333,10 @@ constexpr int ROW_TILES = ROWS / 16;
 constexpr int KP = K / K_PARTS;              // columns of one unit
 constexpr int KB = K / 32;                   // scale blocks along K (wqb_s's row)
 constexpr int NC = KP / GEMV_K_CHUNK;        // weight chunks of a unit: one 16-byte load per lane each
-constexpr int CPW = 3;                 // chunks per wave: wave w takes w, w + WAVES, ..
+constexpr int CPW = 10;                 // chunks per wave: wave w takes w, w + WAVES, ..
 constexpr int WAVES = THREADS / WAVE;
 constexpr int UPC = (TASKS + CTAS - 1) / CTAS;  // units per CTA (round robin)
-constexpr int PREFETCH = 4 < UPC ? 4 : UPC;  // units whose weights are issued before any wait
+constexpr int PREFETCH = 1 < UPC ? 1 : UPC;  // units whose weights are issued before any wait
 constexpr int LDS_TOKENS = 16;         // token rows resident in LDS
 constexpr int N_LDS_TILES = 1;
 constexpr int XSTRIDE = 324;          // LDS words of a token row (padded: rows on distinct banks)
@@ -1348,9 +1346,15 @@ constexpr int COPIES = 1;              // the source's flag copies: CTA b polls 
 constexpr int FLAG_STRIDE = 16;
 constexpr int ROW_BATCH = 3;           // 16-byte loads a thread issues at once when it stages token rows
 constexpr float MX_FP8_MAX = 448.0f;  // the MX maximum of this target's e4m3 flavour
+constexpr int GROUPS = 4;              // warpgroups: a quarter of the chunks each, warp r of each unit r
+constexpr int PART_WAVES = GROUPS;         // partial tiles of a unit: one a warpgroup
+constexpr int NG = 2;                  // 8-token core-matrix groups of the LDS rows
+// The LDS word of token t's 16 bytes of chunk c, k half h: 128-byte core matrices of 8 tokens x 16
+// bytes, the chunk's two k halves 128 bytes apart, its token groups 256 apart (mx_gemv64_wgmma's
+// descriptor strides), chunk c at c * NG * 256 bytes
+MONO_DEVICE int core_word(int t, int c, int h) { return ((c * NG + t / 8) * 2 + h) * 32 + (t % 8) * 4; }
 constexpr int GROUP = 4;               // units computed at once from their registers (part tiles side by side)
-constexpr int PART_TILE = WAVES * PART_WAVE;       // floats of one unit's wave tiles
-constexpr int PART_WAVES = WAVES;          // partial tiles of a unit: one a wave
+constexpr int PART_TILE = PART_WAVES * PART_WAVE;  // floats of one unit's partial tiles
 constexpr int HEAD_DIM = 512;          // rows per head
 constexpr int NOPE = 448;              // head dims before the GPT-J RoPE dims
 constexpr int ROPE = 64;               // cos_sin row: cos[0 .. ROPE / 2), sin[..]
@@ -1408,9 +1412,15 @@ MONO_DEVICE void load_unit(const Args& a, int u, u32x4 (&w)[CPW], u32 (&codes)[C
 // (16-byte loads through L2: written in this launch, published behind the flags).
 MONO_DEVICE void stage_rows(const Args&, const Mailbox& mb, u8*, int part, int tok0, int nt, u32* xl, float* xs) {
     constexpr int VECS = KP / 16, SVECS = KP / 128;  // 16-byte pieces of a row part, of its codes
+    // core-matrix layout for wgmma (core_word); item i = (c * nt + t) * 2 + h, so that two lanes
+    // read a 32-byte sector of a row and 16 lanes fill two core matrices (no bank conflict)
     copy16_batched<ROW_BATCH>(
-        nt * VECS, [&](int i) { return mb.qx8 + (tok0 + i / VECS) * (K / 4) + part * (KP / 4) + 4 * (i % VECS); },
-        [&](int i, u32x4 x) { *reinterpret_cast<u32x4*>(xl + (i / VECS) * XSTRIDE + 4 * (i % VECS)) = x; });
+        nt * VECS, [&](int i) { return mb.qx8 + (tok0 + (i / 2) % nt) * (K / 4) + part * (KP / 4) + 4 * (2 * (i / (2 * nt)) + i % 2); },
+        [&](int i, u32x4 x) {
+            const int t = (i / 2) % nt, c = i / (2 * nt), h = i % 2;
+            *reinterpret_cast<u32x4*>(xl + core_word(t, c, h)) = x;
+        });
+    fence_proxy_async_lds();  // the wgmma reads them through the async proxy (after the caller's barrier)
     copy16_batched<ROW_BATCH>(
         nt * SVECS, [&](int i) { return mb.qx8s + (tok0 + i / SVECS) * (K / 32) + part * (KP / 32) + 4 * (i % SVECS); },
         [&](int i, u32x4 code) {
@@ -1479,58 +1489,50 @@ MONO_DEVICE void epilogue_group(const Args& a, const Mailbox& mb, const float* p
     }
 }
 
-// The CTA's units GROUP at a time, their weights in registers: the first PREFETCH units'
-// issued before anything waits, then each group, once computed, issues as many more (PREFETCH
-// units' registers in all). A group's units share their K part (the lowering checks), so they
-// share the token rows. Per group and 16 token columns: one ILP pass over the group's units,
-// one barrier and one epilogue pass. A unit past TASKS computes a copy of the last (not stored).
+// The CTA's 4 units on the tensor cores' native fp8 wgmma (mx_gemv64_wgmma): warp r of each
+// warpgroup g loads unit r's chunks g, g + GROUPS, .. (issued before anything waits); per LDS
+// tile of tokens and 16 token columns one pass (each warpgroup's tile of each unit), one
+// barrier, one epilogue pass over the 4 units. A unit past TASKS computes a copy (not stored).
 MONO_DEVICE void run(const Args& a, const Mailbox& mb, u8* lds) {
     const int b0 = block_id() - FIRST;
     if (b0 < 0 || b0 >= CTAS) return;
     u32* xl = reinterpret_cast<u32*>(lds + LDS_X);
     float* xs = reinterpret_cast<float*>(lds + LDS_XS);
     float* part = reinterpret_cast<float*>(lds + LDS_PART);
-    constexpr int SLOTS = (UPC + GROUP - 1) / GROUP * GROUP;  // whole groups
-    u32x4 w[SLOTS][CPW];
-    u32 sw[SLOTS][CODE_WORDS];
-    using GroupScales = float[GROUP][CPW][MX_BLOCKS_PER_CHUNK];
-    GroupScales& swg = reinterpret_cast<GroupScales*>(lds + LDS_WSC)[wave_id()];  // this warp's chunks' scales
+    constexpr int CPWG = NC / GROUPS;  // chunks of a warp
+    const int g = wave_id() / 4, r = wave_id() % 4;
+    const int u = min_i(b0 + CTAS * r, TASKS - 1);
+    u32x4 w[CPWG];
+    u32 code[CPWG];  // the chunks' weight block scale codes: unpacked behind the rows' wait
+    {
+        const int row0 = unit_row0(u);
+        const u8* wrow = a.wqb + (long long)row0 * K + lane_id() * 16;
+        const u8* srow = a.wqb_s + (row0 / 32) * KB;
 #pragma unroll
-    for (int i = 0; i < PREFETCH; ++i) load_unit(a, min_i(b0 + CTAS * i, TASKS - 1), w[i], sw[i]);
-    stage_cos_sin(a, reinterpret_cast<float*>(lds + LDS_CS));  // read after the rows' barriers
-    await_rows(mb, unit_part(min_i(b0, TASKS - 1)));  // the first group's rows
-#pragma unroll
-    for (int i0 = 0; i0 < UPC; i0 += GROUP) {
-        const int kpart = unit_part(min_i(b0 + CTAS * i0, TASKS - 1));  // past TASKS: the last unit's
-        const bool new_part = i0 == 0 || kpart != unit_part(b0 + CTAS * (i0 - GROUP));  // not the last group's rows
-        if (i0 > 0 && new_part) await_rows(mb, kpart);
-        for (int tile = 0; tile < N_LDS_TILES; ++tile) {
-            const int tok0 = tile * LDS_TOKENS, nt = min_i(LDS_TOKENS, TOKENS - tok0);
-            if (N_LDS_TILES > 1 || new_part) {  // the rows are not in LDS yet
-                barrier();
-                stage_rows(a, mb, lds, kpart, tok0, nt, xl, xs);
-                barrier();
-            }
-            // the group's weight scales unpacked once into the warp's LDS (the previous group's passes
-            // ended in a barrier), read where the passes use them: in registers through passes of
-            // both token halves they spilled with groups of 4 (16 B at S = 48)
-            if (lane_id() == 0)
-#pragma unroll
-                for (int uu = 0; uu < GROUP; ++uu) unpack_scales(sw[i0 + uu], swg[uu]);
-            wave_sync();
-            for (int c0 = 0; c0 < nt; c0 += 16) {
-                const int nc = min_i(16, nt - c0);
-                mx_gemv16_units<GROUP, CPW, NC, XSTRIDE, SSTRIDE, PART_TILE>(
-                    reinterpret_cast<const u32x4(&)[GROUP][CPW]>(w[i0]), swg, xl + c0 * XSTRIDE,
-                    xs + c0 * SSTRIDE, nc, part + wave_id() * PART_WAVE);
-                barrier();
-                epilogue_group(a, mb, part, lds, b0, i0, UPC, tok0 + c0, nc);
-                barrier();  // part[] is reused
-            }
+        for (int i = 0; i < CPWG; ++i) {
+            const int c = g + GROUPS * i;
+            w[i] = ld16(wrow + (long long)c * 16 * GEMV_K_CHUNK);
+            code[i] = srow[c];
         }
+    }
+    stage_cos_sin(a, reinterpret_cast<float*>(lds + LDS_CS));  // read after the rows' barriers
+    await_rows(mb, 0);
+    for (int tile = 0; tile < N_LDS_TILES; ++tile) {
+        const int tok0 = tile * LDS_TOKENS, nt = min_i(LDS_TOKENS, TOKENS - tok0);
+        barrier();
+        stage_rows(a, mb, lds, 0, tok0, nt, xl, xs);
+        barrier();
+        float sw[CPWG];
 #pragma unroll
-        for (int i = i0 + PREFETCH; i < i0 + PREFETCH + GROUP && i < SLOTS; ++i)  // the group's registers, refilled
-            load_unit(a, min_i(b0 + CTAS * i, TASKS - 1), w[i], sw[i]);
+        for (int i = 0; i < CPWG; ++i) sw[i] = e8m0_scale(int(opaque(code[i])));
+        for (int c0 = 0; c0 < nt; c0 += 16) {
+            const int nc = min_i(16, nt - c0);
+            mx_gemv64_wgmma<CPWG, GROUPS, NG, SSTRIDE>(w, sw, reinterpret_cast<const u8*>(xl) + (c0 / 8) * 256, xs + c0 * SSTRIDE, nc,
+                                                      part + r * PART_TILE + g * PART_WAVE);
+            barrier();
+            epilogue_group(a, mb, part, lds, b0, 0, UPC, tok0 + c0, nc);
+            barrier();  // part[] is reused
+        }
     }
     stamp(lds, TL_WQB_DONE);
 }
