@@ -3,8 +3,8 @@
 
 Builds: S in {1, 2, 3, 6, 16, 17, 48} (16, 17 and 48 through the xq stage; S = 1 and 2 with
 wq_b norming q itself, q_inline, also against the publishing build), TP 2 and 4,
-ratio 0 / 1 / 2, index and tuned on and off, timeline, wq_b's MMAs two ways (TP4: native fp8
-wgmma, the spec's, checked against its own bound; TP2 and TP4 `emulated`: mma.sync), wq_b's
+ratio 0 / 1 / 2, index and tuned on and off, timeline, wq_b's MMAs two ways (native fp8 wgmma,
+the spec's, checked against its own bound; `emulated`: mma.sync), wq_b's
 weights three ways (registers; TMA into LDS at wq_b's start, lds_weights; at the kernel's start,
 bulk_weights); pad rows (slot -1),
 SWA blocks of 64 and 128 tokens, padded block strides. Each build launches
@@ -32,10 +32,11 @@ SPEC = "deepseek_v41/attn_front"
 # (TP4's native wgmma takes its weights in registers)
 BULK = {"tune": {"wq_b.bulk_weights": {"default": 0, "sm90": 1}, "wq_b.wgmma": 0}}
 LDS = {"tune": {"wq_b.lds_weights": {"default": 0, "sm90": 1}, "wq_b.wgmma": 0}}
-# TP4 with the emulated fp8 mma.sync instead of the spec's native wgmma (TP2's loop, exact to 2^-22)
+# wq_b on the emulated fp8 mma.sync instead of the spec's native wgmma (exact to 2^-22)
 EMULATED = {"tune": {"wq_b.wgmma": 0}}
 TUNES = {id(BULK): "bulk", id(LDS): "lds", id(EMULATED): "emulated"}
-# (tokens, tp, ratio, flags, swa_block, pad rows, swa block padding); TP4 builds run wq_b on wgmma
+# (tokens, tp, ratio, flags, swa_block, pad rows, swa block padding); wq_b on wgmma unless EMULATED
+# (TP2: 8 units a CTA, two groups of 4)
 CASES = [
     (1, 4, 1, {}, 128, (), 0),  # q_inline: the rows normed in place, core-matrix layout
     (2, 4, 2, {}, 64, (1,), 0),  # q_inline with two rows on the one qkv CTA
@@ -63,6 +64,8 @@ CASES = [
     (3, 4, 1, EMULATED, 64, (1,), 0),
     (16, 4, 1, EMULATED, 128, (4,), 0),
     (48, 4, 2, EMULATED, 128, (5, 47), 0),
+    (1, 2, 0, EMULATED, 64, (), 0),
+    (48, 2, 1, EMULATED, 64, (7,), 0),
 ]
 STATS: dict = {}
 

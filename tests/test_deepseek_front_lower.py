@@ -165,12 +165,12 @@ def test_wqb_lds_weights_layout(tp, tokens, staged, group):
 
 
 def test_wqb_mma_in_the_spec():
-    """The spec's wq_b MMAs: native fp8 wgmma at sm90 TP4 (weights in registers, no lds_weights:
-    H200, S = 2 12.95 us against 13.80 with lds_weights and the emulated MMAs), the emulated
-    mma.sync at TP2 (8 units a CTA), MFMA on AMD."""
+    """The spec's wq_b MMAs: native fp8 wgmma at sm90, TP2's 8 units a CTA in two groups of 4
+    (weights in registers, no lds_weights: H200, TP4, S = 2 12.95 us against 13.80 with
+    lds_weights and the emulated MMAs), MFMA on AMD."""
     for tp, tokens in ((4, 1), (4, 2), (4, 6), (4, 48), (2, 2), (2, 48)):
         v = next(s for s in ir_of(tokens=tokens, tp=tp).stages if s.name == "wq_b").values
-        assert v["wgmma"] == (tp == 4) and v["bulk"] == ""
+        assert v["wgmma"] and v["bulk"] == "" and v["group"] == 4
     for target in ("gfx942", "gfx950"):
         v = next(s for s in ir_of(target, tokens=2).stages if s.name == "wq_b").values
         assert not v["wgmma"] and not v["bulk"]
@@ -193,7 +193,7 @@ def test_wqb_knobs_off_on_amd(target):
     ({"wq_b.wgmma": {"default": 1}}, "target gfx942 (sm90 only)"),
     ({"wq_b.wgmma": 1, "wq_b.lds_weights": 1}, "lds_weights on (the wgmma loop takes its weights in registers)"),
     ({"wq_b.wgmma": 1, "wq_b.bulk_weights": 1}, "bulk_weights on"),
-    ({"wqkv_a.wgmma": 1}, "k_parts 2 (whole rows needed); 2 units a CTA (one a warp of a warpgroup: 4 needed)"),
+    ({"wqkv_a.wgmma": 1}, "k_parts 2 (whole rows needed); 2 units a CTA (one a warp of each warpgroup: a multiple of 4 needed)"),
 ])
 def test_wqb_knob_refusals(tune, message):
     from codegen.spec.load import tune_items
@@ -204,17 +204,19 @@ def test_wqb_knob_refusals(tune, message):
     assert message in str(e.value)
 
 
-@pytest.mark.parametrize("tokens", [1, 2, 3, 16, 48])
-def test_wqb_wgmma_layout(tokens):
-    """wq_b.wgmma (the spec's at sm90 TP4): the CTA's 4 units a warpgroup's 4 warps, a quarter of the
+@pytest.mark.parametrize("tp,tokens", [(4, 1), (4, 2), (4, 3), (4, 16), (4, 48), (2, 1), (2, 48)])
+def test_wqb_wgmma_layout(tp, tokens):
+    """wq_b.wgmma (the spec's at sm90): the CTA's 4 units a warpgroup's 4 warps, a quarter of the
     40 chunks a warpgroup (10 a warp), the token rows in LDS in core-matrix layout (whole groups of
     8 tokens, 1280 bytes a token: copied from QX8, or normed in place by q_inline at S <= 2), made
     visible to the async proxy before the barrier; one partial tile a warpgroup (4 to sum), and LDS
-    for those only."""
-    ir = ir_of(tokens=tokens)
-    v = next(s for s in ir.stages if s.name == "wq_b").values
+    for those only. TP2 (8 units a CTA): two groups, the second's weights loaded as the first's
+    last pass frees their registers."""
+    ir = ir_of(tokens=tokens, tp=tp)
+    st = next(s for s in ir.stages if s.name == "wq_b")
+    v = st.values
     assert v["wgmma"] and (v["group"], v["cpw"], v["groups"]) == (4, 10, 4) and not v["lds_scales"]
-    assert not v["bulk"]  # the weights travel in registers
+    assert not v["bulk"] and -(-st.tasks // st.ctas) == 16 // tp  # weights in registers; units a CTA
     x = next(b for b in ir.lds if b.qualified_name == "stage_wq_b::LDS_X")
     assert x.nbytes == -(-tokens // 8) * 8 * 1280
     part = next(b for b in ir.lds if b.qualified_name == "stage_wq_b::LDS_PART")
@@ -227,13 +229,13 @@ def test_wqb_wgmma_layout(tokens):
     put = "xl + core_word(r, tt / 4, (tt / 2) % 2) + (tt % 2) * 2;" if tokens <= 2 else "xl + core_word(t, c, h)) = x;"  # q_inline: in place
     assert rows.index(put) < rows.index("fence_proxy_async_lds();")
     assert "part + r * PART_TILE + g * PART_WAVE" in wqb and "LDS_WSC" not in wqb  # scales in registers
-    # off (and at TP2, 8 units a CTA): the emulated mma.sync loop and one tile a wave
-    for off in (ir_of(tokens=tokens, tune={"wq_b.wgmma": 0}), ir_of(tokens=tokens, tp=2)):
-        text = render(off)
-        assert "mx_gemv64_wgmma<" not in text and "constexpr int PART_WAVES = WAVES;" in text
+    assert "refill ? wrow(i0 + 4 + r) : nullptr" in wqb and "epilogue_group(a, mb, part, lds, b0, i0, UPC," in wqb
+    # off: the emulated mma.sync loop and one tile a wave
+    text = render(ir_of(tokens=tokens, tp=tp, tune={"wq_b.wgmma": 0}))
+    assert "mx_gemv64_wgmma<" not in text and "constexpr int PART_WAVES = WAVES;" in text
     # lds_weights (TMA weights) and wgmma (weights in registers) exclude each other
     with pytest.raises(SpecError, match="lds_weights on"):
-        ir_of(tokens=tokens, tune={"wq_b.lds_weights": {"default": 0, "sm90": 1}})
+        ir_of(tokens=tokens, tp=tp, tune={"wq_b.lds_weights": {"default": 0, "sm90": 1}, "wq_b.ilp": {"default": 0, "sm90": 1}})
 
 
 def test_ilp_without_bulk_groups_the_register_units():
@@ -262,8 +264,8 @@ def test_ilp_without_bulk_groups_the_register_units():
             assert "stage_rows(a, mb, lds, kpart," in wqkv and "lds, unit_row0(u), unit_part(u), tok0" in wqkv
         else:
             assert "mx_gemv16_units<1, CPW, NC, XSTRIDE, SSTRIDE, WAVES * PART_WAVE>" in wqkv
-    # the spec: TP2 above 16 tokens keeps the plain loop (its groups would spill)
-    v = next(s for s in ir_of(tokens=48, tp=2).stages if s.name == "wq_b").values
+    # the spec, wgmma off: TP2 above 16 tokens keeps the plain loop (its groups would spill)
+    v = next(s for s in ir_of(tokens=48, tp=2, tune={"wq_b.wgmma": 0}).stages if s.name == "wq_b").values
     assert not v["ilp"] and v["group"] == 1
 
 

@@ -91,8 +91,9 @@ class Model(StageBase):
     # cp.async): they stream while the CTA waits for its token rows, and no load of theirs holds
     # a register or a load scoreboard that the rows' polls share
     lds_weights: PerTarget = PerTarget(default=0)
-    # native fp8 wgmma per target (1 = on; sm90, 4 units a CTA): a warpgroup's 4 warps take the
-    # CTA's 4 units of one chunk, the 4 warpgroups a quarter of the chunks each; the activations in
+    # native fp8 wgmma per target (1 = on; sm90, 4 or 8 units a CTA): a warpgroup's 4 warps take 4
+    # of the CTA's units (a group) of one chunk, the 4 warpgroups a quarter of the chunks each; the
+    # next group's weights load as the group's last pass frees their registers; the activations in
     # LDS in core-matrix layout. The tensor cores keep about 13 bits of a chunk's sum (up to
     # 2^-12.8 of sum |w x|): sm90's fp8 tensor-core precision class (README "Precision")
     wgmma: PerTarget = PerTarget(default=0)
@@ -231,7 +232,8 @@ def lower(stage: Model, ctx) -> dict:
             (f"{knob} on (the wgmma loop takes its weights in registers)", bulk or lds_w),
             ("x quantized here", inline),
             (f"k_parts {parts} (whole rows needed)", parts != 1),
-            (f"{upc} units a CTA (one a warp of a warpgroup: 4 needed)", upc != 4),
+            (f"{upc} units a CTA (one a warp of each warpgroup: a multiple of 4 needed)", upc % 4),
+            (f"a token tile of {tile} < {tokens} tokens (every row in LDS once needed)", tile < tokens),
             (f"{nc} chunks do not split over {groups} warpgroups", nc % groups)) if bad]
         if why:
             ctx.fail(("wgmma",), "the wgmma loop cannot run this build: " + "; ".join(why),
@@ -264,7 +266,7 @@ def lower(stage: Model, ctx) -> dict:
         regs = PREFETCH_LOADS - (cpw if staged < upc else 0)  # less a unit in flight through registers
         group = max(g for g in range(1, max(1, min(staged, regs // (cpw * halves))) + 1) if fits(staged, g))
     elif wgmma:
-        group = upc  # the CTA's units: warp r of each warpgroup computes unit r
+        group = 4  # units computed at once: warp r of each warpgroup computes the group's unit r
     elif ilp:  # units whose weights are in registers, computed at once: every unit of the CTA when
         # the prefetch holds them all (H200, TP4, 4 units instead of 2 at S = 9 / 16 / 24 / 48:
         # 18.40 / 19.69 / 25.0 / 33.5 -> 17.98 / 19.15 / 24.05 / 32.5 us); else as many as leave the

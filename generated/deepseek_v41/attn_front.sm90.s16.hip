@@ -621,14 +621,20 @@ MONO_DEVICE void wgmma_fp8_n16(float (&d)[8], const u32x4& a, u64 desc) {
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
                  : "r"(a.x), "r"(a.y), "r"(a.z), "r"(a.w), "l"(desc));
 }
+// wgmma reads its A registers until its group completes: this keeps a's registers (and value)
+// untouched up to here, after the wait_group that covers it
+MONO_DEVICE void hold_regs(u32x4& a) { asm volatile("" : "+r"(a.x), "+r"(a.y), "+r"(a.z), "+r"(a.w)::"memory"); }
 // One warp's share of a 16-column pass: its unit's chunks g + GROUPS i (g: the warpgroup, w[i]:
 // their A fragments, sw[i]: their weight block scales), the token rows xcm (core-matrix layout,
 // the pass's first 8-token group; NG groups a chunk), xs their block scales. Per chunk and column,
 // acc = fma(d, sx * sw, acc) as the mma.sync loop does; two chunks in flight (d of chunk i + 1
 // issued before chunk i's is scaled). The warp's 16-row tile -> part (PART_ROW a row).
+// next (the next unit's row of weights at this lane's 16 bytes, its row of scale codes in
+// next_codes), when not null: as chunk i's MMA completes, w[i] and code[i] take the next unit's
+// chunk i, so its loads stream during this pass's MMAs.
 template <int J, int CPWG, int GROUPS, int NG, int SSTRIDE>
-MONO_DEVICE void mx_gemv64_wgmma_j(const u32x4 (&w)[CPWG], const float (&sw)[CPWG], const u8* xcm, const float* xs, int tokens,
-                                   float* part) {
+MONO_DEVICE void mx_gemv64_wgmma_j(u32x4 (&w)[CPWG], const float (&sw)[CPWG], const u8* xcm, const float* xs, int tokens,
+                                   float* part, const u8* next, const u8* next_codes, u32 (&code)[CPWG]) {
     const int g = wave_id() / 4;  // the warpgroup
     const float* s[4];  // this lane's D columns' scale rows
     lane_scale_rows<SSTRIDE>(xs, tokens, s);
@@ -655,6 +661,11 @@ MONO_DEVICE void mx_gemv64_wgmma_j(const u32x4 (&w)[CPWG], const float (&sw)[CPW
         }
         fence_regs(d[i % 2]);
         const int c = g + GROUPS * i;
+        hold_regs(w[i]);
+        if (next != nullptr) {  // uniform
+            w[i] = ld16(next + (long long)c * 16 * GEMV_K_CHUNK);
+            code[i] = next_codes[c];
+        }
 #pragma unroll
         for (int j = 0; j < J; ++j) {
             const float s0 = s[2 * j][c] * sw[i], s1 = s[2 * j + 1][c] * sw[i];
@@ -667,10 +678,10 @@ MONO_DEVICE void mx_gemv64_wgmma_j(const u32x4 (&w)[CPWG], const float (&sw)[CPW
     put_tile(part, acc, J == 2);
 }
 template <int CPWG, int GROUPS, int NG, int SSTRIDE>
-MONO_DEVICE void mx_gemv64_wgmma(const u32x4 (&w)[CPWG], const float (&sw)[CPWG], const u8* xcm, const float* xs, int tokens,
-                                 float* part) {
-    if (tokens > 8) mx_gemv64_wgmma_j<2, CPWG, GROUPS, NG, SSTRIDE>(w, sw, xcm, xs, tokens, part);
-    else mx_gemv64_wgmma_j<1, CPWG, GROUPS, NG, SSTRIDE>(w, sw, xcm, xs, tokens, part);
+MONO_DEVICE void mx_gemv64_wgmma(u32x4 (&w)[CPWG], const float (&sw)[CPWG], const u8* xcm, const float* xs, int tokens,
+                                 float* part, const u8* next, const u8* next_codes, u32 (&code)[CPWG]) {
+    if (tokens > 8) mx_gemv64_wgmma_j<2, CPWG, GROUPS, NG, SSTRIDE>(w, sw, xcm, xs, tokens, part, next, next_codes, code);
+    else mx_gemv64_wgmma_j<1, CPWG, GROUPS, NG, SSTRIDE>(w, sw, xcm, xs, tokens, part, next, next_codes, code);
 }
 
 // ---- shared by every target, on the primitives of its library above -------------------
@@ -1489,10 +1500,12 @@ MONO_DEVICE void epilogue_group(const Args& a, const Mailbox& mb, const float* p
     }
 }
 
-// The CTA's 4 units on the tensor cores' native fp8 wgmma (mx_gemv64_wgmma): warp r of each
-// warpgroup g loads unit r's chunks g, g + GROUPS, .. (issued before anything waits); per LDS
-// tile of tokens and 16 token columns one pass (each warpgroup's tile of each unit), one
-// barrier, one epilogue pass over the 4 units. A unit past TASKS computes a copy (not stored).
+// The CTA's units on the tensor cores' native fp8 wgmma (mx_gemv64_wgmma), 4 at a time (its
+// i-th: group i / 4, warp i % 4 of each warpgroup): warp r of warpgroup g loads unit r's chunks
+// g, g + GROUPS, .. (issued before anything waits); the next group's as this group's last pass
+// frees their registers. Per group and 16 token columns one pass (each warpgroup's tile of each
+// of the 4 units), one barrier, one epilogue pass over the 4 units. A unit past TASKS computes a
+// copy (not stored).
 MONO_DEVICE void run(const Args& a, const Mailbox& mb, u8* lds) {
     const int b0 = block_id() - FIRST;
     if (b0 < 0 || b0 >= CTAS) return;
@@ -1500,37 +1513,41 @@ MONO_DEVICE void run(const Args& a, const Mailbox& mb, u8* lds) {
     float* xs = reinterpret_cast<float*>(lds + LDS_XS);
     float* part = reinterpret_cast<float*>(lds + LDS_PART);
     constexpr int CPWG = NC / GROUPS;  // chunks of a warp
+    static_assert(N_LDS_TILES == 1 && UPC % 4 == 0, "every token row in LDS once; whole groups of 4 units");
     const int g = wave_id() / 4, r = wave_id() % 4;
-    const int u = min_i(b0 + CTAS * r, TASKS - 1);
+    // unit i's row of weights at this lane's bytes, its row of scale codes
+    auto wrow = [&](int i) { return a.wqb + (long long)unit_row0(min_i(b0 + CTAS * i, TASKS - 1)) * K + lane_id() * 16; };
+    auto srow = [&](int i) { return a.wqb_s + (unit_row0(min_i(b0 + CTAS * i, TASKS - 1)) / 32) * KB; };
     u32x4 w[CPWG];
     u32 code[CPWG];  // the chunks' weight block scale codes: unpacked behind the rows' wait
     {
-        const int row0 = unit_row0(u);
-        const u8* wrow = a.wqb + (long long)row0 * K + lane_id() * 16;
-        const u8* srow = a.wqb_s + (row0 / 32) * KB;
+        const u8* wr = wrow(r);
+        const u8* sr = srow(r);
 #pragma unroll
         for (int i = 0; i < CPWG; ++i) {
             const int c = g + GROUPS * i;
-            w[i] = ld16(wrow + (long long)c * 16 * GEMV_K_CHUNK);
-            code[i] = srow[c];
+            w[i] = ld16(wr + (long long)c * 16 * GEMV_K_CHUNK);
+            code[i] = sr[c];
         }
     }
     stage_cos_sin(a, reinterpret_cast<float*>(lds + LDS_CS));  // read after the rows' barriers
     await_rows(mb, 0);
-    for (int tile = 0; tile < N_LDS_TILES; ++tile) {
-        const int tok0 = tile * LDS_TOKENS, nt = min_i(LDS_TOKENS, TOKENS - tok0);
-        barrier();
-        stage_rows(a, mb, lds, 0, tok0, nt, xl, xs);
-        barrier();
+    const int tok0 = 0, nt = TOKENS;
+    barrier();
+    stage_rows(a, mb, lds, 0, tok0, nt, xl, xs);
+    barrier();
+    for (int i0 = 0; i0 < UPC; i0 += 4) {
         float sw[CPWG];
 #pragma unroll
         for (int i = 0; i < CPWG; ++i) sw[i] = e8m0_scale(int(opaque(code[i])));
         for (int c0 = 0; c0 < nt; c0 += 16) {
             const int nc = min_i(16, nt - c0);
+            const bool refill = c0 + 16 >= nt && i0 + 4 < UPC;  // the last pass: the next group's weights
             mx_gemv64_wgmma<CPWG, GROUPS, NG, SSTRIDE>(w, sw, reinterpret_cast<const u8*>(xl) + (c0 / 8) * 256, xs + c0 * SSTRIDE, nc,
-                                                      part + r * PART_TILE + g * PART_WAVE);
+                                                      part + r * PART_TILE + g * PART_WAVE, refill ? wrow(i0 + 4 + r) : nullptr,
+                                                      refill ? srow(i0 + 4 + r) : nullptr, code);
             barrier();
-            epilogue_group(a, mb, part, lds, b0, 0, UPC, tok0 + c0, nc);
+            epilogue_group(a, mb, part, lds, b0, i0, UPC, tok0 + c0, nc);
             barrier();  // part[] is reused
         }
     }

@@ -621,14 +621,20 @@ MONO_DEVICE void wgmma_fp8_n16(float (&d)[8], const u32x4& a, u64 desc) {
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
                  : "r"(a.x), "r"(a.y), "r"(a.z), "r"(a.w), "l"(desc));
 }
+// wgmma reads its A registers until its group completes: this keeps a's registers (and value)
+// untouched up to here, after the wait_group that covers it
+MONO_DEVICE void hold_regs(u32x4& a) { asm volatile("" : "+r"(a.x), "+r"(a.y), "+r"(a.z), "+r"(a.w)::"memory"); }
 // One warp's share of a 16-column pass: its unit's chunks g + GROUPS i (g: the warpgroup, w[i]:
 // their A fragments, sw[i]: their weight block scales), the token rows xcm (core-matrix layout,
 // the pass's first 8-token group; NG groups a chunk), xs their block scales. Per chunk and column,
 // acc = fma(d, sx * sw, acc) as the mma.sync loop does; two chunks in flight (d of chunk i + 1
 // issued before chunk i's is scaled). The warp's 16-row tile -> part (PART_ROW a row).
+// next (the next unit's row of weights at this lane's 16 bytes, its row of scale codes in
+// next_codes), when not null: as chunk i's MMA completes, w[i] and code[i] take the next unit's
+// chunk i, so its loads stream during this pass's MMAs.
 template <int J, int CPWG, int GROUPS, int NG, int SSTRIDE>
-MONO_DEVICE void mx_gemv64_wgmma_j(const u32x4 (&w)[CPWG], const float (&sw)[CPWG], const u8* xcm, const float* xs, int tokens,
-                                   float* part) {
+MONO_DEVICE void mx_gemv64_wgmma_j(u32x4 (&w)[CPWG], const float (&sw)[CPWG], const u8* xcm, const float* xs, int tokens,
+                                   float* part, const u8* next, const u8* next_codes, u32 (&code)[CPWG]) {
     const int g = wave_id() / 4;  // the warpgroup
     const float* s[4];  // this lane's D columns' scale rows
     lane_scale_rows<SSTRIDE>(xs, tokens, s);
@@ -655,6 +661,11 @@ MONO_DEVICE void mx_gemv64_wgmma_j(const u32x4 (&w)[CPWG], const float (&sw)[CPW
         }
         fence_regs(d[i % 2]);
         const int c = g + GROUPS * i;
+        hold_regs(w[i]);
+        if (next != nullptr) {  // uniform
+            w[i] = ld16(next + (long long)c * 16 * GEMV_K_CHUNK);
+            code[i] = next_codes[c];
+        }
 #pragma unroll
         for (int j = 0; j < J; ++j) {
             const float s0 = s[2 * j][c] * sw[i], s1 = s[2 * j + 1][c] * sw[i];
@@ -667,10 +678,10 @@ MONO_DEVICE void mx_gemv64_wgmma_j(const u32x4 (&w)[CPWG], const float (&sw)[CPW
     put_tile(part, acc, J == 2);
 }
 template <int CPWG, int GROUPS, int NG, int SSTRIDE>
-MONO_DEVICE void mx_gemv64_wgmma(const u32x4 (&w)[CPWG], const float (&sw)[CPWG], const u8* xcm, const float* xs, int tokens,
-                                 float* part) {
-    if (tokens > 8) mx_gemv64_wgmma_j<2, CPWG, GROUPS, NG, SSTRIDE>(w, sw, xcm, xs, tokens, part);
-    else mx_gemv64_wgmma_j<1, CPWG, GROUPS, NG, SSTRIDE>(w, sw, xcm, xs, tokens, part);
+MONO_DEVICE void mx_gemv64_wgmma(u32x4 (&w)[CPWG], const float (&sw)[CPWG], const u8* xcm, const float* xs, int tokens,
+                                 float* part, const u8* next, const u8* next_codes, u32 (&code)[CPWG]) {
+    if (tokens > 8) mx_gemv64_wgmma_j<2, CPWG, GROUPS, NG, SSTRIDE>(w, sw, xcm, xs, tokens, part, next, next_codes, code);
+    else mx_gemv64_wgmma_j<1, CPWG, GROUPS, NG, SSTRIDE>(w, sw, xcm, xs, tokens, part, next, next_codes, code);
 }
 
 // ---- shared by every target, on the primitives of its library above -------------------
