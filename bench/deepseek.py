@@ -19,7 +19,7 @@ import torch
 
 import codegen
 from bench.case import BenchCase, Checks
-from codegen.fp import bf16_rn, fp8_dtype
+from codegen.fp import fp8_dtype
 from codegen.reference import deepseek_v41 as ref
 from codegen.reference.deepseek_v41_unfused import attn_front_unfused, compare_q, compare_qkv, compare_with_reference
 from codegen.stages.mxfp8_quant import mx_fp8_max
@@ -242,7 +242,12 @@ class AttnFrontCase(BenchCase):
         except AssertionError as e:
             check("ours.contract", False, {"error": str(e)[:2000]})
         got = dc.read_scratch(self.ir, self.ws["scratch"], s)
-        ours_qkv = bf16_rn(got["partials"][0] + got["partials"][1])
+        ours_qkv = ref.qkv_of_partials(got["partials"])
+        if dc.publishes_qx8(self.ir):
+            ours_qx8, ours_qs = got["qx8"], got["qx8s"]
+        else:  # q_inline: wq_b's CTAs normed q in LDS, QX8 never stored: the contract's of our partials
+            ours_qx8, ours_qs = ref.mxfp8_quantize(ref.front_norms(ours_qkv, c.inputs["qn_w"], c.inputs["kvn_w"])[0],
+                                                  self.target)
         ours_q = args["q"].cpu()
         x8, sx = ref.mxfp8_quantize(c.inputs["x"], self.target)
 
@@ -262,8 +267,11 @@ class AttnFrontCase(BenchCase):
             q = compare_qkv(out["qkv"], x8, sx, lg["wqkv"], lg["wqkv_s"], REL_ACC_GPU + dc.PARTIAL_TOL, want=ours_qkv,
                             ulps=2)
             check(f"{name}.qkv_vs_ours", q["ok"], q)
-            q = compare_q(out["q"], out["qx8"], out["q_codes"], ours_q, got["qx8"], got["qx8s"], lg["wqb"], lg["wqb_s"],
+            q = compare_q(out["q"], out["qx8"], out["q_codes"], ours_q, ours_qx8, ours_qs, lg["wqb"], lg["wqb_s"],
                           REL_ACC_GPU)
-            check(f"{name}.q_vs_ours", q["ok"] and q["frac_le2"] >= 0.99, q)
+            # within the bound everywhere (flips included); within 2 ulps nearly everywhere the QX8 rows agree (a
+            # code flip moves its token's every q value: with the wqkv GEMV on wgmma, 9 flips in 3 tokens at S = 3)
+            same = q["frac_le2_same_rows"]
+            check(f"{name}.q_vs_ours", q["ok"] and (same is None or same >= 0.99), q)
         return check.raise_failures(f"{KERNEL} S={s}")
 

@@ -30,7 +30,8 @@ SPEC_REFERENCE = ROOT / "docs" / "spec-reference.md"
 TOP_LEVEL_NOTES = {
     "kernel": "`<model>/<kernel>`: names the file (`specs/<model>/<kernel>.yaml`) and the C symbol",
     "doc": "what the kernel computes, in prose; printed in the generated file's header",
-    "symbols": "the model's constants: name -> integer, number or expression over earlier symbols and parameters",
+    "symbols": "the model's constants: name -> integer, number or expression over earlier symbols and parameters, "
+               "or per target (`{default: 2, sm90: 4}`)",
     "params": "build parameters: a kernel binary is compiled for one value of each; `tokens` is required",
     "review_builds": "parameter sets rendered into `generated/` for review (one file per target and entry)",
     "grid": "threads per CTA and CTAs per target; every CTA must be co-resident",

@@ -21,7 +21,7 @@ from .errors import SpecError, SpecIssue
 from .expr import ExprError, evaluate
 from .spec import LoadedSpec, load_spec
 from .spec.kernel import DERIVED
-from .spec.models import Fixed
+from .spec.models import Fixed, PerTarget
 from .stages import KINDS
 from .targets import Target, get_target
 
@@ -423,10 +423,14 @@ def _lower(loaded: LoadedSpec, build: Build) -> KernelIR:
              f"use at most {target.max_threads} threads, a multiple of the wave size")
     scope.update(THREADS=threads, WAVE=target.wave_size, TL_POINTS=len(spec.timeline_points), FP8_MAX=target.fp8_max)
     for name, value in spec.symbols.items():  # in file order: later symbols may use earlier ones
+        loc = ("symbols", name)
+        if isinstance(value, PerTarget):  # this target's value
+            loc += (target.name if getattr(value, target.name) is not None else "default",)
+            value = value.for_target(target.name)
         try:
             scope[name] = evaluate(value, scope)
         except ExprError as e:
-            fail(("symbols", name), str(e), "symbols may use parameters and symbols defined above them")
+            fail(loc, str(e), "symbols may use parameters and symbols defined above them")
         v = scope[name]
         if isinstance(v, int) and not isinstance(v, bool) and not INT_MIN <= v <= INT_MAX:
             fail(("symbols", name), f"{name} = {v} does not fit a 32-bit int (the generated constexpr int)",

@@ -9,7 +9,8 @@ kernel's mailboxes read back from scratch, and the checks against
   every mailbox tag of the launch.
 * tolerance: the wqkv partials against the exact dot products,
   ``|P - exact| <= d = 2^-22 * absdot`` (absdot = sum |x w|: the f32 sums' and
-  the MMA's rounding; measured on H200: <= 2^-24.7); q against the exact
+  the MMA's rounding; measured on H200: <= 2^-24.7), ``2^-12 * absdot`` for a
+  GEMV on sm90's native fp8 wgmma (``gemv_tol``); q against the exact
   wq_b of the kernel's own QX8, rounded as the contract says (bf16, RoPE in
   f32, bf16): ``|q - ref| <= ulp(ref) + d`` at NoPE dims and ``ulp(ref) +
   2 (ulp(max |v0|, |v1|) + d)`` at RoPE dims (v: the pair's bf16 GEMV values;
@@ -34,8 +35,8 @@ POISON_I32 = 0x7EADBEEF
 POISON_BF16 = -1  # 0xffff: a NaN pattern no output equals
 MAX_POS = 4096
 PARTIAL_TOL = 2.0**-22  # of absdot: the MMA's and the f32 sums' rounding (measured on H200: <= 2^-24.7)
-# of absdot, wq_b with wgmma (sm90's native fp8 wgmma keeps about 13 bits of a 32-value block's
-# sum: up to 2^-12.8 of the block's sum |w x|, scripts/probe_wgmma_fp8.py; an experimental knob)
+# of absdot, a GEMV on wgmma (sm90's native fp8 wgmma keeps about 13 bits of a 32-value block's
+# sum: up to 2^-12.8 of the block's sum |w x|, scripts/probe_wgmma_fp8.py; README "Precision")
 WGMMA_TOL = 2.0**-12
 
 
@@ -135,11 +136,11 @@ def _region(ir, raw: torch.Tensor, name: str) -> torch.Tensor:
 
 
 def read_scratch(ir, scratch: torch.Tensor, tokens: int) -> dict:
-    """The kernel's mailboxes: partials [2, S, 1792] (f32 + tags), X8 / X8S, QX8 / QX8S, flag tags."""
+    """The kernel's mailboxes: partials [K_PARTS, S, 1792] (f32 + tags), X8 / X8S, QX8 / QX8S, flag tags."""
     raw = scratch.cpu()
     s = tokens
     fp8 = fp8_dtype(ir.target)
-    qkvp = _region(ir, raw, "qkvp").view(torch.int32).view(2, s, ref.QKV_ROWS, 2)
+    qkvp = _region(ir, raw, "qkvp").view(torch.int32).view(_const(ir, "K_PARTS"), s, ref.QKV_ROWS, 2)
     return {
         "partials": qkvp[..., 0].contiguous().view(torch.float32).clone(),
         "partials_tag": qkvp[..., 1].clone(),
@@ -154,6 +155,12 @@ def read_scratch(ir, scratch: torch.Tensor, tokens: int) -> dict:
 
 def _const(ir, name):
     return next(c.value for c in ir.constants if c.name == name)
+
+
+def gemv_tol(ir, stage: str) -> float:
+    """A GEMV stage's bound, of sum |w x|: the native fp8 wgmma's (about 13 bits of each block's
+    sum), else the exact block sums' f32 rounding."""
+    return WGMMA_TOL if next(st for st in ir.stages if st.name == stage).values.get("wgmma") else PARTIAL_TOL
 
 
 def publishes_qx8(ir) -> bool:
@@ -173,19 +180,21 @@ def simulate(case: Case, ir, args: dict) -> None:
     x8, sx = ref.mxfp8_quantize(inp["x"], target)
     waves = ir.threads // ir.target.wave_size
     chunk = 32 if ir.target.vendor == "nvidia" else 64
-    half = ref.HIDDEN // 2
+    n_parts = _const(ir, "K_PARTS")
+    kp = ref.HIDDEN // n_parts
     parts = []
-    for p in range(2):
-        ks = slice(p * half, (p + 1) * half)
-        parts.append(ref.mx_gemv_kernel_order(x8[:, ks], sx[:, p * half // 32:(p + 1) * half // 32],
-                                              lg["wqkv"][:, ks], lg["wqkv_s"][:, p * half // 32:(p + 1) * half // 32],
+    for p in range(n_parts):
+        ks = slice(p * kp, (p + 1) * kp)
+        parts.append(ref.mx_gemv_kernel_order(x8[:, ks], sx[:, p * kp // 32:(p + 1) * kp // 32],
+                                              lg["wqkv"][:, ks], lg["wqkv_s"][:, p * kp // 32:(p + 1) * kp // 32],
                                               waves, chunk))
-    pairs = torch.stack([torch.stack(parts).view(torch.int32), torch.full((2, s, ref.QKV_ROWS), tag, dtype=torch.int32)], -1)
+    parts = torch.stack(parts)
+    pairs = torch.stack([parts.view(torch.int32), torch.full((n_parts, s, ref.QKV_ROWS), tag, dtype=torch.int32)], -1)
     _region(ir, raw, "qkvp").view(torch.int32).copy_(pairs.reshape(-1))
     if any(st.name == "xq" for st in ir.stages):
         _region(ir, raw, "x8").copy_(x8.view(torch.uint8).reshape(-1))
         _region(ir, raw, "x8s").view(torch.int32).copy_(sx.reshape(-1))
-    qkv = bf16_rn(parts[0] + parts[1])
+    qkv = ref.qkv_of_partials(parts)
     ys, kn = ref.front_norms(qkv, inp["qn_w"], inp["kvn_w"])
     qx8, qs = ref.mxfp8_quantize(ys, target)
     publish = publishes_qx8(ir)
@@ -249,23 +258,25 @@ def check(case: Case, ir, args: dict, epoch: int = 0) -> dict:
 
     # wqkv partials within tolerance of the exact dot products
     expect((got["partials_tag"] == tag).all(), "some partials were not written by this launch")
-    half = ref.HIDDEN // 2
+    n_parts = _const(ir, "K_PARTS")
+    kp = ref.HIDDEN // n_parts
+    partial_tol = gemv_tol(ir, "wqkv_a")
     worst = 0.0
-    for p in range(2):
-        ks, bs = slice(p * half, (p + 1) * half), slice(p * half // 32, (p + 1) * half // 32)
+    for p in range(n_parts):
+        ks, bs = slice(p * kp, (p + 1) * kp), slice(p * kp // 32, (p + 1) * kp // 32)
         exact, absdot = ref.mx_gemv(x8[:, ks], sx[:, bs], lg["wqkv"][:, ks], lg["wqkv_s"][:, bs])
         err = (got["partials"][p].double() - exact).abs()
         expect(torch.isfinite(got["partials"][p]).all(), 'torch.isfinite(got["partials"][p]).all()')
         worst = max(worst, (err / (absdot + 1e-300)).max().item())
-        expect((err <= PARTIAL_TOL * absdot + 2.0**-149).all(), f"partials part {p}: max err {(err / absdot).max().item():.3g} of absdot")
+        expect((err <= partial_tol * absdot + 2.0**-149).all(), f"partials part {p}: max err {(err / absdot).max().item():.3g} of absdot")
     stats["partial_err_of_absdot"] = worst
     waves, chunk = ir.threads // ir.target.wave_size, (32 if ir.target.vendor == "nvidia" else 64)
-    emu = ref.mx_gemv_kernel_order(x8[:, :half], sx[:, : half // 32], lg["wqkv"][:, :half], lg["wqkv_s"][:, : half // 32],
+    emu = ref.mx_gemv_kernel_order(x8[:, :kp], sx[:, : kp // 32], lg["wqkv"][:, :kp], lg["wqkv_s"][:, : kp // 32],
                                    waves, chunk)
     stats["partials_emulated_exact_frac"] = (emu == got["partials"][0]).float().mean().item()
 
     # QX8 / QX8S (exact) given the kernel's own partials
-    qkv = bf16_rn(got["partials"][0] + got["partials"][1])
+    qkv = ref.qkv_of_partials(got["partials"])
     ys, kn = ref.front_norms(qkv, inp["qn_w"], inp["kvn_w"])
     qx8, qs = ref.mxfp8_quantize(ys, target)
     if publishes_qx8(ir):
@@ -289,7 +300,7 @@ def check(case: Case, ir, args: dict, epoch: int = 0) -> dict:
     expect(bad.numel() == 0, f"SWA cache differs at {bad.numel()} bytes, first {bad[:8].tolist()}")
 
     # q within tolerance of the exact wq_b of the kernel's own QX8
-    wqb_tol = WGMMA_TOL if next(st for st in ir.stages if st.name == "wq_b").values.get("wgmma") else PARTIAL_TOL
+    wqb_tol = gemv_tol(ir, "wq_b")
     exact, absdot = ref.mx_gemv(q_in, q_codes, lg["wqb"], lg["wqb_s"])
     v = bf16_rn(exact.float()).reshape(s, case.heads, ref.HEAD_DIM)
     q_ref = ref.q_rope(v, inp["pos"], inp["cos_sin"])

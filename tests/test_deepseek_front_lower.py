@@ -29,9 +29,17 @@ def ir_of(target="sm90", tune=None, **params):
     (48, [0, 245760, 276480, 277248, 1653504, 1714944, 1722624]),
 ])
 def test_scratch_layout_is_b8(tokens, offsets):
-    ir = ir_of(tokens=tokens)
-    assert [r.name for r in ir.regions] == ["x8", "x8s", "xrdy", "qkvp", "qx8", "qx8s", "qrdy"]
-    assert [r.offset for r in ir.regions] == offsets
+    """Contract B.8's layout; where sm90's wqkv partials come in 4 K quarters, not 2 halves, its
+    xrdy and qkvp regions hold twice the pairs, the same regions in the same order."""
+    for target in [t for t in TARGETS if not (t == "sm90" and tokens == 16)]:
+        ir = ir_of(target, tokens=tokens)
+        assert [r.name for r in ir.regions] == ["x8", "x8s", "xrdy", "qkvp", "qx8", "qx8s", "qrdy"]
+        assert [r.offset for r in ir.regions] == offsets, target
+    # sm90 TP4 at 2..16 rows: 4 K quarters, twice the xrdy flags and the partials
+    b8, sm90 = ir_of("gfx950", tokens=16), ir_of(tokens=16)
+    assert [(r.name, r.offset) for r in sm90.regions[:3]] == [(r.name, r.offset) for r in b8.regions[:3]]
+    assert sm90.region("xrdy").count == 2 * b8.region("xrdy").count
+    assert sm90.region("qkvp").count == 4 * 16 * 1792 == 2 * b8.region("qkvp").count
 
 
 @pytest.mark.parametrize("tokens", [1, 6, 48])
@@ -49,7 +57,10 @@ def test_tuned_flag_copies(tokens):
 @pytest.mark.parametrize("target", list(TARGETS))
 @pytest.mark.parametrize("tokens", [1, 16, 17, 48])
 def test_stages_and_placement(target, tokens):
-    ir = ir_of(target, tokens=tokens)
+    if target == "sm90" and tokens == 16:  # K quarters: test_wqkv_quarters
+        ir = ir_of(target, tokens=tokens, tune={"symbols.WQKV_QUARTERS": 0})
+    else:
+        ir = ir_of(target, tokens=tokens)
     st = {s.name: s for s in ir.stages}
     assert ("xq" in st) == (tokens > 8)
     n_wqkv = 224
@@ -193,7 +204,7 @@ def test_wqb_knobs_off_on_amd(target):
     ({"wq_b.wgmma": {"default": 1}}, "target gfx942 (sm90 only)"),
     ({"wq_b.wgmma": 1, "wq_b.lds_weights": 1}, "lds_weights on (the wgmma loop takes its weights in registers)"),
     ({"wq_b.wgmma": 1, "wq_b.bulk_weights": 1}, "bulk_weights on"),
-    ({"wqkv_a.wgmma": 1}, "k_parts 2 (whole rows needed); 2 units a CTA (one a warp of each warpgroup: a multiple of 4 needed)"),
+    ({"wqkv_a.wgmma": 1, "symbols.WQKV_QUARTERS": 0}, "2 units a CTA (one a warp of each warpgroup: a multiple of 4 needed)"),
 ])
 def test_wqb_knob_refusals(tune, message):
     from codegen.spec.load import tune_items
@@ -232,7 +243,8 @@ def test_wqb_wgmma_layout(tp, tokens):
     assert "refill ? wrow(i0 + 4 + r) : nullptr" in wqb and "epilogue_group(a, mb, part, lds, b0, i0, UPC," in wqb
     # off: the emulated mma.sync loop and one tile a wave
     text = render(ir_of(tokens=tokens, tp=tp, tune={"wq_b.wgmma": 0}))
-    assert "mx_gemv64_wgmma<" not in text and "constexpr int PART_WAVES = WAVES;" in text
+    wqb = text[text.index("namespace stage_wq_b {"):text.index("}  // namespace stage_wq_b")]
+    assert "mx_gemv64_wgmma<" not in wqb and "constexpr int PART_WAVES = WAVES;" in wqb
     # lds_weights (TMA weights) and wgmma (weights in registers) exclude each other
     with pytest.raises(SpecError, match="lds_weights on"):
         ir_of(tokens=tokens, tp=tp, tune={"wq_b.lds_weights": {"default": 0, "sm90": 1}, "wq_b.ilp": {"default": 0, "sm90": 1}})
@@ -245,7 +257,8 @@ def test_ilp_without_bulk_groups_the_register_units():
     the register budget (PREFETCH_LOADS), the group's weight scales go to LDS (in registers they
     spilled), else they stay in registers."""
     from codegen.spec.load import tune_items
-    loaded = load_spec(SPEC, tune_items({"wq_b.bulk_weights": 0, "wq_b.wgmma": 0, "wqkv_a.ilp": {"default": 0, "sm90": 1}}))
+    loaded = load_spec(SPEC, tune_items({"wq_b.bulk_weights": 0, "wq_b.wgmma": 0, "symbols.WQKV_QUARTERS": 0,
+                                         "wqkv_a.ilp": {"default": 0, "sm90": 1}}))
     for tokens, group, wqkv_group in ((1, 4, 2), (6, 4, 2), (16, 4, 2), (17, 4, 2), (48, 4, 2)):
         ir = lower(loaded, make_build(loaded, "sm90", tokens=tokens))
         v = {s.name: s.values for s in ir.stages}
@@ -299,7 +312,8 @@ def test_a_ctas_wqkv_units_share_their_k_part(target, tokens):
     st = next(s for s in ir.stages if s.name == "wqkv_a")
     text = render(ir)
     ns = text[text.index("namespace stage_wqkv_a {"):text.index("}  // namespace stage_wqkv_a")]
-    assert "return c * UQ + min_i(c, UR) + u / CTAS;" in ns and "if (N_LDS_TILES > 1 || new_part)" in ns
+    assert "return c * UQ + min_i(c, UR) + u / CTAS;" in ns
+    assert ("if (N_LDS_TILES > 1 || new_part)" in ns) is not st.values["wgmma"]  # wgmma: one K part a CTA
     tasks, ctas, row_tiles = st.tasks, st.ctas, 1792 // 16
     from codegen.stages.gemv_mxfp8 import unit_of
     unit = [unit_of(u, tasks, ctas) for u in range(tasks)]
@@ -307,7 +321,36 @@ def test_a_ctas_wqkv_units_share_their_k_part(target, tokens):
     parts = {c: {unit[u] // row_tiles for u in range(c, tasks, ctas)} for c in range(ctas)}
     assert sum(len(p) - 1 for p in parts.values()) <= 1
     v = st.values
-    assert f"constexpr int ROW_BATCH = {v['row_batch']};" in ns and v["row_batch"] >= min(5, tokens)
+    assert f"constexpr int ROW_BATCH = {v['row_batch']};" in ns
+    assert v["row_batch"] >= min(5, tokens) or v["row_batch"] * 512 >= tokens * v["kp"] // 16  # or one round trip
+
+
+@pytest.mark.parametrize("tp,tokens", [(4, 1), (4, 2), (4, 8), (4, 9), (4, 16), (4, 17), (4, 48), (2, 6)])
+def test_wqkv_quarters(tp, tokens):
+    """sm90 TP4 at 2..16 rows: wqkv in K quarters, 4 units (64 rows of one quarter) on each of CTAs
+    0..111, on the native fp8 wgmma; xq (by quarters) and kt on CTAs 112..131; the qkv stage and
+    q_inline sum (P_0 + P_1) + (P_2 + P_3). Elsewhere (S = 1: the 4 partials cost wq_b's q_inline
+    CTAs more than the wgmma saves; above 16 and at TP2, measured slower) halves, as on AMD."""
+    ir = ir_of(tokens=tokens, tp=tp)
+    st = {s.name: s for s in ir.stages}
+    quarters = tp == 4 and 2 <= tokens <= 16
+    k_parts = next(c.value for c in ir.constants if c.name == "K_PARTS")
+    assert k_parts == (4 if quarters else 2) and st["wqkv_a"].values["wgmma"] is bool(quarters)
+    assert st["wqkv_a"].tasks == 112 * k_parts and st["wqkv_a"].ctas == (112 if quarters else 132)
+    free = 112 if quarters else 92
+    assert st["kt"].first == free and ("xq" not in st or (st["xq"].first, st["xq"].tasks) == (free, k_parts * tokens))
+    text = render(ir)
+    assert f"constexpr int QKV_PARTS = {k_parts};" in text
+    if quarters:
+        wqkv = text[text.index("namespace stage_wqkv_a {"):text.index("}  // namespace stage_wqkv_a")]
+        assert "mx_gemv64_wgmma<CPWG, GROUPS, NG, SSTRIDE>(" in wqkv and "(long long)kpart * NC * 16 * GEMV_K_CHUNK" in wqkv
+        rows = wqkv[wqkv.index("MONO_DEVICE void stage_rows("):wqkv.index("MONO_DEVICE void run(")]
+        if tokens <= 8:  # x quantized here, straight into the core-matrix layout
+            assert "xl + core_word(r, it / 4, (it / 2) % 2) + (it % 2) * 2;" in rows and "await_rows(" not in wqkv
+        else:
+            assert "await_rows(mb, kpart);" in wqkv
+        assert rows.index("fence_proxy_async_lds();") > 0
+        assert "if (QKV_PARTS == 4) sum = sum + (u32_as_float(pk[2][e]) + u32_as_float(pk[3][e]));" in text
 
 
 @pytest.mark.parametrize("stage,tokens", [("wqkv_a", 16), ("wq_b", 1), ("wq_b", 48)])

@@ -319,3 +319,16 @@ def test_attn_front_shapes_and_consistency():
     assert ref.local_heads(2) == 32
     with pytest.raises(ValueError):
         ref.local_heads(8)
+
+
+def test_qkv_of_partials_order():
+    """B.5.2: halves P_0 + P_1; quarters (P_0 + P_1) + (P_2 + P_3), then one bf16 rounding."""
+    from codegen.fp import bf16_rn
+    g = torch.Generator().manual_seed(5)
+    p = torch.randn(4, 3, ref.QKV_ROWS, generator=g) * torch.logspace(-3, 3, ref.QKV_ROWS)
+    assert torch.equal(ref.qkv_of_partials(p[:2]), bf16_rn(p[0] + p[1]))
+    assert torch.equal(ref.qkv_of_partials(p), bf16_rn((p[0] + p[1]) + (p[2] + p[3])))
+    import pytest
+    with pytest.raises(ValueError, match="2 or 4 K parts"):
+        ref.qkv_of_partials(p[:3])
+

@@ -183,6 +183,18 @@ def mx_gemv_kernel_order(
     return total
 
 
+def qkv_of_partials(parts: torch.Tensor) -> torch.Tensor:
+    """B.5.2's ``qkv = bf16(P_0 + P_1)`` from the wqkv GEMV's f32 partials ``[P, S, N]`` of P
+    equal K parts, in the kernel's order: two halves ``P_0 + P_1``; four quarters ``(P_0 + P_1) +
+    (P_2 + P_3)`` (each half's partial the f32 sum of its quarters: the partials' order is the
+    GEMV's, tolerance-compared). Returns f32 holding bf16 values."""
+    if parts.shape[0] == 2:
+        return bf16_rn(parts[0] + parts[1])
+    if parts.shape[0] == 4:
+        return bf16_rn((parts[0] + parts[1]) + (parts[2] + parts[3]))
+    raise ValueError(f"qkv_of_partials: 2 or 4 K parts expected, got {parts.shape[0]}")
+
+
 # ---------------------------------------------------------------------------------- norms
 
 

@@ -338,7 +338,9 @@ def compare_q(q_a, qx8_a, qs_a, q_b, qx8_b, qs_b, wqb, wqb_s, rel_acc: float) ->
     logical ``wqb``: per element ``2 ulp(max |q|)`` + at NoPE dims ``d``, at RoPE
     dims ``2 (ulp(2 max|q| of the pair) + d of the pair)`` (the rotation adds
     both errors of a pair; |v| <= sqrt(2) max|q| of the pair), where ``d = rel_acc
-    x absdot + flips``. Also the fraction within 2 ulps."""
+    x absdot + flips``. Also the fraction within 2 ulps, over every token and over
+    the tokens whose MXFP8 rows agree (``frac_le2_same_rows``; None if none do: a
+    code flip moves every q value of its token)."""
     xa = ref.mxfp8_dequantize(qx8_a.cpu(), qs_a.cpu())
     xb = ref.mxfp8_dequantize(qx8_b.cpu(), qs_b.cpu())
     wd = ref._dequant_weight(wqb.cpu(), wqb_s.cpu()).abs()
@@ -353,9 +355,12 @@ def compare_q(q_a, qx8_a, qs_a, q_b, qx8_b, qs_b, wqb, wqb_s, rel_acc: float) ->
     err = (a - b).abs()
     over = ~(err <= lim)
     u = bf16_ulp_diff(a.bfloat16(), b.bfloat16())
+    same = (xa == xb).all(-1)  # [S]: tokens whose rows agree
     return _stats(not over.any() and bool(torch.isfinite(a).all()) and bool(torch.isfinite(b).all()),
                   n_over=int(over.sum()), worst=float((err / lim).max()), max_ulp=int(u.max()),
-                  frac_le2=float((u <= 2).float().mean()), flips=int((xa != xb).sum()))
+                  frac_le2=float((u <= 2).float().mean()),
+                  frac_le2_same_rows=float((u[same] <= 2).float().mean()) if same.any() else None,
+                  flips=int((xa != xb).sum()), rows_flipped=int((~same).sum()))
 
 
 def compare_with_reference(out: dict, swa_after: torch.Tensor, inputs: dict, logical: dict, target, heads: int,

@@ -11,7 +11,7 @@ from pydantic import Field, field_validator
 from ..errors import SpecIssue
 from ..expr import ExprError, names
 from ..stages import KINDS
-from .models import AbiArg, Grid, MailboxSpec, Model, Name, Param, ScratchRegion
+from .models import AbiArg, Grid, MailboxSpec, Model, Name, Param, PerTarget, ScratchRegion
 
 # names the lowering defines for every build, usable in shapes and counts
 DERIVED = {
@@ -33,7 +33,7 @@ class KernelSpec(Model):
 
     kernel: Annotated[str, Field(pattern=r"^[a-z0-9_]+/[a-z0-9_]+$")]
     doc: str
-    symbols: dict[Name, Union[int, float, str]]
+    symbols: dict[Name, Union[int, float, str, PerTarget]]
     params: dict[Name, Param]
     review_builds: list[dict[Name, Union[int, float, bool]]] = []
     grid: Grid
@@ -87,7 +87,12 @@ def semantic_issues(spec: KernelSpec, file: str, pos) -> list[SpecIssue]:
             issue(loc, f"unknown symbol {n!r}", f"define {n!r} under 'symbols' or 'params', or fix the spelling")
 
     for name, value in spec.symbols.items():
-        check_expr(value, ("symbols", name))
+        if isinstance(value, PerTarget):
+            for target in ("default", "gfx942", "gfx950", "sm90"):
+                if getattr(value, target) is not None:
+                    check_expr(getattr(value, target), ("symbols", name, target))
+        else:
+            check_expr(value, ("symbols", name))
     for i, build in enumerate(spec.review_builds):
         for key, value in build.items():
             if key not in spec.params:

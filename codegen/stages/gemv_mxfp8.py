@@ -193,7 +193,7 @@ def lower(stage: Model, ctx) -> dict:
     if q_inline:  # the source's partials and q_norm weight, reported at its lines
         here, ctx.loc = ctx.loc, src_loc
         q_math = mla_norm_rope.q_math(src, ctx)
-        mla_norm_rope.check_producer(src, ctx, q_math["q_rank"] + q_math["kv_dim"], 2)
+        mla_norm_rope.check_producer(src, ctx, q_math["q_rank"] + q_math["kv_dim"], q_math["parts"])
         ctx.loc = here
         if parts != 1:
             ctx.fail(("k_parts",), "q_inline norms whole q rows: k_parts 1 needed")
@@ -230,8 +230,8 @@ def lower(stage: Model, ctx) -> dict:
         why = [r for r, bad in (
             (f"target {t.name} (sm90 only)", t.name != "sm90"),
             (f"{knob} on (the wgmma loop takes its weights in registers)", bulk or lds_w),
-            ("x quantized here", inline),
-            (f"k_parts {parts} (whole rows needed)", parts != 1),
+            ("a group of 4 units over two K parts (the CTA's units share their token rows)",
+             _group_spans_parts(units, ctx.stage_ctas, rows // ROWS_PER_UNIT, 4)),
             (f"{upc} units a CTA (one a warp of each warpgroup: a multiple of 4 needed)", upc % 4),
             (f"a token tile of {tile} < {tokens} tokens (every row in LDS once needed)", tile < tokens),
             (f"{nc} chunks do not split over {groups} warpgroups", nc % groups)) if bad]

@@ -2,12 +2,13 @@
 two GEMVs (contract B.5.3, B.5.4), one task per token.
 
 The token's partials come in through every thread of the CTA: couples of
-adjacent pairs (16-byte loads, coalesced across the warp), both K halves
+adjacent pairs (16-byte loads, coalesced across the warp), every K part
 waited for at once, their bf16 sums into LDS (``vals``). Then 256 threads:
 thread tt owns q columns ``8tt .. 8tt + 7`` (tt < Q_RANK / 8) and kv columns
 ``2tt, 2tt + 1``; threads 256.. take part in the barriers and shuffles only.
 
-    v      = bf16(P_0 + P_1)                      the K halves' fp32 partials (f32 add)
+    v      = bf16(P_0 + P_1)                      the K halves' fp32 partials (f32 add); in 4 K
+                                                  quarters bf16((P_0 + P_1) + (P_2 + P_3))
     ss_tt  = v0*v0 + v1*v1 + ...                  plain f32 mul then add, columns in order
     G_g    = butterfly 16, 8, 4, 2, 1 over the 32-lane group g (threads 32g ..)
     tot    = ((G0+G1)+(G2+G3))+((G4+G5)+(G6+G7))  q: groups of threads past 160 are 0
@@ -50,7 +51,7 @@ RECORD_FLOOR = 1e-4  # amax floor of a record block
 class Model(StageBase):
     kind: Literal["mla_norm_rope"]
     partials: Name  # pairs region: the wqkv GEMV's fp32 partials, (part * S + t) * (q_rank + kv_dim) + row
-    k_parts: Expr = 2  # partials per value
+    k_parts: Expr = 2  # partials per value: K halves (contract B.5.2), or quarters summed pairwise
     q_rank: Expr = "Q_RANK"
     kv_dim: Expr = "KV_DIM"
     nope: Expr = "NOPE"  # kv dims before the RoPE dims
@@ -110,8 +111,12 @@ def check_producer(stage: Model, ctx, width: int, parts: int) -> None:
 def q_math(stage: Model, ctx) -> dict:
     """The sizes of the q latent norm (template macro ``mla_q_math``), for this stage and for
     a gemv_mxfp8 that computes it itself."""
+    parts = ctx.integer(stage.k_parts, ("k_parts",))
+    if parts not in (2, 4):
+        ctx.fail(("k_parts",), f"k_parts {parts}: the partials come in 2 K halves (contract B.5.2), or 4 quarters "
+                 "summed pairwise into them", "use 2 or 4")
     return {"q_rank": ctx.integer(stage.q_rank, ("q_rank",)), "kv_dim": ctx.integer(stage.kv_dim, ("kv_dim",)),
-            "eps": float(ctx.evaluate(stage.eps, ("eps",)))}
+            "eps": float(ctx.evaluate(stage.eps, ("eps",))), "parts": parts}
 
 
 def lower(stage: Model, ctx) -> dict:
@@ -119,7 +124,7 @@ def lower(stage: Model, ctx) -> dict:
     qm = q_math(stage, ctx)
     q_rank, kv_dim = qm["q_rank"], qm["kv_dim"]
     nope = ctx.integer(stage.nope, ("nope",))
-    parts = ctx.integer(stage.k_parts, ("k_parts",))
+    parts = qm["parts"]
     if q_rank % (4 * Q_PER_THREAD) or q_rank > Q_PER_THREAD * NORM_THREADS:
         ctx.fail(("q_rank",), f"q_rank {q_rank}: whole 32-blocks over at most {NORM_THREADS} threads of {Q_PER_THREAD}")
     if kv_dim != KV_PER_THREAD * NORM_THREADS:
@@ -128,8 +133,6 @@ def lower(stage: Model, ctx) -> dict:
         ctx.fail(("nope",), f"nope {nope}: whole {RECORD_BLOCK}-dim record blocks below kv_dim expected")
     if (nope // RECORD_BLOCK) >= RECORD_SCALE_BYTES:
         ctx.fail(("nope",), f"{nope // RECORD_BLOCK} record blocks do not fit {RECORD_SCALE_BYTES - 1} code bytes")
-    if parts != 2:
-        ctx.fail(("k_parts",), "the partials come in 2 K halves (contract B.5.2)")
     if ctx.threads < NORM_THREADS:
         ctx.fail(("tasks",), f"{NORM_THREADS} threads needed, the grid has {ctx.threads}")
     if ctx.task_count != ctx.tokens:
@@ -149,7 +152,7 @@ def lower(stage: Model, ctx) -> dict:
     ctx.abi_arg(stage.swa_block, ("swa_block",), dtype="i32", scalar=True, within=(1, None))  # a divisor
     ctx.abi_arg(stage.qr_out, ("qr_out",), dtype="bf16", shape=(s, q_rank), written=True)
     ctx.lds(stage.name, "red", "float", 32)  # group sums (q 0..7, kv 8..15), record codes 16..
-    ctx.lds(stage.name, "vals", "float", q_rank + kv_dim)  # the token's bf16(P_0 + P_1), as f32
+    ctx.lds(stage.name, "vals", "float", q_rank + kv_dim)  # the token's bf16 qkv (its partials summed), as f32
     rope = kv_dim - nope
     return {
         "q_math": qm,
