@@ -23,6 +23,7 @@ class Target:
     fp8_max: float  # largest finite e4m3 value of the flavour (MiniMax per-token quant)
     mma: str  # the FP8 matrix instruction the GEMV inner loop uses
     part: str  # the GPU this target stands for
+    native_mma: str = ""  # an FP8 matrix instruction (prefix) a GEMV may use instead (sm90: wgmma, a knob)
 
     @property
     def torch_fp8_dtype_name(self) -> str:
@@ -70,6 +71,7 @@ TARGETS: dict[str, Target] = {
             fp8_flavour="ocp",
             fp8_max=448.0,
             mma="mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32",
+            native_mma="wgmma.mma_async.sync.aligned.m64n",  # n8 / n16, k32, f32 += e4m3 x e4m3
             part="H100/H200",
         ),
     )

@@ -44,4 +44,6 @@ def test_generated_compiles(rb):
     rep = reports[0]
     assert rep.spills == 0, f"{rb.path.name}: {rep.vgpr_spills} VGPR / {rep.sgpr_spills} SGPR spills"
     assert rep.scratch_bytes == 0, f"{rb.path.name}: {rep.scratch_bytes} bytes of stack"
-    assert rep.mfma.get(target.mma, 0) > 0, f"{rb.path.name}: no {target.mma} in the code"
+    fp8 = sum(n for op, n in rep.mfma.items()
+              if op == target.mma or (target.native_mma and op.startswith(target.native_mma) and "e4m3" in op))
+    assert fp8 > 0, f"{rb.path.name}: no {target.mma} (nor {target.native_mma or 'other fp8 MMA'}) in the code"

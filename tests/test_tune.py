@@ -87,6 +87,20 @@ def test_symbol_override():
     assert report.spills == 0 and report.scratch_bytes == 0
 
 
+def test_nested_and_per_target_symbol_overrides(tmp_path):
+    """Values frozen at every depth for the cache key and given back as written: a placement
+    (mapping in a mapping) and a per-target symbol, through the CLI's YAML parsing too."""
+    ds = "deepseek_v41/attn_front"
+    place = {"xq.placement_by_target": {"sm90": {"round_robin": {"first": 0}}}}
+    ir, _ = source(ds, "sm90", tokens=48, tune=place)
+    assert next(st for st in ir.stages if st.name == "xq").first == 0
+    assert load_spec(ds, tune_items(place)) is load_spec(ds, tune_items(dict(place)))  # one cache entry
+    ir, _ = source(ds, "sm90", tokens=4, tune={"symbols.WQKV_QUARTERS": {"default": 1, "sm90": 0}})
+    assert next(c.value for c in ir.constants if c.name == "K_PARTS") == 2
+    assert main(["rolemap", ds, "--target", "sm90", "--tokens", "48", "--tune",
+                 "xq.placement_by_target={sm90: {round_robin: {first: 0}}}", "-o", str(tmp_path / "r.png")]) == 0
+
+
 def test_cli_show_tune(capsys):
     assert main(["show", SPEC, "--tokens", "4", "--tune", "qkv.bulk_copies=1"]) == 0
     out = capsys.readouterr().out

@@ -103,6 +103,7 @@ def _apply_tune(data: dict, tune: tuple, path: str, pos: Positions) -> None:
     stages = data.get("stages") if isinstance(data.get("stages"), list) else []
     names = [st.get("name") for st in stages if isinstance(st, dict)]
     for key, value in tune:
+        value = _thaw(value)  # tune_items froze it for the cache key
         stage, dot, field = str(key).partition(".")
         if not dot or not field or "." in field:
             raise SpecError([SpecIssue(path, pos.line_of(("stages",)), ("stages",), f"tune key {key!r} is not STAGE.FIELD",
@@ -118,8 +119,6 @@ def _apply_tune(data: dict, tune: tuple, path: str, pos: Positions) -> None:
         if stage not in names:
             raise SpecError([SpecIssue(path, pos.line_of(("stages",)), ("stages",), f"tune {key!r}: no stage {stage!r}",
                                        f"use one of {', '.join(map(str, names))}, or symbols.NAME")])
-        if isinstance(value, tuple):  # tune_items froze it for the cache key
-            value = dict(value) if all(isinstance(v, tuple) and len(v) == 2 for v in value) else list(value)
         stages[names.index(stage)][field] = value
 
 
@@ -176,7 +175,37 @@ def load_spec(name: str, tune: tuple = ()) -> LoadedSpec:
     return parse_spec(path.read_text(), _display(path), tune)
 
 
+class _Frozen(tuple):
+    """A tune value's mapping (``kind`` "map": sorted (key, value) pairs) or list, frozen at
+    every depth for load_spec's cache key; ``thaw`` gives the value back."""
+
+    def __new__(cls, kind: str, items):
+        obj = super().__new__(cls, items)
+        obj.kind = kind
+        return obj
+
+    def __eq__(self, other):
+        return isinstance(other, _Frozen) and self.kind == other.kind and tuple.__eq__(self, other)
+
+    def __hash__(self):
+        return hash((self.kind, tuple(self)))
+
+
+def _freeze(v):
+    if isinstance(v, dict):
+        return _Frozen("map", sorted((str(k), _freeze(x)) for k, x in v.items()))
+    if isinstance(v, list):
+        return _Frozen("list", (_freeze(x) for x in v))
+    return v
+
+
+def _thaw(v):
+    if isinstance(v, _Frozen):
+        return {k: _thaw(x) for k, x in v} if v.kind == "map" else [_thaw(x) for x in v]
+    return v
+
+
 def tune_items(tune: dict | None) -> tuple:
-    """A tune mapping as load_spec's cache key: sorted (key, value) pairs, mappings frozen."""
-    freeze = lambda v: tuple(sorted(v.items())) if isinstance(v, dict) else tuple(v) if isinstance(v, list) else v  # noqa: E731
-    return tuple(sorted((k, freeze(v)) for k, v in (tune or {}).items()))
+    """A tune mapping as load_spec's cache key: sorted (key, value) pairs, mappings and lists
+    frozen at every depth."""
+    return tuple(sorted((k, _freeze(v)) for k, v in (tune or {}).items()))
