@@ -177,7 +177,7 @@ def load_spec(name: str, tune: tuple = ()) -> LoadedSpec:
 
 class _Frozen(tuple):
     """A tune value's mapping (``kind`` "map": sorted (key, value) pairs) or list, frozen at
-    every depth for load_spec's cache key; ``thaw`` gives the value back."""
+    every depth for load_spec's cache key; ``_thaw`` gives the value back."""
 
     def __new__(cls, kind: str, items):
         obj = super().__new__(cls, items)

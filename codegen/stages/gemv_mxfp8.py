@@ -230,8 +230,8 @@ def lower(stage: Model, ctx) -> dict:
         why = [r for r, bad in (
             (f"target {t.name} (sm90 only)", t.name != "sm90"),
             (f"{knob} on (the wgmma loop takes its weights in registers)", bulk or lds_w),
-            ("a group of 4 units over two K parts (the CTA's units share their token rows)",
-             _group_spans_parts(units, ctx.stage_ctas, rows // ROWS_PER_UNIT, 4)),
+            ("a CTA's units over two K parts (they share its token rows)",
+             _group_spans_parts(units, ctx.stage_ctas, rows // ROWS_PER_UNIT, upc)),
             (f"{upc} units a CTA (one a warp of each warpgroup: a multiple of 4 needed)", upc % 4),
             (f"a token tile of {tile} < {tokens} tokens (every row in LDS once needed)", tile < tokens),
             (f"{nc} chunks do not split over {groups} warpgroups", nc % groups)) if bad]

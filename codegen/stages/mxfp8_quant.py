@@ -11,7 +11,9 @@ over lane offsets 1, 2). FP8_MAX is the MX maximum of the target's flavour
 (``MX_FP8_MAX``): 448 for OCP e4m3fn, 224 for gfx942's FNUZ, whose bytes are
 then the OCP bytes with codes one higher (Decisions 1 and 2).
 
-Units ``u = t * PARTS + part`` (token t, K part ``part``); unit u's words go
+Units ``u = t * PARTS + part`` (token t, K part ``part``); a CTA issues all
+its units' loads before it quantizes any (one round trip, not one a unit:
+H200, DeepSeek S = 48 with 10 units a CTA, rows 3.6 us later without); unit u's words go
 to word ``t * K / 4 + part * KP / 4`` (KP = K / PARTS), its codes to word
 ``t * K / 32 + part * KP / 32``; once the CTA's stores are drained, flag pair
 ``copy * FLAG_STRIDE + u`` is raised for every copy (tuned builds keep
