@@ -1,8 +1,9 @@
 """A build without its fp8 MMAs, for timing probes (sm90): the bodies of the sm90 library's
-emulated e4m3 `mma.sync` (`mma_fp8_16x8x32` and its `_free` twin) and of its native e4m3 `wgmma`
-(`wgmma_fp8_n8` / `_n16`) replaced by a LOP3 of their operands. Its results are wrong; the weight loads, operand reads and everything else stay, so
-the time it saves is what the MMAs cost (bench/NOTES.md, DeepSeek session 13: 1.3 / 2 / 5.4 us
-of DeepSeek S = 1 / 16 / 48). The timeline scripts take it as `--no-mma`.
+emulated e4m3 `mma.sync` (`mma_fp8_16x8x32` and its `_free` twin) and of its native e4m3
+`wgmma` (`wgmma_fp8_n8` / `_n16`) replaced by a LOP3 of their operands. Its results are wrong;
+the weight loads, operand reads and everything else stay, so the time it saves is what the
+MMAs cost (bench/NOTES.md, DeepSeek session 13: 1.3 / 2 / 5.4 us of DeepSeek S = 1 / 16 / 48).
+The timeline scripts take it as `--no-mma`.
 
     from scripts.no_mma import without_fp8_mma
     kernel = without_fp8_mma(codegen.load(...))"""

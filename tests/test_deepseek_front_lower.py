@@ -463,3 +463,17 @@ def test_flag_waits_acquire_in_the_polling_threads(target):
     body = body[:body.index("}\n") + 2]
     assert ("fence_acquire();" in body) is (target != "sm90")
     assert "ld.acquire.gpu" in lib if target == "sm90" else "ld.acquire" not in lib
+
+
+def test_xq_holds_every_unit_load_at_once():
+    """xq issues all of a CTA's unit loads before it quantizes any (one round trip): at most 16
+    units a CTA, else a located refusal naming the placement."""
+    ir = ir_of(tokens=48)
+    xq = next(s for s in ir.stages if s.name == "xq")
+    assert -(-xq.tasks // xq.ctas) == 3
+    text = render(ir)
+    ns = text[text.index("namespace stage_xq {"):text.index("}  // namespace stage_xq")]
+    assert ns.index("raw[i] = ld16(") < ns.index("mx_quant8(raw[i], MX_FP8_MAX, w0, w1);")
+    with pytest.raises(SpecError, match=r"96 units a CTA: a CTA holds all its units' loads at once") as e:
+        ir_of(tokens=48, tune={"xq.placement_by_target": {"sm90": {"round_robin": {"first": 131}}}})
+    assert "stages.0.placement" in str(e.value)

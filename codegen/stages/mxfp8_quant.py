@@ -29,6 +29,7 @@ from ..spec.models import Expr, Name, StageBase
 KIND = "mxfp8_quant"
 MX_BLOCK = 32  # values per E8M0 code
 ITEM = 8  # values per thread item: one 16-byte bf16 load
+MAX_UNITS_PER_CTA = 16  # a CTA's unit loads are all in flight at once: 4 registers a unit
 MX_FP8_MAX = {"ocp": 448.0, "fnuz": 224.0}  # the MX quantizers' maximum per FP8 flavour
 
 
@@ -94,6 +95,10 @@ def lower(stage: Model, ctx) -> dict:
     units = parts * ctx.tokens
     if ctx.task_count != units:
         ctx.fail(("tasks",), f"{ctx.task_count} tasks != tokens x parts = {units}", "set tasks to parts * tokens")
+    upc = -(-units // ctx.stage_ctas)
+    if upc > MAX_UNITS_PER_CTA:
+        ctx.fail(("placement",), f"{upc} units a CTA: a CTA holds all its units' loads at once (at most "
+                 f"{MAX_UNITS_PER_CTA}, 4 registers each)", "place the stage on more CTAs")
     check_rows(stage, ctx, k)
     ctx.region(stage.out, ("out",), kind="words", min_count=ctx.tokens * k // 4)
     ctx.region(stage.codes, ("codes",), kind="words", min_count=ctx.tokens * k // MX_BLOCK)
