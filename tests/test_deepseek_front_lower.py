@@ -353,9 +353,10 @@ def test_wqkv_quarters(tp, tokens):
         assert "if (QKV_PARTS == 4) sum = sum + (u32_as_float(pk[2][e]) + u32_as_float(pk[3][e]));" in text
 
 
-@pytest.mark.parametrize("stage,tokens", [("wqkv_a", 16), ("wq_b", 1), ("wq_b", 48)])
+@pytest.mark.parametrize("stage,tokens", [("wqkv_a", 16), ("wqkv_a", 48), ("wq_b", 1), ("wq_b", 48)])
 def test_gemv_probe_points(stage, tokens):
-    """rows_point / unit_point stamp the spare points where asked (both run() forms), nowhere else."""
+    """rows_point / unit_point stamp the spare points where asked (the wgmma and mma.sync run()
+    forms), nowhere else."""
     plain = render(ir_of(tokens=tokens, timeline=True))
     assert "stamp(lds, TL_SPARE" not in plain and "constexpr int TL_SPARE2 = 7;" in plain
     text = render(ir_of(tokens=tokens, timeline=True, tune={f"{stage}.rows_point": "spare", f"{stage}.unit_point": "spare2"}))
@@ -364,6 +365,18 @@ def test_gemv_probe_points(stage, tokens):
     assert ns.index("stage_rows(a, mb,", ns.index("MONO_DEVICE void run(")) < ns.index("stamp(lds, TL_SPARE);")
     with pytest.raises(SpecError, match="no timeline point 'nowhere'"):
         ir_of(tokens=tokens, tune={f"{stage}.rows_point": "nowhere"})
+    # mma_point (wgmma builds; wqkv at 48 rows runs the mma.sync loop): after the first pass's MMAs,
+    # before its epilogue's barrier
+    tune = {f"{stage}.mma_point": "spare3"}
+    if (stage, tokens) == ("wqkv_a", 48):
+        with pytest.raises(SpecError, match="mma_point stamps the wgmma loop's first pass"):
+            ir_of(tokens=tokens, timeline=True, tune=tune)
+        return
+    text = render(ir_of(tokens=tokens, timeline=True, tune=tune))
+    ns = text[text.index(f"namespace stage_{stage} {{"):text.index(f"}}  // namespace stage_{stage}")]
+    run = ns[ns.index("MONO_DEVICE void run("):]
+    assert run.index("mx_gemv64_wgmma<") < run.index("if (i0 == 0 && c0 == 0) stamp(lds, TL_SPARE3);") \
+        < run.index("epilogue_group(")
 
 
 def test_wq_b_weights_point():

@@ -104,6 +104,7 @@ class Model(StageBase):
     q_inline: Expr = False
     rows_point: Name | None = None  # timeline point: the CTA's first token rows in LDS
     unit_point: Name | None = None  # timeline point: the CTA's first unit (bulk: group) put
+    mma_point: Name | None = None  # timeline point: wgmma builds, warp 0's MMAs of the first pass done (before its epilogue)
     weights_point: Name | None = None  # timeline point: bulk_weights / lds_weights: the staged copies landed
 
     _tile = field_validator("token_tile", "ilp", "bulk_weights", "lds_weights", "wgmma", mode="before")(
@@ -239,6 +240,9 @@ def lower(stage: Model, ctx) -> dict:
             ctx.fail(("wgmma",), "the wgmma loop cannot run this build: " + "; ".join(why),
                      "turn wgmma off for this build")
         cpw = nc // groups
+    if stage.mma_point and not wgmma:
+        ctx.fail(("mma_point",), "mma_point stamps the wgmma loop's first pass; this build runs the mma.sync loop",
+                 "use unit_point here, or turn wgmma on")
     tile_bytes = waves * ROWS_PER_UNIT * part_row(t) * 4  # one unit's partial tiles
     own = [_lds_size(tile * xstride), _lds_size(tile * sstride), 0, _lds_size(tokens * (head_dim - nope))]
     staged, group, lds_scales = 0, 1, False
