@@ -490,3 +490,20 @@ def test_xq_holds_every_unit_load_at_once():
     with pytest.raises(SpecError, match=r"96 units a CTA: a CTA holds all its units' loads at once") as e:
         ir_of(tokens=48, tune={"xq.placement_by_target": {"sm90": {"round_robin": {"first": 131}}}})
     assert "stages.0.placement" in str(e.value)
+
+
+@pytest.mark.parametrize("tokens", [9, 16, 48])
+def test_wqb_late_weights(tokens):
+    """late_weights (the spec's at sm90 TP4 S = 16): wq_b's first group of weight loads goes out
+    after the token rows are in LDS instead of before the rows' wait (the wgmma loop only)."""
+    ir = ir_of(tokens=tokens)
+    assert next(s for s in ir.stages if s.name == "wq_b").values["late_weights"] == (tokens == 16)
+    text = render(ir)
+    run = text[text.index("MONO_DEVICE void run(", text.index("namespace stage_wq_b {")):text.index("}  // namespace stage_wq_b")]
+    load, wait, rows = (run.index(c) for c in ("load_group0();", "await_rows(mb, kpart);", "stage_rows(a, mb, lds, kpart"))
+    assert (wait < rows < load) if tokens == 16 else (load < wait < rows)
+    assert run.count("load_group0();") == 1
+    assert not next(s for s in ir_of(tokens=16, tp=2).stages if s.name == "wq_b").values["late_weights"]
+    # the mma.sync loop keeps its own load order: the knob does nothing there
+    v = next(s for s in ir_of(tokens=tokens, tune={"wq_b.wgmma": 0, "wq_b.late_weights": 1}).stages if s.name == "wq_b").values
+    assert not v["wgmma"] and not v["late_weights"]

@@ -97,6 +97,10 @@ class Model(StageBase):
     # LDS in core-matrix layout. The tensor cores keep about 13 bits of a chunk's sum (up to
     # 2^-12.8 of sum |w x|): sm90's fp8 tensor-core precision class (README "Precision")
     wgmma: PerTarget = PerTarget(default=0)
+    # the wgmma loop's first group of weight loads issued after the token rows are in LDS (1), not
+    # before the rows' wait, so that no load of theirs holds a scoreboard the rows' loads share.
+    # The mma.sync loops keep their own load order (ilp, bulk_weights, lds_weights): no effect there
+    late_weights: PerTarget = PerTarget(default=0)
     # mla_norm_rope source: the CTAs norm and quantize the q latent themselves from the source's
     # partials (template macro mla_q_math, the same bits as its QX8) instead of waiting for QX8:
     # one hand-off less (the source's QX8 store, fence and flag, this stage's flag poll and row
@@ -107,7 +111,7 @@ class Model(StageBase):
     mma_point: Name | None = None  # timeline point: wgmma builds, warp 0's MMAs of the first pass done (before its epilogue)
     weights_point: Name | None = None  # timeline point: bulk_weights / lds_weights: the staged copies landed
 
-    _tile = field_validator("token_tile", "ilp", "bulk_weights", "lds_weights", "wgmma", mode="before")(
+    _tile = field_validator("token_tile", "ilp", "bulk_weights", "lds_weights", "wgmma", "late_weights", mode="before")(
         classmethod(lambda cls, v: per_target(v)))
 
 
@@ -240,6 +244,7 @@ def lower(stage: Model, ctx) -> dict:
             ctx.fail(("wgmma",), "the wgmma loop cannot run this build: " + "; ".join(why),
                      "turn wgmma off for this build")
         cpw = nc // groups
+    late = ctx.switch(stage.late_weights.for_target(t.name), ("late_weights",)) and wgmma
     if stage.mma_point and not wgmma:
         ctx.fail(("mma_point",), "mma_point stamps the wgmma loop's first pass; this build runs the mma.sync loop",
                  "use unit_point here, or turn wgmma on")
@@ -328,6 +333,7 @@ def lower(stage: Model, ctx) -> dict:
         "lds_scales": lds_scales,  # a group's weight scales in LDS (else in registers)
         "wgmma": wgmma,
         "groups": groups,  # wgmma: warpgroups
+        "late_weights": late,
         "token_groups": token_groups,
         # bulk: units past the staged ones whose weights are in registers while a group computes
         "rest_prefetch": min(max(1, (PREFETCH_LOADS - group * cpw * halves) // cpw), upc - staged),

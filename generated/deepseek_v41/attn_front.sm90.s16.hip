@@ -1145,7 +1145,7 @@ MONO_DEVICE void run(const Args& a, const Mailbox& mb, u8* lds) {
     auto srow = [&](int i) { return a.wqkv_s + (unit_row0(min_i(b0 + CTAS * i, TASKS - 1)) / 32) * KB + kpart * NC; };
     u32x4 w[CPWG];
     u32 code[CPWG];  // the chunks' weight block scale codes: unpacked behind the rows' wait
-    {
+    auto load_group0 = [&]() {
         const u8* wr = wrow(r);
         const u8* sr = srow(r);
 #pragma unroll
@@ -1154,7 +1154,8 @@ MONO_DEVICE void run(const Args& a, const Mailbox& mb, u8* lds) {
             w[i] = ld16(wr + (long long)c * 16 * GEMV_K_CHUNK);
             code[i] = sr[c];
         }
-    }
+    };
+    load_group0();
     await_rows(mb, kpart);
     const int tok0 = 0, nt = TOKENS;
     barrier();
@@ -1575,7 +1576,7 @@ MONO_DEVICE void run(const Args& a, const Mailbox& mb, u8* lds) {
     auto srow = [&](int i) { return a.wqb_s + (unit_row0(min_i(b0 + CTAS * i, TASKS - 1)) / 32) * KB + kpart * NC; };
     u32x4 w[CPWG];
     u32 code[CPWG];  // the chunks' weight block scale codes: unpacked behind the rows' wait
-    {
+    auto load_group0 = [&]() {
         const u8* wr = wrow(r);
         const u8* sr = srow(r);
 #pragma unroll
@@ -1584,13 +1585,14 @@ MONO_DEVICE void run(const Args& a, const Mailbox& mb, u8* lds) {
             w[i] = ld16(wr + (long long)c * 16 * GEMV_K_CHUNK);
             code[i] = sr[c];
         }
-    }
+    };
     stage_cos_sin(a, reinterpret_cast<float*>(lds + LDS_CS));  // read after the rows' barriers
     await_rows(mb, kpart);
     const int tok0 = 0, nt = TOKENS;
     barrier();
     stage_rows(a, mb, lds, kpart, tok0, nt, xl, xs);
     barrier();
+    load_group0();  // late_weights: after the rows, so that no load of theirs holds the rows' scoreboards
     for (int i0 = 0; i0 < UPC; i0 += 4) {
         float sw[CPWG];
 #pragma unroll

@@ -1541,7 +1541,7 @@ MONO_DEVICE void run(const Args& a, const Mailbox& mb, u8* lds) {
     auto srow = [&](int i) { return a.wqb_s + (unit_row0(min_i(b0 + CTAS * i, TASKS - 1)) / 32) * KB + kpart * NC; };
     u32x4 w[CPWG];
     u32 code[CPWG];  // the chunks' weight block scale codes: unpacked behind the rows' wait
-    {
+    auto load_group0 = [&]() {
         const u8* wr = wrow(r);
         const u8* sr = srow(r);
 #pragma unroll
@@ -1550,7 +1550,8 @@ MONO_DEVICE void run(const Args& a, const Mailbox& mb, u8* lds) {
             w[i] = ld16(wr + (long long)c * 16 * GEMV_K_CHUNK);
             code[i] = sr[c];
         }
-    }
+    };
+    load_group0();
     stage_cos_sin(a, reinterpret_cast<float*>(lds + LDS_CS));  // read after the rows' barriers
     await_rows(mb, kpart);
     const int tok0 = 0, nt = TOKENS;
