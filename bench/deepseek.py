@@ -242,12 +242,9 @@ class AttnFrontCase(BenchCase):
         except AssertionError as e:
             check("ours.contract", False, {"error": str(e)[:2000]})
         got = dc.read_scratch(self.ir, self.ws["scratch"], s)
-        ours_qkv = ref.qkv_of_partials(got["partials"])
-        if dc.publishes_qx8(self.ir):
+        ours_qkv, _, _, ours_qx8, ours_qs = dc.from_partials(got["partials"], c.inputs, self.target)
+        if dc.publishes_qx8(self.ir):  # else (q_inline) QX8 is never stored: the contract's of our partials
             ours_qx8, ours_qs = got["qx8"], got["qx8s"]
-        else:  # q_inline: wq_b's CTAs normed q in LDS, QX8 never stored: the contract's of our partials
-            ours_qx8, ours_qs = ref.mxfp8_quantize(ref.front_norms(ours_qkv, c.inputs["qn_w"], c.inputs["kvn_w"])[0],
-                                                  self.target)
         ours_q = args["q"].cpu()
         x8, sx = ref.mxfp8_quantize(c.inputs["x"], self.target)
 

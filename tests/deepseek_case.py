@@ -163,6 +163,15 @@ def gemv_tol(ir, stage: str) -> float:
     return WGMMA_TOL if next(st for st in ir.stages if st.name == stage).values.get("wgmma") else PARTIAL_TOL
 
 
+def from_partials(parts: torch.Tensor, inp: dict, target) -> tuple:
+    """What the contract computes from the wqkv partials ``[K_PARTS, S, 1792]`` (B.5.2, B.5.3, QX8):
+    ``(qkv, ys, kn, qx8, qs)``."""
+    qkv = ref.qkv_of_partials(parts)
+    ys, kn = ref.front_norms(qkv, inp["qn_w"], inp["kvn_w"])
+    qx8, qs = ref.mxfp8_quantize(ys, target)
+    return qkv, ys, kn, qx8, qs
+
+
 def publishes_qx8(ir) -> bool:
     """Whether the build's qkv stage writes QX8 and its flags (else wq_b norms q itself:
     q_inline, and QX8 is never in the scratch)."""
@@ -194,9 +203,7 @@ def simulate(case: Case, ir, args: dict) -> None:
     if any(st.name == "xq" for st in ir.stages):
         _region(ir, raw, "x8").copy_(x8.view(torch.uint8).reshape(-1))
         _region(ir, raw, "x8s").view(torch.int32).copy_(sx.reshape(-1))
-    qkv = ref.qkv_of_partials(parts)
-    ys, kn = ref.front_norms(qkv, inp["qn_w"], inp["kvn_w"])
-    qx8, qs = ref.mxfp8_quantize(ys, target)
+    _, ys, kn, qx8, qs = from_partials(parts, inp, target)
     publish = publishes_qx8(ir)
     if publish:
         _region(ir, raw, "qx8").copy_(qx8.view(torch.uint8).reshape(-1))
@@ -276,9 +283,7 @@ def check(case: Case, ir, args: dict, epoch: int = 0) -> dict:
     stats["partials_emulated_exact_frac"] = (emu == got["partials"][0]).float().mean().item()
 
     # QX8 / QX8S (exact) given the kernel's own partials
-    qkv = ref.qkv_of_partials(got["partials"])
-    ys, kn = ref.front_norms(qkv, inp["qn_w"], inp["kvn_w"])
-    qx8, qs = ref.mxfp8_quantize(ys, target)
+    _, ys, kn, qx8, qs = from_partials(got["partials"], inp, target)
     if publishes_qx8(ir):
         bad = (got["qx8"].view(torch.uint8) != qx8.view(torch.uint8)).nonzero()
         expect(bad.numel() == 0, f"QX8 differs at {bad[:5].tolist()} ({bad.shape[0]} bytes)")

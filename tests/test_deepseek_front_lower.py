@@ -240,7 +240,7 @@ def test_wqb_wgmma_layout(tp, tokens):
     put = "xl + core_word(r, tt / 4, (tt / 2) % 2) + (tt % 2) * 2;" if tokens <= 2 else "xl + core_word(t, c, h)) = x;"  # q_inline: in place
     assert rows.index(put) < rows.index("fence_proxy_async_lds();")
     assert "part + r * PART_TILE + g * PART_WAVE" in wqb and "LDS_WSC" not in wqb  # scales in registers
-    assert "refill ? wrow(i0 + 4 + r) : nullptr" in wqb and "epilogue_group(a, mb, part, lds, b0, i0, UPC," in wqb
+    assert "refill ? unit_weights(a, unit(i0 + 4 + r)) : nullptr" in wqb and "epilogue_group(a, mb, part, lds, b0, i0, UPC," in wqb
     # off: the emulated mma.sync loop and one tile a wave
     text = render(ir_of(tokens=tokens, tp=tp, tune={"wq_b.wgmma": 0}))
     wqb = text[text.index("namespace stage_wq_b {"):text.index("}  // namespace stage_wq_b")]
@@ -343,7 +343,7 @@ def test_wqkv_quarters(tp, tokens):
     assert f"constexpr int QKV_PARTS = {k_parts};" in text
     if quarters:
         wqkv = text[text.index("namespace stage_wqkv_a {"):text.index("}  // namespace stage_wqkv_a")]
-        assert "mx_gemv64_wgmma<CPWG, GROUPS, NG, SSTRIDE>(" in wqkv and "(long long)kpart * NC * 16 * GEMV_K_CHUNK" in wqkv
+        assert "mx_gemv64_wgmma<CPWG, GROUPS, NG, SSTRIDE>(" in wqkv and "(long long)unit_part(u) * NC * 16 * GEMV_K_CHUNK" in wqkv
         rows = wqkv[wqkv.index("MONO_DEVICE void stage_rows("):wqkv.index("MONO_DEVICE void run(")]
         if tokens <= 8:  # x quantized here, straight into the core-matrix layout
             assert "xl + core_word(r, it / 4, (it / 2) % 2) + (it % 2) * 2;" in rows and "await_rows(" not in wqkv

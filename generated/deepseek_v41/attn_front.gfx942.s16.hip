@@ -722,19 +722,28 @@ MONO_DEVICE void pack_scale(u32 (&codes)[CODE_WORDS], int i, int b, u8 code) {
     codes[k / 4] |= u32(code) << (8 * (k % 4));
 }
 
+// Unit u's weights from its K part's first chunk, at this lane's 16 bytes (its chunk c: + c * 16 *
+// GEMV_K_CHUNK); its row of wqkv_s from that chunk's first block (chunk c's block b: + c *
+// MX_BLOCKS_PER_CHUNK + b).
+MONO_DEVICE const u8* unit_weights(const Args& a, int u) {
+    return a.wqkv + (long long)unit_row0(u) * K + (long long)unit_part(u) * NC * 16 * GEMV_K_CHUNK + lane_id() * 16;
+}
+MONO_DEVICE const u8* unit_codes(const Args& a, int u) {
+    return a.wqkv_s + (unit_row0(u) / 32) * KB + unit_part(u) * NC * MX_BLOCKS_PER_CHUNK;
+}
+
 // Unit u's weights: this lane's 16 bytes of each of its chunks (zeros past NC) and the
 // chunks' packed scale codes, issued without waiting.
 MONO_DEVICE void load_unit(const Args& a, int u, u32x4 (&w)[CPW], u32 (&codes)[CODE_WORDS]) {
-    const int row0 = unit_row0(u), c0 = unit_part(u) * NC;
-    const u8* wrow = a.wqkv + (long long)row0 * K + lane_id() * 16;
-    const u8* srow = a.wqkv_s + (row0 / 32) * KB;
+    const u8* wrow = unit_weights(a, u);
+    const u8* srow = unit_codes(a, u);
     for (int k = 0; k < CODE_WORDS; ++k) codes[k] = 0u;
 #pragma unroll
     for (int i = 0; i < CPW; ++i) {
         const int c = wave_id() + WAVES * i;
         if (c < NC) {
-            w[i] = ld16(wrow + (long long)(c0 + c) * 16 * GEMV_K_CHUNK);
-            for (int b = 0; b < MX_BLOCKS_PER_CHUNK; ++b) pack_scale(codes, i, b, srow[(c0 + c) * MX_BLOCKS_PER_CHUNK + b]);
+            w[i] = ld16(wrow + (long long)c * 16 * GEMV_K_CHUNK);
+            for (int b = 0; b < MX_BLOCKS_PER_CHUNK; ++b) pack_scale(codes, i, b, srow[c * MX_BLOCKS_PER_CHUNK + b]);
         } else {
             w[i] = u32x4{0u, 0u, 0u, 0u};
         }
@@ -1093,19 +1102,28 @@ MONO_DEVICE void pack_scale(u32 (&codes)[CODE_WORDS], int i, int b, u8 code) {
     codes[k / 4] |= u32(code) << (8 * (k % 4));
 }
 
+// Unit u's weights from its K part's first chunk, at this lane's 16 bytes (its chunk c: + c * 16 *
+// GEMV_K_CHUNK); its row of wqb_s from that chunk's first block (chunk c's block b: + c *
+// MX_BLOCKS_PER_CHUNK + b).
+MONO_DEVICE const u8* unit_weights(const Args& a, int u) {
+    return a.wqb + (long long)unit_row0(u) * K + (long long)unit_part(u) * NC * 16 * GEMV_K_CHUNK + lane_id() * 16;
+}
+MONO_DEVICE const u8* unit_codes(const Args& a, int u) {
+    return a.wqb_s + (unit_row0(u) / 32) * KB + unit_part(u) * NC * MX_BLOCKS_PER_CHUNK;
+}
+
 // Unit u's weights: this lane's 16 bytes of each of its chunks (zeros past NC) and the
 // chunks' packed scale codes, issued without waiting.
 MONO_DEVICE void load_unit(const Args& a, int u, u32x4 (&w)[CPW], u32 (&codes)[CODE_WORDS]) {
-    const int row0 = unit_row0(u), c0 = unit_part(u) * NC;
-    const u8* wrow = a.wqb + (long long)row0 * K + lane_id() * 16;
-    const u8* srow = a.wqb_s + (row0 / 32) * KB;
+    const u8* wrow = unit_weights(a, u);
+    const u8* srow = unit_codes(a, u);
     for (int k = 0; k < CODE_WORDS; ++k) codes[k] = 0u;
 #pragma unroll
     for (int i = 0; i < CPW; ++i) {
         const int c = wave_id() + WAVES * i;
         if (c < NC) {
-            w[i] = ld16(wrow + (long long)(c0 + c) * 16 * GEMV_K_CHUNK);
-            for (int b = 0; b < MX_BLOCKS_PER_CHUNK; ++b) pack_scale(codes, i, b, srow[(c0 + c) * MX_BLOCKS_PER_CHUNK + b]);
+            w[i] = ld16(wrow + (long long)c * 16 * GEMV_K_CHUNK);
+            for (int b = 0; b < MX_BLOCKS_PER_CHUNK; ++b) pack_scale(codes, i, b, srow[c * MX_BLOCKS_PER_CHUNK + b]);
         } else {
             w[i] = u32x4{0u, 0u, 0u, 0u};
         }

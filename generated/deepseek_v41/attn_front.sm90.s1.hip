@@ -988,19 +988,28 @@ MONO_DEVICE void pack_scale(u32 (&codes)[CODE_WORDS], int i, int b, u8 code) {
     codes[k / 4] |= u32(code) << (8 * (k % 4));
 }
 
+// Unit u's weights from its K part's first chunk, at this lane's 16 bytes (its chunk c: + c * 16 *
+// GEMV_K_CHUNK); its row of wqkv_s from that chunk's first block (chunk c's block b: + c *
+// MX_BLOCKS_PER_CHUNK + b).
+MONO_DEVICE const u8* unit_weights(const Args& a, int u) {
+    return a.wqkv + (long long)unit_row0(u) * K + (long long)unit_part(u) * NC * 16 * GEMV_K_CHUNK + lane_id() * 16;
+}
+MONO_DEVICE const u8* unit_codes(const Args& a, int u) {
+    return a.wqkv_s + (unit_row0(u) / 32) * KB + unit_part(u) * NC * MX_BLOCKS_PER_CHUNK;
+}
+
 // Unit u's weights: this lane's 16 bytes of each of its chunks (zeros past NC) and the
 // chunks' packed scale codes, issued without waiting.
 MONO_DEVICE void load_unit(const Args& a, int u, u32x4 (&w)[CPW], u32 (&codes)[CODE_WORDS]) {
-    const int row0 = unit_row0(u), c0 = unit_part(u) * NC;
-    const u8* wrow = a.wqkv + (long long)row0 * K + lane_id() * 16;
-    const u8* srow = a.wqkv_s + (row0 / 32) * KB;
+    const u8* wrow = unit_weights(a, u);
+    const u8* srow = unit_codes(a, u);
     for (int k = 0; k < CODE_WORDS; ++k) codes[k] = 0u;
 #pragma unroll
     for (int i = 0; i < CPW; ++i) {
         const int c = wave_id() + WAVES * i;
         if (c < NC) {
-            w[i] = ld16(wrow + (long long)(c0 + c) * 16 * GEMV_K_CHUNK);
-            for (int b = 0; b < MX_BLOCKS_PER_CHUNK; ++b) pack_scale(codes, i, b, srow[(c0 + c) * MX_BLOCKS_PER_CHUNK + b]);
+            w[i] = ld16(wrow + (long long)c * 16 * GEMV_K_CHUNK);
+            for (int b = 0; b < MX_BLOCKS_PER_CHUNK; ++b) pack_scale(codes, i, b, srow[c * MX_BLOCKS_PER_CHUNK + b]);
         } else {
             w[i] = u32x4{0u, 0u, 0u, 0u};
         }
@@ -1370,19 +1379,28 @@ MONO_DEVICE void pack_scale(u32 (&codes)[CODE_WORDS], int i, int b, u8 code) {
     codes[k / 4] |= u32(code) << (8 * (k % 4));
 }
 
+// Unit u's weights from its K part's first chunk, at this lane's 16 bytes (its chunk c: + c * 16 *
+// GEMV_K_CHUNK); its row of wqb_s from that chunk's first block (chunk c's block b: + c *
+// MX_BLOCKS_PER_CHUNK + b).
+MONO_DEVICE const u8* unit_weights(const Args& a, int u) {
+    return a.wqb + (long long)unit_row0(u) * K + (long long)unit_part(u) * NC * 16 * GEMV_K_CHUNK + lane_id() * 16;
+}
+MONO_DEVICE const u8* unit_codes(const Args& a, int u) {
+    return a.wqb_s + (unit_row0(u) / 32) * KB + unit_part(u) * NC * MX_BLOCKS_PER_CHUNK;
+}
+
 // Unit u's weights: this lane's 16 bytes of each of its chunks (zeros past NC) and the
 // chunks' packed scale codes, issued without waiting.
 MONO_DEVICE void load_unit(const Args& a, int u, u32x4 (&w)[CPW], u32 (&codes)[CODE_WORDS]) {
-    const int row0 = unit_row0(u), c0 = unit_part(u) * NC;
-    const u8* wrow = a.wqb + (long long)row0 * K + lane_id() * 16;
-    const u8* srow = a.wqb_s + (row0 / 32) * KB;
+    const u8* wrow = unit_weights(a, u);
+    const u8* srow = unit_codes(a, u);
     for (int k = 0; k < CODE_WORDS; ++k) codes[k] = 0u;
 #pragma unroll
     for (int i = 0; i < CPW; ++i) {
         const int c = wave_id() + WAVES * i;
         if (c < NC) {
-            w[i] = ld16(wrow + (long long)(c0 + c) * 16 * GEMV_K_CHUNK);
-            for (int b = 0; b < MX_BLOCKS_PER_CHUNK; ++b) pack_scale(codes, i, b, srow[(c0 + c) * MX_BLOCKS_PER_CHUNK + b]);
+            w[i] = ld16(wrow + (long long)c * 16 * GEMV_K_CHUNK);
+            for (int b = 0; b < MX_BLOCKS_PER_CHUNK; ++b) pack_scale(codes, i, b, srow[c * MX_BLOCKS_PER_CHUNK + b]);
         } else {
             w[i] = u32x4{0u, 0u, 0u, 0u};
         }
@@ -1564,17 +1582,14 @@ MONO_DEVICE void run(const Args& a, const Mailbox& mb, u8* lds) {
     constexpr int CPWG = NC / GROUPS;  // chunks of a warp
     static_assert(N_LDS_TILES == 1 && UPC % 4 == 0, "every token row in LDS once; whole groups of 4 units");
     const int g = wave_id() / 4, r = wave_id() % 4;
+    static_assert(MX_BLOCKS_PER_CHUNK == 1, "a chunk is one 32-value block: one scale code");
     const int kpart = unit_part(min_i(b0, TASKS - 1));  // every unit of the CTA's (the lowering checks)
-    // unit i's row of weights at this lane's bytes, its row of scale codes, both from its K part's first chunk
-    auto wrow = [&](int i) {
-        return a.wqb + (long long)unit_row0(min_i(b0 + CTAS * i, TASKS - 1)) * K + (long long)kpart * NC * 16 * GEMV_K_CHUNK + lane_id() * 16;
-    };
-    auto srow = [&](int i) { return a.wqb_s + (unit_row0(min_i(b0 + CTAS * i, TASKS - 1)) / 32) * KB + kpart * NC; };
+    auto unit = [&](int i) { return min_i(b0 + CTAS * i, TASKS - 1); };  // the CTA's i-th unit (past TASKS: a copy)
     u32x4 w[CPWG];
     u32 code[CPWG];  // the chunks' weight block scale codes: unpacked behind the rows' wait
     auto load_group0 = [&]() {
-        const u8* wr = wrow(r);
-        const u8* sr = srow(r);
+        const u8* wr = unit_weights(a, unit(r));
+        const u8* sr = unit_codes(a, unit(r));
 #pragma unroll
         for (int i = 0; i < CPWG; ++i) {
             const int c = g + GROUPS * i;
@@ -1600,8 +1615,8 @@ MONO_DEVICE void run(const Args& a, const Mailbox& mb, u8* lds) {
             const int nc = min_i(16, nt - c0);
             const bool refill = c0 + 16 >= nt && i0 + 4 < UPC;  // the last pass: the next group's weights
             mx_gemv64_wgmma<CPWG, GROUPS, NG, SSTRIDE>(w, sw, reinterpret_cast<const u8*>(xl) + (c0 / 8) * 256, xs + c0 * SSTRIDE, nc,
-                                                      part + r * PART_TILE + g * PART_WAVE, refill ? wrow(i0 + 4 + r) : nullptr,
-                                                      refill ? srow(i0 + 4 + r) : nullptr, code);
+                                                      part + r * PART_TILE + g * PART_WAVE, refill ? unit_weights(a, unit(i0 + 4 + r)) : nullptr,
+                                                      refill ? unit_codes(a, unit(i0 + 4 + r)) : nullptr, code);
             if (i0 == 0 && c0 == 0 && thread_id() < TOKENS * ROPE) reinterpret_cast<float*>(lds + LDS_CS)[thread_id()] = cs_val;
             barrier();
             epilogue_group(a, mb, part, lds, b0, i0, UPC, tok0 + c0, nc);
