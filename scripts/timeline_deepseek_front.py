@@ -2,9 +2,10 @@
 build's per-CTA stamps (%globaltimer, ns), as microseconds after the first
 CTA's start: min / median / max over the CTAs that reached each point.
 
-    PYTHONPATH=. python3 scripts/timeline_deepseek_front.py [out.txt] [--cold | --rotate] [--no-mma] [--slowest=POINT] [stage.field=value ...]
+    PYTHONPATH=. python3 scripts/timeline_deepseek_front.py [out.txt] [--cold | --rotate] [--no-mma] [--slowest=POINT] [--tokens=16,48] [stage.field=value ...]
 
 (stage.field=value: spec knob overrides, codegen.load's tune, e.g. wq_b.bulk_weights=0;
+--tokens: only the builds of these row counts (a probe point some build refuses);
 --slowest=POINT also lists the 8 CTAs that stamped POINT last, each with all its stamps:
 a straggler's role shows in its other stamps; --cold: the timed launch follows an L2 flush, so the
 weights come from HBM, and so does the kernel's code; --rotate: as the bench, the launches cycle
@@ -56,14 +57,16 @@ def main() -> None:
     cold = "--cold" in sys.argv[1:]
     rotate = COPIES if "--rotate" in sys.argv[1:] else 0
     no_mma = "--no-mma" in sys.argv[1:]
-    words = [a for a in sys.argv[1:] if not a.startswith("--slowest=") and a not in ("--cold", "--rotate", "--no-mma")]
+    only = next((a.split("=", 1)[1] for a in sys.argv[1:] if a.startswith("--tokens=")), None)
+    builds = [b for b in BUILDS if only is None or str(b["tokens"]) in only.split(",")]
+    words = [a for a in sys.argv[1:] if not a.startswith(("--slowest=", "--tokens=")) and a not in ("--cold", "--rotate", "--no-mma")]
     flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda") if cold else None  # > 4x the H200's 60 MiB L2
     files = [a for a in words if "=" not in a]
     tune = name_values([a for a in words if "=" in a]) or None
     out = open(files[0], "w") if files else sys.stdout
     if tune is None and not no_mma:
-        dc.precompile([dict(b, timeline=True) for b in BUILDS])
-    for b in BUILDS:
+        dc.precompile([dict(b, timeline=True) for b in builds])
+    for b in builds:
         k = codegen.load(SPEC, timeline=True, tune=tune, **b)
         k = without_fp8_mma(k) if no_mma else k
         case = dc.make_case(b["tokens"], b["tp"], 1, "sm90", seed=2)

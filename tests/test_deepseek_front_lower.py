@@ -365,6 +365,18 @@ def test_gemv_probe_points(stage, tokens):
     assert ns.index("stage_rows(a, mb,", ns.index("MONO_DEVICE void run(")) < ns.index("stamp(lds, TL_SPARE);")
     with pytest.raises(SpecError, match="no timeline point 'nowhere'"):
         ir_of(tokens=tokens, tune={f"{stage}.rows_point": "nowhere"})
+    # flags_point: between the wait for the rows' flags and their copy; refused where the CTA
+    # computes its rows itself (wq_b at 1 row norms q inline)
+    tune = {f"{stage}.flags_point": "spare4"}
+    if (stage, tokens) == ("wq_b", 1):
+        with pytest.raises(SpecError, match="flags_point stamps the wait for the source's flags"):
+            ir_of(tokens=tokens, timeline=True, tune=tune)
+    else:
+        run = render(ir_of(tokens=tokens, timeline=True, tune=tune))
+        run = run[run.index(f"namespace stage_{stage} {{"):run.index(f"}}  // namespace stage_{stage}")]
+        run = run[run.index("MONO_DEVICE void run("):]
+        assert run.count("stamp(lds, TL_SPARE4);") == 1
+        assert run.index("await_rows(mb,") < run.index("stamp(lds, TL_SPARE4);") < run.index("stage_rows(a, mb,")
     # mma_point (wgmma builds; wqkv at 48 rows runs the mma.sync loop): after the first pass's MMAs,
     # before its epilogue's barrier
     tune = {f"{stage}.mma_point": "spare3"}

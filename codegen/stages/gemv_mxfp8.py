@@ -106,6 +106,7 @@ class Model(StageBase):
     # one hand-off less (the source's QX8 store, fence and flag, this stage's flag poll and row
     # copy); every CTA reads every token's q partials, so for few tokens only
     q_inline: Expr = False
+    flags_point: Name | None = None  # timeline point: the CTA's first token rows' flags seen (before their copy)
     rows_point: Name | None = None  # timeline point: the CTA's first token rows in LDS
     unit_point: Name | None = None  # timeline point: the CTA's first unit (bulk: group) put
     mma_point: Name | None = None  # timeline point: wgmma builds, warp 0's MMAs of the first pass done (before its epilogue)
@@ -245,6 +246,9 @@ def lower(stage: Model, ctx) -> dict:
                      "turn wgmma off for this build")
         cpw = nc // groups
     late = ctx.switch(stage.late_weights.for_target(t.name), ("late_weights",)) and wgmma
+    if stage.flags_point and (inline or q_inline):
+        ctx.fail(("flags_point",), "flags_point stamps the wait for the source's flags; this build computes its rows "
+                 "itself (" + ("q_inline" if q_inline else f"no {src.name} stage") + ")", "use rows_point here")
     if stage.mma_point and not wgmma:
         ctx.fail(("mma_point",), "mma_point stamps the wgmma loop's first pass; this build runs the mma.sync loop",
                  "use unit_point here, or turn wgmma on")
