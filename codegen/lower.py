@@ -29,6 +29,7 @@ INT_MIN, INT_MAX = -(2**31), 2**31 - 1  # int constants of the generated code
 SCRATCH_ALIGN = 256  # every mailbox region starts on its own 256-byte stretch
 HANG_REGION, HANG_WORDS = "hang", 8  # debug builds' scratch region: the record of a wait that gave up
 LDS_ALIGN = 16  # 16-byte LDS loads and stores
+MAX_LDS_ALIGN = 1024  # the dynamic LDS's declared alignment (MONO_LDS_DECL): sm90's 128-byte-swizzled wgmma operands
 REGION_BYTES = {"pairs": 8, "flags": 8, "words": 4}
 CTYPES = {"bf16": "bf16_t", "f32": "float", "i32": "int", "i64": "long long", "u8": "u8", "fp8": "u8"}
 ELEM_BYTES = {"bf16": 2, "f32": 4, "i32": 4, "i64": 8, "u8": 1, "fp8": 1}
@@ -236,6 +237,7 @@ class _Ctx:
         self.threads, self.tokens = threads, build.tokens
         self.active = active  # stage name -> bool
         self.lds_bufs: list[tuple[str, str, str, int]] = []
+        self.lds_aligns: dict[tuple[str, str], int] = {}  # (stage, buffer): alignment above LDS_ALIGN
         self.lds_kernel_bufs: list[tuple[str, str, str, int]] = []  # lds_kernel: after the union
         self.issues: list[SpecIssue] = []
         self.loc: tuple = ()
@@ -340,8 +342,14 @@ class _Ctx:
     def stage_active(self, name: str) -> bool:
         return self.active.get(name, False)
 
-    def lds(self, stage: str, name: str, ctype: str, count: int) -> None:
+    def lds(self, stage: str, name: str, ctype: str, count: int, align: int = LDS_ALIGN) -> None:
+        """An LDS buffer of the stage, at an offset that is a multiple of `align` bytes (the
+        union's base, the kernel's dynamic LDS, is aligned to MAX_LDS_ALIGN)."""
+        if align % LDS_ALIGN or MAX_LDS_ALIGN % align:
+            raise ValueError(f"LDS buffer {stage}.{name}: alignment {align} is not a multiple of {LDS_ALIGN} dividing {MAX_LDS_ALIGN}")
         self.lds_bufs.append((stage, name, ctype, count))
+        if align != LDS_ALIGN:
+            self.lds_aligns[(stage, name)] = align
 
     def lds_kernel(self, stage: str, name: str, ctype: str, count: int) -> None:
         """An LDS buffer of the stage that lives for the whole kernel: placed after the union
@@ -352,13 +360,13 @@ class _Ctx:
         """LDS bytes the target leaves for more buffers of ``stage`` after those it has
         declared (packed as the layout packs them), less the timeline stamps' and the
         kernel-lifetime buffers'."""
-        return self.target.lds_bytes - _pack_lds(self.lds_bufs)[1].get(stage, 0) - self._beside_union()
+        return self.target.lds_bytes - _pack_lds(self.lds_bufs, self.lds_aligns)[1].get(stage, 0) - self._beside_union()
 
     def lds_kernel_left(self) -> int:
         """LDS bytes left for more kernel-lifetime buffers: beside the union of every stage's
         buffers declared so far (later stages must still fit), the kernel-lifetime buffers and
         the timeline stamps."""
-        return self.target.lds_bytes - max(_pack_lds(self.lds_bufs)[1].values(), default=0) - self._beside_union()
+        return self.target.lds_bytes - max(_pack_lds(self.lds_bufs, self.lds_aligns)[1].values(), default=0) - self._beside_union()
 
     def _beside_union(self) -> int:
         """LDS bytes outside the stages' union: the kernel-lifetime buffers and the stamps."""
@@ -366,12 +374,13 @@ class _Ctx:
         return kernel + 8 * len(self.loaded.spec.timeline_points)
 
 
-def _pack_lds(bufs: list[tuple[str, str, str, int]]) -> tuple[list[int], dict[str, int]]:
-    """Each stage's LDS buffers packed from 0, 16-byte aligned: every buffer's offset (in the
-    order given) and every stage's bytes. The layout and the lowering's room checks share it."""
+def _pack_lds(bufs: list[tuple[str, str, str, int]], aligns: dict[tuple[str, str], int]) -> tuple[list[int], dict[str, int]]:
+    """Each stage's LDS buffers packed from 0, 16-byte aligned (or as `aligns` says): every
+    buffer's offset (in the order given) and every stage's bytes. The layout and the lowering's
+    room checks share it."""
     offsets, used = [], {}
-    for stage, _, ctype, count in bufs:
-        offsets.append(used.get(stage, 0))
+    for stage, name, ctype, count in bufs:
+        offsets.append(_align(used.get(stage, 0), aligns.get((stage, name), LDS_ALIGN)))
         used[stage] = _align(offsets[-1] + count * LDS_CTYPES[ctype], LDS_ALIGN)
     return offsets, used
 
@@ -551,7 +560,7 @@ def _lower(loaded: LoadedSpec, build: Build) -> KernelIR:
         stages.append(StageIR(i, s.name, s.kind, s.doc, tasks, kind, first, ctas, waits, values))
 
     # LDS: each stage's buffers packed from 0; stages share the space (union)
-    offsets, by_stage = _pack_lds(ctx.lds_bufs)
+    offsets, by_stage = _pack_lds(ctx.lds_bufs, ctx.lds_aligns)
     lds = [LdsBuf(stage, name, ctype, count, off) for (stage, name, ctype, count), off in zip(ctx.lds_bufs, offsets)]
     timeline = build["timeline"] if "timeline" in dict(build.params) else False
     tl_bytes = len(spec.timeline_points) * 8 if timeline else 0

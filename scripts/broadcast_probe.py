@@ -5,7 +5,11 @@ just written by the qkv CTAs, into LDS; the kernel's timeline puts 2.3 / 4.6 us 
 rows' flags and the rows in LDS (bench/NOTES.md, session 15). This probe times that copy
 alone: a `fill` launch writes the rows (so that they sit in L2, dirty, as in the kernel), then
 every CTA of one launch copies them, stamping %globaltimer before and after. Ways: 16-byte
-loads (all of a thread's in flight, then the LDS stores), or one TMA bulk copy; every CTA the
+loads (all of a thread's in flight, then the LDS stores), or one TMA bulk copy; or 16-byte loads in the order of the
+kernel's wgmma rows ("sectors": two lanes a 32-byte sector of one token, 16 tokens a load) or
+in row order ("rows"), stored as wgmma's core matrices (the kernel's), linearly, or in the
+128-byte-swizzled K-major layout (token t's 128-byte K segment s in 8-token atoms of 1024
+bytes, 16-byte chunk j at j ^ t % 8); every CTA the
 same bytes (a broadcast) or its own (no sharing), all at once or staggered like the kernel's
 flags. Prints per CTA copy time, median / max over CTAs, each the median of 20 launches.
 
@@ -42,7 +46,31 @@ extern "C" __global__ void __launch_bounds__(512, 1) copy(const unsigned char* s
     while (now() < wait) {}
     __syncthreads();
     const u64 t0 = now();
-    if (mode == 0) {
+    if (mode >= 2) {  // 16-byte loads in row order or the wgmma rows' order, stores in one of three layouts
+        const int nt = int(bytes / 1280), n = int(bytes / 16), ng = (nt + 7) / 8;
+        const bool rows = mode == 3 || mode == 5;  // else: lanes 2j, 2j + 1 the 32-byte sector (c, token j % nt)
+        auto token = [&](int it) { return rows ? it / 80 : (it / 2) % nt; };
+        auto piece = [&](int it) { return rows ? it % 80 : 2 * (it / (2 * nt)) + it % 2; };
+        uint4 v[8];
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            const int it = threadIdx.x + 512 * i;
+            if (it < n)
+                asm volatile("ld.relaxed.gpu.global.v4.u32 {%0,%1,%2,%3}, [%4];"
+                             : "=r"(v[i].x), "=r"(v[i].y), "=r"(v[i].z), "=r"(v[i].w)
+                             : "l"(src + 1280 * token(it) + 16 * piece(it)) : "memory");
+        }
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            const int it = threadIdx.x + 512 * i, t = token(it), p = piece(it);
+            int at;
+            if (mode == 2 || mode == 5) at = (((p / 2) * ng + t / 8) * 2 + p % 2) * 128 + (t % 8) * 16;  // core matrices
+            else if (mode == 3) at = ((p / 8) * ng + t / 8) * 1024 + (t % 8) * 128 + ((p % 8) ^ (t % 8)) * 16;  // 128B swizzle
+            else at = 16 * it;  // mode 4: linear
+            if (it < n) *reinterpret_cast<uint4*>(buf + at) = v[i];
+        }
+        __syncthreads();
+    } else if (mode == 0) {
         uint4 v[8];
 #pragma unroll
         for (int i = 0; i < 8; ++i) {
@@ -91,7 +119,7 @@ def main() -> None:
           "(median of 20 launches); t_end: the last CTA done after the first one's start")
     for nbytes in (20480, 61440):
         copy.set_max_dynamic_shared(128 + nbytes)
-        for mode, how in ((0, "16-byte loads"), (1, "one TMA bulk copy")):
+        for mode, how in ((0, "16-byte loads"), (2, "sectors -> core"), (4, "sectors -> linear"), (5, "rows -> core"), (3, "rows -> swizzle128"), (1, "one TMA bulk copy")):
             for stride, what in ((0, "same bytes"), (nbytes, "own bytes")):
                 for stagger in (0, 1500):
                     rows = []
@@ -105,7 +133,7 @@ def main() -> None:
                             d = (t[:, 1] - t[:, 0]) / 1e3
                             rows.append((float(d.median()), float(d.max()), float((t[:, 1].max() - t[:, 0].min()) / 1e3)))
                     med = torch.tensor(rows).median(dim=0).values.tolist()
-                    print(f"  {nbytes // 1024:3d} KB  {how:18s} {what:10s} stagger {stagger / 1e3:3.1f} us:"
+                    print(f"  {nbytes // 1024:3d} KB  {how:20s} {what:10s} stagger {stagger / 1e3:3.1f} us:"
                           f"  {med[0]:5.2f} / {med[1]:5.2f}   t_end {med[2]:5.2f}")
 
 

@@ -5,7 +5,8 @@ CTA's start: min / median / max over the CTAs that reached each point.
     PYTHONPATH=. python3 scripts/timeline_deepseek_front.py [out.txt] [--cold | --rotate] [--no-mma] [--slowest=POINT] [--tokens=16,48] [stage.field=value ...]
 
 (stage.field=value: spec knob overrides, codegen.load's tune, e.g. wq_b.bulk_weights=0;
---tokens: only the builds of these row counts (a probe point some build refuses);
+--tokens: only the builds of these row counts (a probe point some build refuses), TP4 where
+BUILDS has none;
 --slowest=POINT also lists the 8 CTAs that stamped POINT last, each with all its stamps:
 a straggler's role shows in its other stamps; --cold: the timed launch follows an L2 flush, so the
 weights come from HBM, and so does the kernel's code; --rotate: as the bench, the launches cycle
@@ -58,7 +59,8 @@ def main() -> None:
     rotate = COPIES if "--rotate" in sys.argv[1:] else 0
     no_mma = "--no-mma" in sys.argv[1:]
     only = next((a.split("=", 1)[1] for a in sys.argv[1:] if a.startswith("--tokens=")), None)
-    builds = [b for b in BUILDS if only is None or str(b["tokens"]) in only.split(",")]
+    builds = BUILDS if only is None else [b for b in BUILDS if str(b["tokens"]) in only.split(",")] + [
+        dict(tokens=int(n), tp=4) for n in only.split(",") if all(str(b["tokens"]) != n for b in BUILDS)]
     words = [a for a in sys.argv[1:] if not a.startswith(("--slowest=", "--tokens=")) and a not in ("--cold", "--rotate", "--no-mma")]
     flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda") if cold else None  # > 4x the H200's 60 MiB L2
     files = [a for a in words if "=" not in a]

@@ -38,7 +38,7 @@ TUNES = {id(BULK): "bulk", id(LDS): "lds", id(EMULATED): "emulated"}
 # (tokens, tp, ratio, flags, swa_block, pad rows, swa block padding); wq_b on wgmma unless EMULATED
 # (TP2: 8 units a CTA, two groups of 4)
 CASES = [
-    (1, 4, 1, {}, 128, (), 0),  # q_inline: the rows normed in place, core-matrix layout
+    (1, 4, 1, {}, 128, (), 0),  # q_inline: the rows normed in place, swizzled layout
     (2, 4, 2, {}, 64, (1,), 0),  # q_inline with two rows on the one qkv CTA
     (3, 4, 1, {}, 64, (1,), 0),
     (6, 4, 2, {}, 64, (1, 4), 64),

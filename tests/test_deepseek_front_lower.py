@@ -218,7 +218,7 @@ def test_wqb_knob_refusals(tune, message):
 @pytest.mark.parametrize("tp,tokens", [(4, 1), (4, 2), (4, 3), (4, 16), (4, 48), (2, 1), (2, 48)])
 def test_wqb_wgmma_layout(tp, tokens):
     """wq_b.wgmma (the spec's at sm90): the CTA's 4 units a warpgroup's 4 warps, a quarter of the
-    40 chunks a warpgroup (10 a warp), the token rows in LDS in core-matrix layout (whole groups of
+    40 chunks a warpgroup (10 a warp), the token rows in LDS in the swizzled layout (whole groups of
     8 tokens, 1280 bytes a token: copied from QX8, or normed in place by q_inline at S <= 2), made
     visible to the async proxy before the barrier; one partial tile a warpgroup (4 to sum), and LDS
     for those only. TP2 (8 units a CTA): two groups, the second's weights loaded as the first's
@@ -230,14 +230,18 @@ def test_wqb_wgmma_layout(tp, tokens):
     assert not v["bulk"] and -(-st.tasks // st.ctas) == 16 // tp  # weights in registers; units a CTA
     x = next(b for b in ir.lds if b.qualified_name == "stage_wq_b::LDS_X")
     assert x.nbytes == -(-tokens // 8) * 8 * 1280
+    # rows copied from QX8: the swizzled layout, its atoms 1024-byte aligned; normed in place
+    # (q_inline, S <= 2, buffers before x): core matrices
+    assert v["swizzle"] == (tokens > 2) and (x.offset % 1024 == 0 or tokens <= 2)
     part = next(b for b in ir.lds if b.qualified_name == "stage_wq_b::LDS_PART")
     assert part.nbytes == 4 * 4 * 16 * 18 * 4  # 4 units x 4 warpgroup tiles of 16 rows x PART_ROW floats
     text = render(ir)
     wqb = text[text.index("namespace stage_wq_b {"):text.index("}  // namespace stage_wq_b")]
-    assert "constexpr int PART_WAVES = GROUPS;" in wqb and "mx_gemv64_wgmma<CPWG, GROUPS, NG, SSTRIDE>(" in wqb
+    assert "constexpr int PART_WAVES = GROUPS;" in wqb and "mx_gemv64_wgmma<CPWG, GROUPS, NG, SSTRIDE, SWIZZLE>(" in wqb
+    assert f"constexpr bool SWIZZLE = {'true' if tokens > 2 else 'false'};" in wqb
     assert "constexpr int PART_TILE = PART_WAVES * PART_WAVE;" in wqb
     rows = wqb[wqb.index("MONO_DEVICE void stage_rows("):]
-    put = "xl + core_word(r, tt / 4, (tt / 2) % 2) + (tt % 2) * 2;" if tokens <= 2 else "xl + core_word(t, c, h)) = x;"  # q_inline: in place
+    put = "xl + row_word(r, tt / 2) + (tt % 2) * 2;" if tokens <= 2 else "xl + row_word(i / VECS, i % VECS)) = x;"  # q_inline: in place
     assert rows.index(put) < rows.index("fence_proxy_async_lds();")
     assert "part + r * PART_TILE + g * PART_WAVE" in wqb and "LDS_WSC" not in wqb  # scales in registers
     assert "refill ? unit_weights(a, unit(i0 + 4 + r)) : nullptr" in wqb and "epilogue_group(a, mb, part, lds, b0, i0, UPC," in wqb
@@ -343,12 +347,15 @@ def test_wqkv_quarters(tp, tokens):
     assert f"constexpr int QKV_PARTS = {k_parts};" in text
     if quarters:
         wqkv = text[text.index("namespace stage_wqkv_a {"):text.index("}  // namespace stage_wqkv_a")]
-        assert "mx_gemv64_wgmma<CPWG, GROUPS, NG, SSTRIDE>(" in wqkv and "(long long)unit_part(u) * NC * 16 * GEMV_K_CHUNK" in wqkv
+        assert "mx_gemv64_wgmma<CPWG, GROUPS, NG, SSTRIDE, SWIZZLE>(" in wqkv and "(long long)unit_part(u) * NC * 16 * GEMV_K_CHUNK" in wqkv
         rows = wqkv[wqkv.index("MONO_DEVICE void stage_rows("):wqkv.index("MONO_DEVICE void run(")]
-        if tokens <= 8:  # x quantized here, straight into the core-matrix layout
-            assert "xl + core_word(r, it / 4, (it / 2) % 2) + (it % 2) * 2;" in rows and "await_rows(" not in wqkv
-        else:
-            assert "await_rows(mb, kpart);" in wqkv
+        if tokens <= 8:  # x quantized here, straight into core matrices
+            assert "xl + row_word(r, it / 2) + (it % 2) * 2;" in rows and "await_rows(" not in wqkv
+            assert "constexpr bool SWIZZLE = false;" in wqkv
+        else:  # copied from xq's X8 into the swizzled layout, the codes by cp.async
+            assert "await_rows(mb, kpart);" in wqkv and "constexpr bool SWIZZLE = true;" in wqkv
+            assert rows.index("copy16_async(xs + ") < rows.index("xl + row_word(i / VECS, i % VECS)) = x;") \
+                < rows.index("copy_async_wait();")
         assert rows.index("fence_proxy_async_lds();") > 0
         assert "if (QKV_PARTS == 4) sum = sum + (u32_as_float(pk[2][e]) + u32_as_float(pk[3][e]));" in text
 

@@ -94,8 +94,9 @@ class Model(StageBase):
     # native fp8 wgmma per target (1 = on; sm90, 4 or 8 units a CTA): a warpgroup's 4 warps take 4
     # of the CTA's units (a group) of one chunk, the 4 warpgroups a quarter of the chunks each; the
     # next group's weights load as the group's last pass frees their registers; the activations in
-    # LDS in core-matrix layout. The tensor cores keep about 13 bits of a chunk's sum (up to
-    # 2^-12.8 of sum |w x|): sm90's fp8 tensor-core precision class (README "Precision")
+    # LDS in a K-major layout (core matrices; 128-byte-swizzled when copied from a mailbox). The
+    # tensor cores keep about 13 bits of a chunk's sum (up to 2^-12.8 of sum |w x|): sm90's fp8
+    # tensor-core precision class (README "Precision")
     wgmma: PerTarget = PerTarget(default=0)
     # the wgmma loop's first group of weight loads issued after the token rows are in LDS (1), not
     # before the rows' wait, so that no load of theirs holds a scoreboard the rows' loads share.
@@ -256,7 +257,7 @@ def lower(stage: Model, ctx) -> dict:
     own = [_lds_size(tile * xstride), _lds_size(tile * sstride), 0, _lds_size(tokens * (head_dim - nope))]
     staged, group, lds_scales = 0, 1, False
     prefetch = max(1, PREFETCH_LOADS // cpw)  # units whose weights are issued before any wait
-    token_groups = -(-tile // 8)  # wgmma: 8-token core-matrix groups of the LDS rows
+    token_groups = -(-tile // 8)  # wgmma: 8-token groups of the LDS rows (the swizzled atoms)
     halves = 2 if tile > 8 else 1  # token halves of a pass (an mma each): registers per chunk
     unit_bytes = nc * ROWS_PER_UNIT * chunk
     # the scale rows n consecutive units span at most (the first may start mid-block)
@@ -291,8 +292,14 @@ def lower(stage: Model, ctx) -> dict:
         lds_scales = group * cpw * halves > PREFETCH_LOADS
         if group > 1 and _group_spans_parts(units, ctx.stage_ctas, rows // ROWS_PER_UNIT, group):
             group = 1  # ... when every group's units share their K part (they share the token rows)
-    # wgmma: the rows in core-matrix layout, whole groups of 8 tokens
-    ctx.lds(stage.name, "x", "u32", token_groups * 8 * kp // 4 if wgmma else tile * xstride)
+    # wgmma's rows: copied from the source's mailbox into the 128-byte-swizzled layout (whole
+    # lines a load; the core matrices' order took 3-4 us at 48 rows, sectors a load), quantized
+    # here into core matrices (H200, S = 2: swizzled there too 12.0 -> 12.4-12.9 us, not understood)
+    swizzle = wgmma and not (inline or q_inline)
+    if wgmma:  # whole 8-token groups (swizzled: 1024-byte aligned atoms)
+        ctx.lds(stage.name, "x", "u32", token_groups * 8 * kp // 4, align=1024 if swizzle else 16)
+    else:
+        ctx.lds(stage.name, "x", "u32", tile * xstride)
     ctx.lds(stage.name, "xs", "float", tile * sstride)
     part_waves = groups if wgmma else waves  # partial tiles a unit: one a warpgroup (wgmma), else one a wave
     ctx.lds(stage.name, "part", "float", group * part_waves * ROWS_PER_UNIT * part_row(t))
@@ -339,6 +346,7 @@ def lower(stage: Model, ctx) -> dict:
         "groups": groups,  # wgmma: warpgroups
         "late_weights": late,
         "token_groups": token_groups,
+        "swizzle": swizzle,
         # bulk: units past the staged ones whose weights are in registers while a group computes
         "rest_prefetch": min(max(1, (PREFETCH_LOADS - group * cpw * halves) // cpw), upc - staged),
         "prologue": bulk,  # the kernel calls its prologue() before any stage: the bulk copies
@@ -350,6 +358,9 @@ def lower(stage: Model, ctx) -> dict:
         "sstride": sstride,
         "inline": inline,
         "q_inline": q_inline,
+        # rows from the source's mailbox: their scale codes by cp.async (NVIDIA; AMD's device
+        # library has no asynchronous global-to-LDS copy), not a second round of loads
+        "async_codes": not (inline or q_inline) and t.vendor == "nvidia",
         "q_math": q_math,
         "norm_par": norm_par,
         "src": pub,

@@ -137,7 +137,7 @@ typedef float f32x4 __attribute__((ext_vector_type(4)));
 #define MONO_DEVICE __device__ __attribute__((always_inline)) inline
 #define MONO_KERNEL extern "C" __global__ __attribute__((amdgpu_flat_work_group_size(1, THREADS))) void
 // LDS is static on AMD: the code object records its size (the resource report reads it)
-#define MONO_LDS_DECL(name, bytes) __shared__ __attribute__((aligned(16))) u8 name[bytes]
+#define MONO_LDS_DECL(name, bytes) __shared__ __attribute__((aligned(1024))) u8 name[bytes]  // 1024: codegen.lower.MAX_LDS_ALIGN
 
 MONO_DEVICE int thread_id() { return __builtin_amdgcn_workitem_id_x(); }
 MONO_DEVICE int block_id() { return __builtin_amdgcn_workgroup_id_x(); }
@@ -754,18 +754,17 @@ MONO_DEVICE void load_unit(const Args& a, int u, u32x4 (&w)[CPW], u32 (&codes)[C
 // (16-byte loads through L2: written in this launch, published behind the flags).
 MONO_DEVICE void stage_rows(const Args&, const Mailbox& mb, u8*, int part, int tok0, int nt, u32* xl, float* xs) {
     constexpr int VECS = KP / 16, SVECS = KP / 128;  // 16-byte pieces of a row part, of its codes
+    auto codes = [&](int i) { return mb.x8s + (tok0 + i / SVECS) * (K / 32) + part * (KP / 32) + 4 * (i % SVECS); };
     copy16_batched<ROW_BATCH>(
         nt * VECS, [&](int i) { return mb.x8 + (tok0 + i / VECS) * (K / 4) + part * (KP / 4) + 4 * (i % VECS); },
         [&](int i, u32x4 x) { *reinterpret_cast<u32x4*>(xl + (i / VECS) * XSTRIDE + 4 * (i % VECS)) = x; });
-    copy16_batched<ROW_BATCH>(
-        nt * SVECS, [&](int i) { return mb.x8s + (tok0 + i / SVECS) * (K / 32) + part * (KP / 32) + 4 * (i % SVECS); },
-        [&](int i, u32x4 code) {
-            float* s = xs + (i / SVECS) * SSTRIDE + 4 * (i % SVECS);
-            s[0] = e8m0_scale(int(code.x));
-            s[1] = e8m0_scale(int(code.y));
-            s[2] = e8m0_scale(int(code.z));
-            s[3] = e8m0_scale(int(code.w));
-        });
+    copy16_batched<ROW_BATCH>(nt * SVECS, codes, [&](int i, u32x4 code) {
+        float* s = xs + (i / SVECS) * SSTRIDE + 4 * (i % SVECS);
+        s[0] = e8m0_scale(int(code.x));
+        s[1] = e8m0_scale(int(code.y));
+        s[2] = e8m0_scale(int(code.z));
+        s[3] = e8m0_scale(int(code.w));
+    });
 }
 
 // Thread t < TOKENS waits for token t's flag of K part `part` (this CTA's copy); then the
@@ -1134,18 +1133,17 @@ MONO_DEVICE void load_unit(const Args& a, int u, u32x4 (&w)[CPW], u32 (&codes)[C
 // (16-byte loads through L2: written in this launch, published behind the flags).
 MONO_DEVICE void stage_rows(const Args&, const Mailbox& mb, u8*, int part, int tok0, int nt, u32* xl, float* xs) {
     constexpr int VECS = KP / 16, SVECS = KP / 128;  // 16-byte pieces of a row part, of its codes
+    auto codes = [&](int i) { return mb.qx8s + (tok0 + i / SVECS) * (K / 32) + part * (KP / 32) + 4 * (i % SVECS); };
     copy16_batched<ROW_BATCH>(
         nt * VECS, [&](int i) { return mb.qx8 + (tok0 + i / VECS) * (K / 4) + part * (KP / 4) + 4 * (i % VECS); },
         [&](int i, u32x4 x) { *reinterpret_cast<u32x4*>(xl + (i / VECS) * XSTRIDE + 4 * (i % VECS)) = x; });
-    copy16_batched<ROW_BATCH>(
-        nt * SVECS, [&](int i) { return mb.qx8s + (tok0 + i / SVECS) * (K / 32) + part * (KP / 32) + 4 * (i % SVECS); },
-        [&](int i, u32x4 code) {
-            float* s = xs + (i / SVECS) * SSTRIDE + 4 * (i % SVECS);
-            s[0] = e8m0_scale(int(code.x));
-            s[1] = e8m0_scale(int(code.y));
-            s[2] = e8m0_scale(int(code.z));
-            s[3] = e8m0_scale(int(code.w));
-        });
+    copy16_batched<ROW_BATCH>(nt * SVECS, codes, [&](int i, u32x4 code) {
+        float* s = xs + (i / SVECS) * SSTRIDE + 4 * (i % SVECS);
+        s[0] = e8m0_scale(int(code.x));
+        s[1] = e8m0_scale(int(code.y));
+        s[2] = e8m0_scale(int(code.z));
+        s[3] = e8m0_scale(int(code.w));
+    });
 }
 
 // Thread t < TOKENS waits for token t's flag of K part `part` (this CTA's copy); then the

@@ -132,7 +132,7 @@ typedef unsigned long long u64;
 #define MONO_DEVICE __device__ __forceinline__
 #define MONO_KERNEL extern "C" __global__ void __launch_bounds__(THREADS, 1)
 // more than 48 KiB of shared memory must be dynamic; the launcher sets the size
-#define MONO_LDS_DECL(name, bytes) extern __shared__ __attribute__((aligned(16))) u8 name[]
+#define MONO_LDS_DECL(name, bytes) extern __shared__ __attribute__((aligned(1024))) u8 name[]  // 1024: codegen.lower.MAX_LDS_ALIGN
 
 MONO_DEVICE int thread_id() { return threadIdx.x; }
 MONO_DEVICE int block_id() { return blockIdx.x; }
@@ -591,13 +591,34 @@ MONO_DEVICE void mx_gemv16_units(const u32x4 (&w)[G][CPW], const float (&sw)[G][
 // ---- MXFP8 GEMV inner loop, Hopper's native fp8 wgmma (sm_90a) -------------------------------
 // A warpgroup (4 warps) computes 64 rows = 4 units (warp r: unit r's 16 rows, A from registers in
 // the mma.sync m16n8k32 fragment layout, which wgmma's A fragment matches: scripts/probe_wgmma_fp8.py)
-// times N token columns of one 32-k chunk, B from LDS through a descriptor: the token rows in
-// core-matrix layout (8 tokens x 16 bytes a 128-byte core matrix; the chunk's two k halves LBO =
-// 128 apart, token groups of 8 SBO = 256 apart). The tensor cores sum a chunk's 32 products with
-// about 13 bits kept (up to 2^-12.8 of sum |w x| off, session 9's probe): a precision class of its
-// own, not the emulated mma.sync's (2^-24).
+// times N token columns of one 32-k chunk, B from LDS through a descriptor: the token rows in one
+// of two K-major layouts, core_matrix_word's or swizzle128_word's. The tensor cores sum a chunk's
+// 32 products with about 13 bits kept (up to 2^-12.8 of sum |w x| off, session 9's probe): a
+// precision class of its own, not the emulated mma.sync's (2^-24).
+//
+// Core matrices: 8 tokens x 16 bytes a 128-byte core matrix; token t's 16-byte piece p of K is
+// row t % 8 of core matrix (p / 2, t / 8, p % 2): a chunk's two k halves LBO = 128 apart, its
+// token groups SBO = 256 apart, chunk c at c * NG * 256.
+template <int NG>
+MONO_DEVICE constexpr int core_matrix_word(int t, int piece) {  // the u32 of token t's 16-byte piece of K
+    return (((piece / 2) * NG + t / 8) * 2 + piece % 2) * 32 + (t % 8) * 4;
+}
 MONO_DEVICE u64 lds_desc(const void* p, u32 lbo, u32 sbo) {
     return u64((lds_address(p) & 0x3FFFFu) >> 4) | (u64(lbo >> 4) << 16) | (u64(sbo >> 4) << 32);
+}
+// 128-byte swizzle: token t's 128-byte K segment s (K bytes 128s ..) is row t % 8 of the 1024-byte atom
+// (s, t / 8), atoms (s, 0), (s, 1), .. of the NG 8-token groups 1024 bytes apart; the row's 16-byte
+// chunk j sits at chunk j ^ (t % 8), so that 8 lanes storing one row's 128 bytes hit 32 banks, and
+// a token row copied in order (whole lines a warp) stores without conflict. Atoms 1024-byte
+// aligned (the hardware XORs address bits 4-6 with bits 7-9).
+template <int NG>
+MONO_DEVICE constexpr int swizzle128_word(int t, int piece) {  // the u32 of token t's 16-byte piece of K
+    return ((piece / 8) * NG + t / 8) * 256 + (t % 8) * 32 + ((piece % 8) ^ (t % 8)) * 4;
+}
+// the descriptor of that layout from byte k of an atom (k a multiple of 32: a chunk's 32 K bytes
+// inside the segment), 8-token groups sbo bytes apart (LBO unused: K fits the swizzle width)
+MONO_DEVICE u64 lds_desc_sw128(const void* p, u32 sbo) {
+    return u64((lds_address(p) & 0x3FFFFu) >> 4) | (u64(1) << 16) | (u64(sbo >> 4) << 32) | (u64(1) << 62);
 }
 // this thread's LDS stores visible to the async proxy (wgmma's operand reads), before the barrier
 MONO_DEVICE void fence_proxy_async_lds() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
@@ -627,15 +648,15 @@ MONO_DEVICE void wgmma_fp8_n16(float (&d)[8], const u32x4& a, u64 desc) {
 // untouched up to here, after the wait_group that covers it
 MONO_DEVICE void hold_regs(u32x4& a) { asm volatile("" : "+r"(a.x), "+r"(a.y), "+r"(a.z), "+r"(a.w)::"memory"); }
 // One warp's share of a 16-column pass: its unit's chunks g + GROUPS i (g: the warpgroup, w[i]:
-// their A fragments, sw[i]: their weight block scales), the token rows xcm (core-matrix layout,
-// the pass's first 8-token group; NG groups a chunk), xs their block scales. Per chunk and column,
+// their A fragments, sw[i]: their weight block scales), the token rows x (SWIZZLE: swizzle128_word's
+// layout, else core_matrix_word's; from the pass's first 8-token group), xs their block scales. Per chunk and column,
 // acc = fma(d, sx * sw, acc) as the mma.sync loop does; two chunks in flight (d of chunk i + 1
 // issued before chunk i's is scaled). The warp's 16-row tile -> part (PART_ROW a row).
 // next (the next unit's row of weights at this lane's 16 bytes, its row of scale codes in
 // next_codes), when not null: as chunk i's MMA completes, w[i] and code[i] take the next unit's
 // chunk i, so its loads stream during this pass's MMAs.
-template <int J, int CPWG, int GROUPS, int NG, int SSTRIDE>
-MONO_DEVICE void mx_gemv64_wgmma_j(u32x4 (&w)[CPWG], const float (&sw)[CPWG], const u8* xcm, const float* xs, int tokens,
+template <int J, int CPWG, int GROUPS, int NG, int SSTRIDE, bool SWIZZLE>
+MONO_DEVICE void mx_gemv64_wgmma_j(u32x4 (&w)[CPWG], const float (&sw)[CPWG], const u8* x, const float* xs, int tokens,
                                    float* part, const u8* next, const u8* next_codes, u32 (&code)[CPWG]) {
     const int g = wave_id() / 4;  // the warpgroup
     const float* s[4];  // this lane's D columns' scale rows
@@ -643,7 +664,9 @@ MONO_DEVICE void mx_gemv64_wgmma_j(u32x4 (&w)[CPWG], const float (&sw)[CPWG], co
     float acc[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
     float d[2][4 * J];
     auto issue = [&](int i, float (&di)[4 * J]) {
-        const u64 desc = lds_desc(xcm + (g + GROUPS * i) * NG * 256, 128, 256);
+        const int c = g + GROUPS * i;  // swizzled: 32 K bytes of segment c / 4, its bytes 32 (c % 4) ..
+        const u64 desc = SWIZZLE ? lds_desc_sw128(x + (c / 4) * NG * 1024 + (c % 4) * 32, 1024)
+                                 : lds_desc(x + c * NG * 256, 128, 256);
 #pragma unroll
         for (int k = 0; k < 4 * J; ++k) di[k] = 0.0f;
         wgmma_fence();
@@ -679,11 +702,11 @@ MONO_DEVICE void mx_gemv64_wgmma_j(u32x4 (&w)[CPWG], const float (&sw)[CPWG], co
     }
     put_tile(part, acc, J == 2);
 }
-template <int CPWG, int GROUPS, int NG, int SSTRIDE>
-MONO_DEVICE void mx_gemv64_wgmma(u32x4 (&w)[CPWG], const float (&sw)[CPWG], const u8* xcm, const float* xs, int tokens,
+template <int CPWG, int GROUPS, int NG, int SSTRIDE, bool SWIZZLE>
+MONO_DEVICE void mx_gemv64_wgmma(u32x4 (&w)[CPWG], const float (&sw)[CPWG], const u8* x, const float* xs, int tokens,
                                  float* part, const u8* next, const u8* next_codes, u32 (&code)[CPWG]) {
-    if (tokens > 8) mx_gemv64_wgmma_j<2, CPWG, GROUPS, NG, SSTRIDE>(w, sw, xcm, xs, tokens, part, next, next_codes, code);
-    else mx_gemv64_wgmma_j<1, CPWG, GROUPS, NG, SSTRIDE>(w, sw, xcm, xs, tokens, part, next, next_codes, code);
+    if (tokens > 8) mx_gemv64_wgmma_j<2, CPWG, GROUPS, NG, SSTRIDE, SWIZZLE>(w, sw, x, xs, tokens, part, next, next_codes, code);
+    else mx_gemv64_wgmma_j<1, CPWG, GROUPS, NG, SSTRIDE, SWIZZLE>(w, sw, x, xs, tokens, part, next, next_codes, code);
 }
 
 // ---- shared by every target, on the primitives of its library above -------------------
@@ -1072,18 +1095,19 @@ MONO_DEVICE void load_unit(const Args& a, int u, u32x4 (&w)[CPW], u32 (&codes)[C
 // (16-byte loads through L2: written in this launch, published behind the flags).
 MONO_DEVICE void stage_rows(const Args&, const Mailbox& mb, u8*, int part, int tok0, int nt, u32* xl, float* xs) {
     constexpr int VECS = KP / 16, SVECS = KP / 128;  // 16-byte pieces of a row part, of its codes
+    auto codes = [&](int i) { return mb.x8s + (tok0 + i / SVECS) * (K / 32) + part * (KP / 32) + 4 * (i % SVECS); };
+    // the codes first, raw into xs by cp.async: no register and no round trip of their own (they
+    // land while the rows' loads are out); made scales in place below
+    for (int i = thread_id(); i < nt * SVECS; i += THREADS) copy16_async(xs + (i / SVECS) * SSTRIDE + 4 * (i % SVECS), codes(i));
     copy16_batched<ROW_BATCH>(
         nt * VECS, [&](int i) { return mb.x8 + (tok0 + i / VECS) * (K / 4) + part * (KP / 4) + 4 * (i % VECS); },
         [&](int i, u32x4 x) { *reinterpret_cast<u32x4*>(xl + (i / VECS) * XSTRIDE + 4 * (i % VECS)) = x; });
-    copy16_batched<ROW_BATCH>(
-        nt * SVECS, [&](int i) { return mb.x8s + (tok0 + i / SVECS) * (K / 32) + part * (KP / 32) + 4 * (i % SVECS); },
-        [&](int i, u32x4 code) {
-            float* s = xs + (i / SVECS) * SSTRIDE + 4 * (i % SVECS);
-            s[0] = e8m0_scale(int(code.x));
-            s[1] = e8m0_scale(int(code.y));
-            s[2] = e8m0_scale(int(code.z));
-            s[3] = e8m0_scale(int(code.w));
-        });
+    copy_async_wait();
+    barrier();  // every thread's codes in
+    for (int i = thread_id(); i < nt * (KP / 32); i += THREADS) {
+        float* s = xs + (i / (KP / 32)) * SSTRIDE + i % (KP / 32);
+        *s = e8m0_scale(int(float_as_u32(*s)));
+    }
 }
 
 // Thread t < TOKENS waits for token t's flag of K part `part` (this CTA's copy); then the
@@ -1387,11 +1411,12 @@ constexpr int ROW_BATCH = 8;           // 16-byte loads a thread issues at once 
 constexpr float MX_FP8_MAX = 448.0f;  // the MX maximum of this target's e4m3 flavour
 constexpr int GROUPS = 4;              // warpgroups: a quarter of the chunks each, warp r of each unit r
 constexpr int PART_WAVES = GROUPS;         // partial tiles of a unit: one a warpgroup
-constexpr int NG = 6;                  // 8-token core-matrix groups of the LDS rows
-// The LDS word of token t's 16 bytes of chunk c, k half h: 128-byte core matrices of 8 tokens x 16
-// bytes, the chunk's two k halves 128 bytes apart, its token groups 256 apart (mx_gemv64_wgmma's
-// descriptor strides), chunk c at c * NG * 256 bytes
-MONO_DEVICE int core_word(int t, int c, int h) { return ((c * NG + t / 8) * 2 + h) * 32 + (t % 8) * 4; }
+constexpr int NG = 6;                  // 8-token groups of the LDS rows
+// The LDS word of token t's 16-byte piece p of K (bytes 16p ..): wgmma's 128-byte-swizzled layout
+// (sm90 device library), in which rows copied in order store without bank conflicts
+constexpr bool SWIZZLE = true;
+static_assert(KP % 128 == 0, "whole 128-byte K segments (the swizzled layout's rows)");
+MONO_DEVICE int row_word(int t, int p) { return swizzle128_word<NG>(t, p); }
 constexpr int GROUP = 4;               // units computed at once from their registers (part tiles side by side)
 constexpr int PART_TILE = PART_WAVES * PART_WAVE;  // floats of one unit's partial tiles
 constexpr int HEAD_DIM = 512;          // rows per head
@@ -1460,24 +1485,24 @@ MONO_DEVICE void load_unit(const Args& a, int u, u32x4 (&w)[CPW], u32 (&codes)[C
 // (16-byte loads through L2: written in this launch, published behind the flags).
 MONO_DEVICE void stage_rows(const Args&, const Mailbox& mb, u8*, int part, int tok0, int nt, u32* xl, float* xs) {
     constexpr int VECS = KP / 16, SVECS = KP / 128;  // 16-byte pieces of a row part, of its codes
-    // core-matrix layout for wgmma (core_word); item i = (c * nt + t) * 2 + h, so that two lanes
-    // read a 32-byte sector of a row and 16 lanes fill two core matrices (no bank conflict)
+    auto codes = [&](int i) { return mb.qx8s + (tok0 + i / SVECS) * (K / 32) + part * (KP / 32) + 4 * (i % SVECS); };
+    // the codes first, raw into xs by cp.async: no register and no round trip of their own (they
+    // land while the rows' loads are out); made scales in place below
+    for (int i = thread_id(); i < nt * SVECS; i += THREADS) copy16_async(xs + (i / SVECS) * SSTRIDE + 4 * (i % SVECS), codes(i));
+    // wgmma's layout (row_word), item i = piece i % VECS of token i / VECS: a warp's load reads
+    // 512 bytes of a row (whole lines: 16 tokens' 32-byte sectors a load made it 3-4 us at 48 rows,
+    // scripts/broadcast_probe.py), each 8 lanes store one 128-byte segment row (no bank conflict)
+    static_assert(VECS % 8 == 0, "whole 128-byte segments a row");
     copy16_batched<ROW_BATCH>(
-        nt * VECS, [&](int i) { return mb.qx8 + (tok0 + (i / 2) % nt) * (K / 4) + part * (KP / 4) + 4 * (2 * (i / (2 * nt)) + i % 2); },
-        [&](int i, u32x4 x) {
-            const int t = (i / 2) % nt, c = i / (2 * nt), h = i % 2;
-            *reinterpret_cast<u32x4*>(xl + core_word(t, c, h)) = x;
-        });
+        nt * VECS, [&](int i) { return mb.qx8 + (tok0 + i / VECS) * (K / 4) + part * (KP / 4) + 4 * (i % VECS); },
+        [&](int i, u32x4 x) { *reinterpret_cast<u32x4*>(xl + row_word(i / VECS, i % VECS)) = x; });
     fence_proxy_async_lds();  // the wgmma reads them through the async proxy (after the caller's barrier)
-    copy16_batched<ROW_BATCH>(
-        nt * SVECS, [&](int i) { return mb.qx8s + (tok0 + i / SVECS) * (K / 32) + part * (KP / 32) + 4 * (i % SVECS); },
-        [&](int i, u32x4 code) {
-            float* s = xs + (i / SVECS) * SSTRIDE + 4 * (i % SVECS);
-            s[0] = e8m0_scale(int(code.x));
-            s[1] = e8m0_scale(int(code.y));
-            s[2] = e8m0_scale(int(code.z));
-            s[3] = e8m0_scale(int(code.w));
-        });
+    copy_async_wait();
+    barrier();  // every thread's codes in
+    for (int i = thread_id(); i < nt * (KP / 32); i += THREADS) {
+        float* s = xs + (i / (KP / 32)) * SSTRIDE + i % (KP / 32);
+        *s = e8m0_scale(int(float_as_u32(*s)));
+    }
 }
 
 // Thread t < TOKENS waits for token t's flag of K part `part` (this CTA's copy); then the
@@ -1581,7 +1606,7 @@ MONO_DEVICE void run(const Args& a, const Mailbox& mb, u8* lds) {
         for (int c0 = 0; c0 < nt; c0 += 16) {
             const int nc = min_i(16, nt - c0);
             const bool refill = c0 + 16 >= nt && i0 + 4 < UPC;  // the last pass: the next group's weights
-            mx_gemv64_wgmma<CPWG, GROUPS, NG, SSTRIDE>(w, sw, reinterpret_cast<const u8*>(xl) + (c0 / 8) * 256, xs + c0 * SSTRIDE, nc,
+            mx_gemv64_wgmma<CPWG, GROUPS, NG, SSTRIDE, SWIZZLE>(w, sw, reinterpret_cast<const u8*>(xl) + (c0 / 8) * (SWIZZLE ? 1024 : 256), xs + c0 * SSTRIDE, nc,
                                                       part + r * PART_TILE + g * PART_WAVE, refill ? unit_weights(a, unit(i0 + 4 + r)) : nullptr,
                                                       refill ? unit_codes(a, unit(i0 + 4 + r)) : nullptr, code);
             barrier();

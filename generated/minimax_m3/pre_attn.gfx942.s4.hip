@@ -134,7 +134,7 @@ typedef float f32x4 __attribute__((ext_vector_type(4)));
 #define MONO_DEVICE __device__ __attribute__((always_inline)) inline
 #define MONO_KERNEL extern "C" __global__ __attribute__((amdgpu_flat_work_group_size(1, THREADS))) void
 // LDS is static on AMD: the code object records its size (the resource report reads it)
-#define MONO_LDS_DECL(name, bytes) __shared__ __attribute__((aligned(16))) u8 name[bytes]
+#define MONO_LDS_DECL(name, bytes) __shared__ __attribute__((aligned(1024))) u8 name[bytes]  // 1024: codegen.lower.MAX_LDS_ALIGN
 
 MONO_DEVICE int thread_id() { return __builtin_amdgcn_workitem_id_x(); }
 MONO_DEVICE int block_id() { return __builtin_amdgcn_workgroup_id_x(); }

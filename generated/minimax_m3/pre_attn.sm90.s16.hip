@@ -131,7 +131,7 @@ typedef unsigned long long u64;
 #define MONO_DEVICE __device__ __forceinline__
 #define MONO_KERNEL extern "C" __global__ void __launch_bounds__(THREADS, 1)
 // more than 48 KiB of shared memory must be dynamic; the launcher sets the size
-#define MONO_LDS_DECL(name, bytes) extern __shared__ __attribute__((aligned(16))) u8 name[]
+#define MONO_LDS_DECL(name, bytes) extern __shared__ __attribute__((aligned(1024))) u8 name[]  // 1024: codegen.lower.MAX_LDS_ALIGN
 
 MONO_DEVICE int thread_id() { return threadIdx.x; }
 MONO_DEVICE int block_id() { return blockIdx.x; }
@@ -590,13 +590,34 @@ MONO_DEVICE void mx_gemv16_units(const u32x4 (&w)[G][CPW], const float (&sw)[G][
 // ---- MXFP8 GEMV inner loop, Hopper's native fp8 wgmma (sm_90a) -------------------------------
 // A warpgroup (4 warps) computes 64 rows = 4 units (warp r: unit r's 16 rows, A from registers in
 // the mma.sync m16n8k32 fragment layout, which wgmma's A fragment matches: scripts/probe_wgmma_fp8.py)
-// times N token columns of one 32-k chunk, B from LDS through a descriptor: the token rows in
-// core-matrix layout (8 tokens x 16 bytes a 128-byte core matrix; the chunk's two k halves LBO =
-// 128 apart, token groups of 8 SBO = 256 apart). The tensor cores sum a chunk's 32 products with
-// about 13 bits kept (up to 2^-12.8 of sum |w x| off, session 9's probe): a precision class of its
-// own, not the emulated mma.sync's (2^-24).
+// times N token columns of one 32-k chunk, B from LDS through a descriptor: the token rows in one
+// of two K-major layouts, core_matrix_word's or swizzle128_word's. The tensor cores sum a chunk's
+// 32 products with about 13 bits kept (up to 2^-12.8 of sum |w x| off, session 9's probe): a
+// precision class of its own, not the emulated mma.sync's (2^-24).
+//
+// Core matrices: 8 tokens x 16 bytes a 128-byte core matrix; token t's 16-byte piece p of K is
+// row t % 8 of core matrix (p / 2, t / 8, p % 2): a chunk's two k halves LBO = 128 apart, its
+// token groups SBO = 256 apart, chunk c at c * NG * 256.
+template <int NG>
+MONO_DEVICE constexpr int core_matrix_word(int t, int piece) {  // the u32 of token t's 16-byte piece of K
+    return (((piece / 2) * NG + t / 8) * 2 + piece % 2) * 32 + (t % 8) * 4;
+}
 MONO_DEVICE u64 lds_desc(const void* p, u32 lbo, u32 sbo) {
     return u64((lds_address(p) & 0x3FFFFu) >> 4) | (u64(lbo >> 4) << 16) | (u64(sbo >> 4) << 32);
+}
+// 128-byte swizzle: token t's 128-byte K segment s (K bytes 128s ..) is row t % 8 of the 1024-byte atom
+// (s, t / 8), atoms (s, 0), (s, 1), .. of the NG 8-token groups 1024 bytes apart; the row's 16-byte
+// chunk j sits at chunk j ^ (t % 8), so that 8 lanes storing one row's 128 bytes hit 32 banks, and
+// a token row copied in order (whole lines a warp) stores without conflict. Atoms 1024-byte
+// aligned (the hardware XORs address bits 4-6 with bits 7-9).
+template <int NG>
+MONO_DEVICE constexpr int swizzle128_word(int t, int piece) {  // the u32 of token t's 16-byte piece of K
+    return ((piece / 8) * NG + t / 8) * 256 + (t % 8) * 32 + ((piece % 8) ^ (t % 8)) * 4;
+}
+// the descriptor of that layout from byte k of an atom (k a multiple of 32: a chunk's 32 K bytes
+// inside the segment), 8-token groups sbo bytes apart (LBO unused: K fits the swizzle width)
+MONO_DEVICE u64 lds_desc_sw128(const void* p, u32 sbo) {
+    return u64((lds_address(p) & 0x3FFFFu) >> 4) | (u64(1) << 16) | (u64(sbo >> 4) << 32) | (u64(1) << 62);
 }
 // this thread's LDS stores visible to the async proxy (wgmma's operand reads), before the barrier
 MONO_DEVICE void fence_proxy_async_lds() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
@@ -626,15 +647,15 @@ MONO_DEVICE void wgmma_fp8_n16(float (&d)[8], const u32x4& a, u64 desc) {
 // untouched up to here, after the wait_group that covers it
 MONO_DEVICE void hold_regs(u32x4& a) { asm volatile("" : "+r"(a.x), "+r"(a.y), "+r"(a.z), "+r"(a.w)::"memory"); }
 // One warp's share of a 16-column pass: its unit's chunks g + GROUPS i (g: the warpgroup, w[i]:
-// their A fragments, sw[i]: their weight block scales), the token rows xcm (core-matrix layout,
-// the pass's first 8-token group; NG groups a chunk), xs their block scales. Per chunk and column,
+// their A fragments, sw[i]: their weight block scales), the token rows x (SWIZZLE: swizzle128_word's
+// layout, else core_matrix_word's; from the pass's first 8-token group), xs their block scales. Per chunk and column,
 // acc = fma(d, sx * sw, acc) as the mma.sync loop does; two chunks in flight (d of chunk i + 1
 // issued before chunk i's is scaled). The warp's 16-row tile -> part (PART_ROW a row).
 // next (the next unit's row of weights at this lane's 16 bytes, its row of scale codes in
 // next_codes), when not null: as chunk i's MMA completes, w[i] and code[i] take the next unit's
 // chunk i, so its loads stream during this pass's MMAs.
-template <int J, int CPWG, int GROUPS, int NG, int SSTRIDE>
-MONO_DEVICE void mx_gemv64_wgmma_j(u32x4 (&w)[CPWG], const float (&sw)[CPWG], const u8* xcm, const float* xs, int tokens,
+template <int J, int CPWG, int GROUPS, int NG, int SSTRIDE, bool SWIZZLE>
+MONO_DEVICE void mx_gemv64_wgmma_j(u32x4 (&w)[CPWG], const float (&sw)[CPWG], const u8* x, const float* xs, int tokens,
                                    float* part, const u8* next, const u8* next_codes, u32 (&code)[CPWG]) {
     const int g = wave_id() / 4;  // the warpgroup
     const float* s[4];  // this lane's D columns' scale rows
@@ -642,7 +663,9 @@ MONO_DEVICE void mx_gemv64_wgmma_j(u32x4 (&w)[CPWG], const float (&sw)[CPWG], co
     float acc[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
     float d[2][4 * J];
     auto issue = [&](int i, float (&di)[4 * J]) {
-        const u64 desc = lds_desc(xcm + (g + GROUPS * i) * NG * 256, 128, 256);
+        const int c = g + GROUPS * i;  // swizzled: 32 K bytes of segment c / 4, its bytes 32 (c % 4) ..
+        const u64 desc = SWIZZLE ? lds_desc_sw128(x + (c / 4) * NG * 1024 + (c % 4) * 32, 1024)
+                                 : lds_desc(x + c * NG * 256, 128, 256);
 #pragma unroll
         for (int k = 0; k < 4 * J; ++k) di[k] = 0.0f;
         wgmma_fence();
@@ -678,11 +701,11 @@ MONO_DEVICE void mx_gemv64_wgmma_j(u32x4 (&w)[CPWG], const float (&sw)[CPWG], co
     }
     put_tile(part, acc, J == 2);
 }
-template <int CPWG, int GROUPS, int NG, int SSTRIDE>
-MONO_DEVICE void mx_gemv64_wgmma(u32x4 (&w)[CPWG], const float (&sw)[CPWG], const u8* xcm, const float* xs, int tokens,
+template <int CPWG, int GROUPS, int NG, int SSTRIDE, bool SWIZZLE>
+MONO_DEVICE void mx_gemv64_wgmma(u32x4 (&w)[CPWG], const float (&sw)[CPWG], const u8* x, const float* xs, int tokens,
                                  float* part, const u8* next, const u8* next_codes, u32 (&code)[CPWG]) {
-    if (tokens > 8) mx_gemv64_wgmma_j<2, CPWG, GROUPS, NG, SSTRIDE>(w, sw, xcm, xs, tokens, part, next, next_codes, code);
-    else mx_gemv64_wgmma_j<1, CPWG, GROUPS, NG, SSTRIDE>(w, sw, xcm, xs, tokens, part, next, next_codes, code);
+    if (tokens > 8) mx_gemv64_wgmma_j<2, CPWG, GROUPS, NG, SSTRIDE, SWIZZLE>(w, sw, x, xs, tokens, part, next, next_codes, code);
+    else mx_gemv64_wgmma_j<1, CPWG, GROUPS, NG, SSTRIDE, SWIZZLE>(w, sw, x, xs, tokens, part, next, next_codes, code);
 }
 
 // ---- shared by every target, on the primitives of its library above -------------------
