@@ -135,18 +135,36 @@ def _region(ir, raw: torch.Tensor, name: str) -> torch.Tensor:
     return raw[r.offset: r.offset + r.nbytes]
 
 
+def qx8_image_offsets(tokens: int, k: int, groups: int) -> torch.Tensor:
+    """Byte offsets ``[tokens, k]`` of QX8 stored as wq_b's LDS image (qkv ``image``): the
+    128-byte-swizzled K-major layout of ``groups`` 8-token groups, token t's 16-byte piece p of
+    K at ((p / 8) * groups + t / 8) * 1024 + (t % 8) * 128 + ((p % 8) ^ (t % 8)) * 16 (the sm90
+    library's swizzle128_word, in bytes)."""
+    t = torch.arange(tokens).view(-1, 1)
+    b = torch.arange(k).view(1, -1)
+    p = b // 16
+    return ((p // 8) * groups + t // 8) * 1024 + (t % 8) * 128 + ((p % 8) ^ (t % 8)) * 16 + b % 16
+
+
+def _qx8_groups(ir) -> int:
+    """The build's QX8 image groups (0: QX8 row-major, token t at byte t * Q_RANK)."""
+    return next(st for st in ir.stages if st.kind == "mla_norm_rope").values["image_groups"]
+
+
 def read_scratch(ir, scratch: torch.Tensor, tokens: int) -> dict:
     """The kernel's mailboxes: partials [K_PARTS, S, 1792] (f32 + tags), X8 / X8S, QX8 / QX8S, flag tags."""
     raw = scratch.cpu()
     s = tokens
     fp8 = fp8_dtype(ir.target)
     qkvp = _region(ir, raw, "qkvp").view(torch.int32).view(_const(ir, "K_PARTS"), s, ref.QKV_ROWS, 2)
+    qx8, groups = _region(ir, raw, "qx8"), _qx8_groups(ir)
+    qx8 = qx8[qx8_image_offsets(s, ref.Q_RANK, groups)] if groups else qx8[: s * ref.Q_RANK].view(s, ref.Q_RANK)
     return {
         "partials": qkvp[..., 0].contiguous().view(torch.float32).clone(),
         "partials_tag": qkvp[..., 1].clone(),
         "x8": _region(ir, raw, "x8").view(fp8).view(s, ref.HIDDEN).clone(),
         "x8s": _region(ir, raw, "x8s").view(torch.int32).view(s, ref.HIDDEN // 32).clone(),
-        "qx8": _region(ir, raw, "qx8").view(fp8).view(s, ref.Q_RANK).clone(),
+        "qx8": qx8.view(fp8).clone(),
         "qx8s": _region(ir, raw, "qx8s").view(torch.int32).view(s, ref.Q_RANK // 32).clone(),
         "xrdy": _region(ir, raw, "xrdy").view(torch.int32).view(-1, 2).clone(),
         "qrdy": _region(ir, raw, "qrdy").view(torch.int32).view(-1, 2).clone(),
@@ -206,7 +224,11 @@ def simulate(case: Case, ir, args: dict) -> None:
     _, ys, kn, qx8, qs = from_partials(parts, inp, target)
     publish = publishes_qx8(ir)
     if publish:
-        _region(ir, raw, "qx8").copy_(qx8.view(torch.uint8).reshape(-1))
+        region, groups = _region(ir, raw, "qx8"), _qx8_groups(ir)
+        if groups:
+            region[qx8_image_offsets(s, ref.Q_RANK, groups).reshape(-1)] = qx8.view(torch.uint8).reshape(-1)
+        else:
+            region[: s * ref.Q_RANK].copy_(qx8.view(torch.uint8).reshape(-1))
         _region(ir, raw, "qx8s").view(torch.int32).copy_(qs.reshape(-1))
     for name in ("xrdy", "qrdy") if publish else ("xrdy",):
         fl = _region(ir, raw, name).view(torch.int32).view(-1, 2)

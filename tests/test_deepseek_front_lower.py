@@ -30,7 +30,8 @@ def ir_of(target="sm90", tune=None, **params):
 ])
 def test_scratch_layout_is_b8(tokens, offsets):
     """Contract B.8's layout; where sm90's wqkv partials come in 4 K quarters, not 2 halves, its
-    xrdy and qkvp regions hold twice the pairs, the same regions in the same order."""
+    xrdy and qkvp regions hold twice the pairs, the same regions in the same order. (sm90's QX8
+    is wq_b's LDS image, whole 8-token groups: B.8's bytes at these S, other places inside.)"""
     for target in [t for t in TARGETS if not (t == "sm90" and tokens == 16)]:
         ir = ir_of(target, tokens=tokens)
         assert [r.name for r in ir.regions] == ["x8", "x8s", "xrdy", "qkvp", "qx8", "qx8s", "qrdy"]
@@ -215,7 +216,7 @@ def test_wqb_knob_refusals(tune, message):
     assert message in str(e.value)
 
 
-@pytest.mark.parametrize("tp,tokens", [(4, 1), (4, 2), (4, 3), (4, 16), (4, 48), (2, 1), (2, 48)])
+@pytest.mark.parametrize("tp,tokens", [(4, 1), (4, 2), (4, 3), (4, 16), (4, 20), (4, 48), (2, 1), (2, 16), (2, 48)])
 def test_wqb_wgmma_layout(tp, tokens):
     """wq_b.wgmma (the spec's at sm90): the CTA's 4 units a warpgroup's 4 warps, a quarter of the
     40 chunks a warpgroup (10 a warp), the token rows in LDS in the swizzled layout (whole groups of
@@ -241,8 +242,21 @@ def test_wqb_wgmma_layout(tp, tokens):
     assert f"constexpr bool SWIZZLE = {'true' if tokens > 2 else 'false'};" in wqb
     assert "constexpr int PART_TILE = PART_WAVES * PART_WAVE;" in wqb
     rows = wqb[wqb.index("MONO_DEVICE void stage_rows("):]
-    put = "xl + row_word(r, tt / 2) + (tt % 2) * 2;" if tokens <= 2 else "xl + row_word(i / VECS, i % VECS)) = x;"  # q_inline: in place
-    assert rows.index(put) < rows.index("fence_proxy_async_lds();")
+    if tokens <= 2:  # q_inline: normed in place (core matrices), made visible to the async proxy
+        assert rows.index("xl + row_word(r, tt / 2) + (tt % 2) * 2;") < rows.index("fence_proxy_async_lds();")
+    elif tokens < 16 or (tp, tokens) == (2, 16):  # copied from QX8 in row order (16-byte loads), swizzled
+        assert not v["tma_rows"] and ir.region("qx8").count == tokens * 320
+        assert rows.index("xl + row_word(i / VECS, i % VECS)) = x;") < rows.index("fence_proxy_async_lds();")
+    else:  # the qkv stage stored QX8 as this LDS image (spec QX8_IMAGE): one bulk copy, waited for before the barrier
+        assert v["tma_rows"] and v["image_groups"] == -(-tokens // 8)
+        qkv = next(s for s in ir.stages if s.name == "qkv").values
+        assert qkv["image_groups"] == v["image_groups"] and ir.region("qx8").count == -(-tokens // 8) * 8 * 320
+        assert "st8(mb.qx8 + qx8_word(t, tt), w0, w1);" in text
+        assert "return swizzle128_word<IMAGE_GROUPS>(t, tt / 2) + (tt % 2) * 2;" in text
+        run = wqb[wqb.index("MONO_DEVICE void run("):]
+        assert run.index("bulk_barrier_init(reinterpret_cast<u64*>(lds + LDS_RBAR));") < run.index("await_rows(mb, kpart);")
+        assert rows.index("fence_proxy_async();") < rows.index("bulk_copy(xl, mb.qx8, NG * 8 * KP, rbar);") \
+            < rows.index("bulk_wait(rbar, 0);") < rows.index("copy_async_wait();") < rows.index("bulk_barrier_inval(rbar);")
     assert "part + r * PART_TILE + g * PART_WAVE" in wqb and "LDS_WSC" not in wqb  # scales in registers
     assert "refill ? unit_weights(a, unit(i0 + 4 + r)) : nullptr" in wqb and "epilogue_group(a, mb, part, lds, b0, i0, UPC," in wqb
     # off: the emulated mma.sync loop and one tile a wave

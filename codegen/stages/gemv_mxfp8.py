@@ -301,6 +301,14 @@ def lower(stage: Model, ctx) -> dict:
     else:
         ctx.lds(stage.name, "x", "u32", tile * xstride)
     ctx.lds(stage.name, "xs", "float", tile * sstride)
+    # a source that stores its rows as the swizzled LDS image (mla_norm_rope image): one TMA bulk
+    # copy where this build's rows are that image (else 16-byte loads from the image's places)
+    image_groups = 0
+    if src.kind == "mla_norm_rope" and not (inline or q_inline) and mla_norm_rope.writes_image(src, ctx):
+        image_groups = mla_norm_rope.image_groups(tokens)
+    tma_rows = bool(image_groups) and swizzle and tile == tokens and parts == 1
+    if tma_rows:
+        ctx.lds(stage.name, "rbar", "u64", 1)  # the rows' bulk copy's mbarrier
     part_waves = groups if wgmma else waves  # partial tiles a unit: one a warpgroup (wgmma), else one a wave
     ctx.lds(stage.name, "part", "float", group * part_waves * ROWS_PER_UNIT * part_row(t))
     if lds_scales:  # each warp's weight scales of a group (its chunks')
@@ -347,6 +355,8 @@ def lower(stage: Model, ctx) -> dict:
         "late_weights": late,
         "token_groups": token_groups,
         "swizzle": swizzle,
+        "image_groups": image_groups,  # the source's rows: its LDS image (0: row-major)
+        "tma_rows": tma_rows,
         # bulk: units past the staged ones whose weights are in registers while a group computes
         "rest_prefetch": min(max(1, (PREFETCH_LOADS - group * cpw * halves) // cpw), upc - staged),
         "prologue": bulk,  # the kernel calls its prologue() before any stage: the bulk copies

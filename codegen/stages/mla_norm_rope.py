@@ -35,7 +35,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from ..spec.models import Expr, Name, StageBase
+from pydantic import field_validator
+
+from ..spec.models import Expr, Name, PerTarget, StageBase, per_target
 from .mxfp8_quant import MX_BLOCK, check_copies, mx_fp8_max
 
 KIND = "mla_norm_rope"
@@ -81,11 +83,36 @@ class Model(StageBase):
     got_point: Name | None = None  # timeline point: thread 0 summed its couples of the CTA's first token's partials
     summed_point: Name | None = None  # timeline point: every thread's partials of the first token summed (the barrier after)
     quant_point: Name | None = None  # timeline point: the first token's QX8 stored (before its flag)
+    # QX8 stored as its consumer's LDS image per target (1 = on; sm90): the wgmma's 128-byte-
+    # swizzled K-major layout of ceil(S / 8) 8-token groups (swizzle128_word, pad tokens never
+    # written), so that each gemv_mxfp8 CTA takes every row with one TMA bulk copy (row order
+    # through 16-byte loads: 1.5 / 2 us from the flags to the rows at S = 16 / 48; the copy
+    # alone, 20 / 60 KB: 1.0 us by loads, 0.5-0.8 by TMA, scripts/broadcast_probe.py)
+    image: PerTarget = PerTarget(default=0)
+
+    _image = field_validator("image", mode="before")(classmethod(lambda cls, v: per_target(v)))
 
     def published(self) -> dict:
         """What a consumer reads: QX8 regions, one flag a token."""
         return {"words": self.out, "codes": self.codes, "ready": self.ready, "parts": 1,
                 "copies": self.copies, "flag_stride": self.flag_stride}
+
+
+def writes_image(stage: Model, ctx) -> bool:
+    """Whether the build stores QX8 as the consumer's LDS image (``image``); errors at the
+    stage's own line whoever asks."""
+    here, ctx.loc = ctx.loc, ("stages", [s.name for s in ctx.loaded.spec.stages].index(stage.name))
+    on = ctx.switch(stage.image.for_target(ctx.target.name), ("image",))
+    if on and ctx.target.name != "sm90":
+        ctx.fail(("image",), f"the image is sm90 wgmma's swizzled layout; target {ctx.target.name} has no wgmma",
+                 "turn image on for sm90 only")
+    ctx.loc = here
+    return on
+
+
+def image_groups(tokens: int) -> int:
+    """8-token groups of the QX8 image (its byte count: 8 x this x q_rank)."""
+    return -(-tokens // 8)
 
 
 def check_producer(stage: Model, ctx, width: int, parts: int) -> None:
@@ -140,7 +167,11 @@ def lower(stage: Model, ctx) -> dict:
     s = ctx.tokens
     ctx.region(stage.partials, ("partials",), kind="pairs", min_count=parts * s * (q_rank + kv_dim))
     check_producer(stage, ctx, q_rank + kv_dim, parts)
-    ctx.region(stage.out, ("out",), kind="words", min_count=s * q_rank // 4)
+    image = writes_image(stage, ctx) and bool(ctx.evaluate(stage.publish, ("publish",)))
+    if image and q_rank % 128:
+        ctx.fail(("q_rank",), f"q_rank {q_rank}: the image's rows are whole 128-byte segments", "turn image off")
+    # the image: whole 8-token groups (a consumer's bulk copy reads the pad tokens' bytes too)
+    ctx.region(stage.out, ("out",), kind="words", min_count=(8 * image_groups(s) if image else s) * q_rank // 4)
     ctx.region(stage.codes, ("codes",), kind="words", min_count=s * q_rank // MX_BLOCK)
     ctx.region(stage.ready, ("ready",), kind="pairs")
     copies, stride = check_copies(stage, ctx, s)
@@ -163,6 +194,7 @@ def lower(stage: Model, ctx) -> dict:
         "index": bool(ctx.evaluate(stage.index, ("index",))),
         "early_ready": bool(ctx.evaluate(stage.early_ready, ("early_ready",))),
         "publish": bool(ctx.evaluate(stage.publish, ("publish",))),
+        "image_groups": image_groups(s) if image else 0,  # 0: row-major QX8 (token t at word t * q_rank / 4)
         "copies": copies,
         "flag_stride": stride,
         "mx_fp8_max": mx_fp8_max(ctx.target),

@@ -46,7 +46,7 @@
 //   x8s      @    81920     10240 B  2560 words: xq's E8M0 codes (int32): token t at t * 160
 //   xrdy     @    92160       256 B  32 flags: ready flag of (token t, K part p) at K_PARTS t + p (copy c: + c * XRDY_STRIDE)
 //   qkvp     @    92416    458752 B  57344 pairs: wqkv fp32 partials: (p * S + t) * 1792 + row
-//   qx8      @   551168     20480 B  5120 words: MXFP8 of the normed q latent: token t at word t * 320
+//   qx8      @   551168     20480 B  5120 words: MXFP8 of the normed q latent: token t at word t * 320; sm90 (qkv image): wq_b's LDS image, 8-token groups of the 128-byte-swizzled layout
 //   qx8s     @   571648      2560 B  640 words: its E8M0 codes (int32): token t at t * 40
 //   qrdy     @   574208       128 B  16 flags: ready flag of token t's QX8 (copy c: + c * QRDY_STRIDE)
 //
@@ -102,6 +102,8 @@ constexpr int WQKV_TASKS = 224;  // (16-row tile, K part) units: 224 (sm90 448)
 constexpr int INLINE_QUANT_TOKENS = 8;
 constexpr int INLINE_Q_TOKENS = 2;
 constexpr bool Q_INLINE = false;  // this build's wq_b CTAs norm q themselves
+constexpr int QX8_IMAGE = 0;
+constexpr int QX8_TOKENS = 16;
 constexpr bool QKV_ON_LAST_CTAS = true;
 constexpr int MAX_TOKENS = 48;
 constexpr int SWA_RECORD = 584;  // fp8_ds_mla bytes a token: 576 data (448 e4m3 + 64 bf16) + 8 scale
@@ -752,9 +754,10 @@ MONO_DEVICE void load_unit(const Args& a, int u, u32x4 (&w)[CPW], u32 (&codes)[C
 
 // Tokens tok0 .. tok0 + nt of xq's x8 (K part `part`) and their codes into LDS
 // (16-byte loads through L2: written in this launch, published behind the flags).
-MONO_DEVICE void stage_rows(const Args&, const Mailbox& mb, u8*, int part, int tok0, int nt, u32* xl, float* xs) {
+MONO_DEVICE void stage_rows(const Args&, const Mailbox& mb, u8* lds, int part, int tok0, int nt, u32* xl, float* xs) {
     constexpr int VECS = KP / 16, SVECS = KP / 128;  // 16-byte pieces of a row part, of its codes
     auto codes = [&](int i) { return mb.x8s + (tok0 + i / SVECS) * (K / 32) + part * (KP / 32) + 4 * (i % SVECS); };
+    (void)lds;
     copy16_batched<ROW_BATCH>(
         nt * VECS, [&](int i) { return mb.x8 + (tok0 + i / VECS) * (K / 4) + part * (KP / 4) + 4 * (i % VECS); },
         [&](int i, u32x4 x) { *reinterpret_cast<u32x4*>(xl + (i / VECS) * XSTRIDE + 4 * (i % VECS)) = x; });
@@ -920,6 +923,8 @@ constexpr int FLAG_STRIDE = 16;
 constexpr bool WRITE_QR = false;         // index build: qr_out = bf16 normed q latent
 constexpr bool EARLY_READY = true;      // QRDY before the record's stores
 constexpr bool PUBLISH = true;          // QX8 and QRDY (false: its GEMV norms q itself)
+// The QX8 word of token t's values 8tt ..: row-major
+MONO_DEVICE int qx8_word(int t, int tt) { return t * (Q_RANK / 4) + 2 * tt; }
 constexpr int RED_Q = 0, RED_KV = 8, RED_CODES = 16;  // red[]: q group sums, kv group sums, record codes
 
 // Token t's QX8 published: this CTA's stores drained device-wide, then the flag (all copies).
@@ -982,7 +987,7 @@ MONO_DEVICE void token(const Args& a, const Mailbox& mb, u8* lds, float* red, fl
     u32 w0, w1;
     const int code = q_quant(xq, rq, qw, ys, w0, w1);
     if (has_q && PUBLISH) {
-        st8(mb.qx8 + t * (Q_RANK / 4) + 2 * tt, w0, w1);
+        st8(mb.qx8 + qx8_word(t, tt), w0, w1);
         if (tt % 4 == 0) st4(mb.qx8s + t * (Q_RANK / 32) + tt / 4, u32(code));
     }
     if (has_q && WRITE_QR && a.qr_out != nullptr) {
@@ -1131,9 +1136,10 @@ MONO_DEVICE void load_unit(const Args& a, int u, u32x4 (&w)[CPW], u32 (&codes)[C
 
 // Tokens tok0 .. tok0 + nt of qkv's qx8 (K part `part`) and their codes into LDS
 // (16-byte loads through L2: written in this launch, published behind the flags).
-MONO_DEVICE void stage_rows(const Args&, const Mailbox& mb, u8*, int part, int tok0, int nt, u32* xl, float* xs) {
+MONO_DEVICE void stage_rows(const Args&, const Mailbox& mb, u8* lds, int part, int tok0, int nt, u32* xl, float* xs) {
     constexpr int VECS = KP / 16, SVECS = KP / 128;  // 16-byte pieces of a row part, of its codes
     auto codes = [&](int i) { return mb.qx8s + (tok0 + i / SVECS) * (K / 32) + part * (KP / 32) + 4 * (i % SVECS); };
+    (void)lds;
     copy16_batched<ROW_BATCH>(
         nt * VECS, [&](int i) { return mb.qx8 + (tok0 + i / VECS) * (K / 4) + part * (KP / 4) + 4 * (i % VECS); },
         [&](int i, u32x4 x) { *reinterpret_cast<u32x4*>(xl + (i / VECS) * XSTRIDE + 4 * (i % VECS)) = x; });

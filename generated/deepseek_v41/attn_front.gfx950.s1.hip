@@ -46,7 +46,7 @@
 //   x8s      @     5120       640 B  160 words: xq's E8M0 codes (int32): token t at t * 160
 //   xrdy     @     5888        16 B  2 flags: ready flag of (token t, K part p) at K_PARTS t + p (copy c: + c * XRDY_STRIDE)
 //   qkvp     @     6144     28672 B  3584 pairs: wqkv fp32 partials: (p * S + t) * 1792 + row
-//   qx8      @    34816      1280 B  320 words: MXFP8 of the normed q latent: token t at word t * 320
+//   qx8      @    34816      1280 B  320 words: MXFP8 of the normed q latent: token t at word t * 320; sm90 (qkv image): wq_b's LDS image, 8-token groups of the 128-byte-swizzled layout
 //   qx8s     @    36096       160 B  40 words: its E8M0 codes (int32): token t at t * 40
 //   qrdy     @    36352         8 B  1 flags: ready flag of token t's QX8 (copy c: + c * QRDY_STRIDE)
 //
@@ -103,6 +103,8 @@ constexpr int WQKV_TASKS = 224;  // (16-row tile, K part) units: 224 (sm90 448)
 constexpr int INLINE_QUANT_TOKENS = 8;
 constexpr int INLINE_Q_TOKENS = 2;
 constexpr bool Q_INLINE = true;  // this build's wq_b CTAs norm q themselves
+constexpr int QX8_IMAGE = 0;
+constexpr int QX8_TOKENS = 1;
 constexpr bool QKV_ON_LAST_CTAS = false;
 constexpr int MAX_TOKENS = 48;
 constexpr int SWA_RECORD = 584;  // fp8_ds_mla bytes a token: 576 data (448 e4m3 + 64 bf16) + 8 scale
@@ -870,6 +872,8 @@ constexpr int FLAG_STRIDE = 1;
 constexpr bool WRITE_QR = false;         // index build: qr_out = bf16 normed q latent
 constexpr bool EARLY_READY = true;      // QRDY before the record's stores
 constexpr bool PUBLISH = false;          // QX8 and QRDY (false: its GEMV norms q itself)
+// The QX8 word of token t's values 8tt ..: row-major
+MONO_DEVICE int qx8_word(int t, int tt) { return t * (Q_RANK / 4) + 2 * tt; }
 constexpr int RED_Q = 0, RED_KV = 8, RED_CODES = 16;  // red[]: q group sums, kv group sums, record codes
 
 // Token t's QX8 published: this CTA's stores drained device-wide, then the flag (all copies).
@@ -932,7 +936,7 @@ MONO_DEVICE void token(const Args& a, const Mailbox& mb, u8* lds, float* red, fl
     u32 w0, w1;
     const int code = q_quant(xq, rq, qw, ys, w0, w1);
     if (has_q && PUBLISH) {
-        st8(mb.qx8 + t * (Q_RANK / 4) + 2 * tt, w0, w1);
+        st8(mb.qx8 + qx8_word(t, tt), w0, w1);
         if (tt % 4 == 0) st4(mb.qx8s + t * (Q_RANK / 32) + tt / 4, u32(code));
     }
     if (has_q && WRITE_QR && a.qr_out != nullptr) {

@@ -46,11 +46,11 @@
 //   x8s      @    81920     10240 B  2560 words: xq's E8M0 codes (int32): token t at t * 160
 //   xrdy     @    92160       512 B  64 flags: ready flag of (token t, K part p) at K_PARTS t + p (copy c: + c * XRDY_STRIDE)
 //   qkvp     @    92672    917504 B  114688 pairs: wqkv fp32 partials: (p * S + t) * 1792 + row
-//   qx8      @  1010176     20480 B  5120 words: MXFP8 of the normed q latent: token t at word t * 320
+//   qx8      @  1010176     20480 B  5120 words: MXFP8 of the normed q latent: token t at word t * 320; sm90 (qkv image): wq_b's LDS image, 8-token groups of the 128-byte-swizzled layout
 //   qx8s     @  1030656      2560 B  640 words: its E8M0 codes (int32): token t at t * 40
 //   qrdy     @  1033216       128 B  16 flags: ready flag of token t's QX8 (copy c: + c * QRDY_STRIDE)
 //
-// LDS (45824 bytes; stages reuse the same bytes, one after another):
+// LDS (45840 bytes; stages reuse the same bytes, one after another):
 //   stage_kt::LDS_WINDOW   @      0  128 x int
 //   stage_wqkv_a::LDS_X    @      0  5120 x u32
 //   stage_wqkv_a::LDS_XS   @  20480  704 x float
@@ -59,8 +59,9 @@
 //   stage_qkv::LDS_VALS    @    128  1792 x float
 //   stage_wq_b::LDS_X      @      0  5120 x u32
 //   stage_wq_b::LDS_XS     @  20480  704 x float
-//   stage_wq_b::LDS_PART   @  23296  4608 x float
-//   stage_wq_b::LDS_CS     @  41728  1024 x float
+//   stage_wq_b::LDS_RBAR   @  23296  1 x u64
+//   stage_wq_b::LDS_PART   @  23312  4608 x float
+//   stage_wq_b::LDS_CS     @  41744  1024 x float
 //
 // stages (every CTA runs them in this order; a stage waits only on earlier ones):
 //   0. xq     mxfp8_quant  64 tasks on CTAs 112..131 (round_robin)
@@ -102,6 +103,8 @@ constexpr int WQKV_TASKS = 448;  // (16-row tile, K part) units: 224 (sm90 448)
 constexpr int INLINE_QUANT_TOKENS = 8;
 constexpr int INLINE_Q_TOKENS = 2;
 constexpr bool Q_INLINE = false;  // this build's wq_b CTAs norm q themselves
+constexpr bool QX8_IMAGE = true;
+constexpr int QX8_TOKENS = 16;
 constexpr bool QKV_ON_LAST_CTAS = true;
 constexpr int MAX_TOKENS = 48;
 constexpr int SWA_RECORD = 584;  // fp8_ds_mla bytes a token: 576 data (448 e4m3 + 64 bf16) + 8 scale
@@ -860,7 +863,7 @@ struct Mailbox {
     u64* qrdy;  // 16 flags @ 1033216
 };
 
-constexpr int LDS_BYTES = 45824;  // the union of the stages' LDS, plus the stamps
+constexpr int LDS_BYTES = 45840;  // the union of the stages' LDS, plus the stamps
 
 // ---- timeline ---------------------------------------------------------------------------
 constexpr int TL_START = 0;
@@ -1102,9 +1105,10 @@ MONO_DEVICE void load_unit(const Args& a, int u, u32x4 (&w)[CPW], u32 (&codes)[C
 
 // Tokens tok0 .. tok0 + nt of xq's x8 (K part `part`) and their codes into LDS
 // (16-byte loads through L2: written in this launch, published behind the flags).
-MONO_DEVICE void stage_rows(const Args&, const Mailbox& mb, u8*, int part, int tok0, int nt, u32* xl, float* xs) {
+MONO_DEVICE void stage_rows(const Args&, const Mailbox& mb, u8* lds, int part, int tok0, int nt, u32* xl, float* xs) {
     constexpr int VECS = KP / 16, SVECS = KP / 128;  // 16-byte pieces of a row part, of its codes
     auto codes = [&](int i) { return mb.x8s + (tok0 + i / SVECS) * (K / 32) + part * (KP / 32) + 4 * (i % SVECS); };
+    (void)lds;
     // the codes first, raw into xs by cp.async: no register and no round trip of their own (they
     // land while the rows' loads are out); made scales in place below
     for (int i = thread_id(); i < nt * SVECS; i += THREADS) copy16_async(xs + (i / SVECS) * SSTRIDE + 4 * (i % SVECS), codes(i));
@@ -1295,6 +1299,9 @@ constexpr int FLAG_STRIDE = 16;
 constexpr bool WRITE_QR = false;         // index build: qr_out = bf16 normed q latent
 constexpr bool EARLY_READY = true;      // QRDY before the record's stores
 constexpr bool PUBLISH = true;          // QX8 and QRDY (false: its GEMV norms q itself)
+constexpr int IMAGE_GROUPS = 2;         // QX8 as wq_b's LDS image: 8-token groups of the swizzled layout
+// The QX8 word of token t's values 8tt ..: bytes 8 (tt % 2) .. of its 16-byte piece tt / 2 in the image
+MONO_DEVICE int qx8_word(int t, int tt) { return swizzle128_word<IMAGE_GROUPS>(t, tt / 2) + (tt % 2) * 2; }
 constexpr int RED_Q = 0, RED_KV = 8, RED_CODES = 16;  // red[]: q group sums, kv group sums, record codes
 
 // Token t's QX8 published: this CTA's stores drained device-wide, then the flag (all copies).
@@ -1357,7 +1364,7 @@ MONO_DEVICE void token(const Args& a, const Mailbox& mb, u8* lds, float* red, fl
     u32 w0, w1;
     const int code = q_quant(xq, rq, qw, ys, w0, w1);
     if (has_q && PUBLISH) {
-        st8(mb.qx8 + t * (Q_RANK / 4) + 2 * tt, w0, w1);
+        st8(mb.qx8 + qx8_word(t, tt), w0, w1);
         if (tt % 4 == 0) st4(mb.qx8s + t * (Q_RANK / 32) + tt / 4, u32(code));
     }
     if (has_q && WRITE_QR && a.qr_out != nullptr) {
@@ -1418,8 +1425,9 @@ constexpr int FIRST = 0;
 constexpr int CTAS = 132;
 constexpr int LDS_X = 0;  // LDS: 5120 x u32
 constexpr int LDS_XS = 20480;  // LDS: 704 x float
-constexpr int LDS_PART = 23296;  // LDS: 4608 x float
-constexpr int LDS_CS = 41728;  // LDS: 1024 x float
+constexpr int LDS_RBAR = 23296;  // LDS: 1 x u64
+constexpr int LDS_PART = 23312;  // LDS: 4608 x float
+constexpr int LDS_CS = 41744;  // LDS: 1024 x float
 
 constexpr int ROWS = 8192;               // rows of wqb
 constexpr int K = 1280;                   // its columns
@@ -1515,22 +1523,26 @@ MONO_DEVICE void load_unit(const Args& a, int u, u32x4 (&w)[CPW], u32 (&codes)[C
 
 // Tokens tok0 .. tok0 + nt of qkv's qx8 (K part `part`) and their codes into LDS
 // (16-byte loads through L2: written in this launch, published behind the flags).
-MONO_DEVICE void stage_rows(const Args&, const Mailbox& mb, u8*, int part, int tok0, int nt, u32* xl, float* xs) {
+MONO_DEVICE void stage_rows(const Args&, const Mailbox& mb, u8* lds, int part, int tok0, int nt, u32* xl, float* xs) {
     constexpr int VECS = KP / 16, SVECS = KP / 128;  // 16-byte pieces of a row part, of its codes
     auto codes = [&](int i) { return mb.qx8s + (tok0 + i / SVECS) * (K / 32) + part * (KP / 32) + 4 * (i % SVECS); };
+    // the source's rows: this stage's LDS image (IMAGE_GROUPS 8-token groups, swizzle128_word)
+    constexpr int IMAGE_GROUPS = 2;
+    // ... all of it, pad tokens too, with one TMA bulk copy (no register, one request stream)
+    u64* rbar = reinterpret_cast<u64*>(lds + LDS_RBAR);  // set up in run()
+    static_assert(IMAGE_GROUPS == NG && K_PARTS == 1, "the image is this LDS tile");
+    if (thread_id() == 0) {
+        fence_proxy_async();  // the rows, acquired through the generic proxy, read by the async one
+        bulk_expect(rbar, NG * 8 * KP);
+        bulk_copy(xl, mb.qx8, NG * 8 * KP, rbar);
+    }
     // the codes first, raw into xs by cp.async: no register and no round trip of their own (they
     // land while the rows' loads are out); made scales in place below
     for (int i = thread_id(); i < nt * SVECS; i += THREADS) copy16_async(xs + (i / SVECS) * SSTRIDE + 4 * (i % SVECS), codes(i));
-    // wgmma's layout (row_word), item i = piece i % VECS of token i / VECS: a warp's load reads
-    // 512 bytes of a row (whole lines: 16 tokens' 32-byte sectors a load made it 3-4 us at 48 rows,
-    // scripts/broadcast_probe.py), each 8 lanes store one 128-byte segment row (no bank conflict)
-    static_assert(VECS % 8 == 0, "whole 128-byte segments a row");
-    copy16_batched<ROW_BATCH>(
-        nt * VECS, [&](int i) { return mb.qx8 + (tok0 + i / VECS) * (K / 4) + part * (KP / 4) + 4 * (i % VECS); },
-        [&](int i, u32x4 x) { *reinterpret_cast<u32x4*>(xl + row_word(i / VECS, i % VECS)) = x; });
-    fence_proxy_async_lds();  // the wgmma reads them through the async proxy (after the caller's barrier)
+    bulk_wait(rbar, 0);  // the rows in LDS (visible to this thread, and to the wgmma after the caller's barrier)
     copy_async_wait();
-    barrier();  // every thread's codes in
+    barrier();  // every thread's codes in, every thread past the rows' wait
+    if (thread_id() == 0) bulk_barrier_inval(rbar);  // its LDS may serve the next stage
     for (int i = thread_id(); i < nt * (KP / 32); i += THREADS) {
         float* s = xs + (i / (KP / 32)) * SSTRIDE + i % (KP / 32);
         *s = e8m0_scale(int(float_as_u32(*s)));
@@ -1625,6 +1637,8 @@ MONO_DEVICE void run(const Args& a, const Mailbox& mb, u8* lds) {
         }
     };
     stage_cos_sin(a, reinterpret_cast<float*>(lds + LDS_CS));  // read after the rows' barriers
+    if (thread_id() == 0) bulk_barrier_init(reinterpret_cast<u64*>(lds + LDS_RBAR));  // the rows' copy (await_rows's barrier publishes it)
+    fence_proxy_async_lds();  // earlier stages' stores to this LDS before the copy's (async proxy) writes
     await_rows(mb, kpart);
     const int tok0 = 0, nt = TOKENS;
     barrier();
