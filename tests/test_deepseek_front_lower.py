@@ -540,3 +540,14 @@ def test_wqb_late_weights(tokens):
     # the mma.sync loop keeps its own load order: the knob does nothing there
     v = next(s for s in ir_of(tokens=tokens, tune={"wq_b.wgmma": 0, "wq_b.late_weights": 1}).stages if s.name == "wq_b").values
     assert not v["wgmma"] and not v["late_weights"]
+
+
+def test_qx8_image_refusals():
+    """qkv.image is sm90's layout: on for an AMD target, a located refusal; off at sm90 S = 48 (a
+    tune), wq_b copies QX8 row-major by 16-byte loads, and the region is B.8's again."""
+    with pytest.raises(SpecError, match=r"attn_front.yaml:\d+: stages\.\d+\.image: \[gfx950 .*\] the image is sm90 wgmma.s swizzled"):
+        ir_of("gfx950", tokens=16, tune={"qkv.image": {"default": 1}})
+    ir = ir_of(tokens=48, tune={"symbols.QX8_IMAGE": {"default": 0}})
+    wqb = next(s for s in ir.stages if s.name == "wq_b").values
+    assert not wqb["tma_rows"] and wqb["image_groups"] == 0 and wqb["swizzle"]
+    assert "bulk_copy(xl, mb.qx8" not in render(ir)

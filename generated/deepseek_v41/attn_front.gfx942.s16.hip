@@ -753,7 +753,7 @@ MONO_DEVICE void load_unit(const Args& a, int u, u32x4 (&w)[CPW], u32 (&codes)[C
 }
 
 // Tokens tok0 .. tok0 + nt of xq's x8 (K part `part`) and their codes into LDS
-// (16-byte loads through L2: written in this launch, published behind the flags).
+// (through L2: written in this launch, published behind the flags).
 MONO_DEVICE void stage_rows(const Args&, const Mailbox& mb, u8* lds, int part, int tok0, int nt, u32* xl, float* xs) {
     constexpr int VECS = KP / 16, SVECS = KP / 128;  // 16-byte pieces of a row part, of its codes
     auto codes = [&](int i) { return mb.x8s + (tok0 + i / SVECS) * (K / 32) + part * (KP / 32) + 4 * (i % SVECS); };
@@ -1135,7 +1135,7 @@ MONO_DEVICE void load_unit(const Args& a, int u, u32x4 (&w)[CPW], u32 (&codes)[C
 }
 
 // Tokens tok0 .. tok0 + nt of qkv's qx8 (K part `part`) and their codes into LDS
-// (16-byte loads through L2: written in this launch, published behind the flags).
+// (through L2: written in this launch, published behind the flags).
 MONO_DEVICE void stage_rows(const Args&, const Mailbox& mb, u8* lds, int part, int tok0, int nt, u32* xl, float* xs) {
     constexpr int VECS = KP / 16, SVECS = KP / 128;  // 16-byte pieces of a row part, of its codes
     auto codes = [&](int i) { return mb.qx8s + (tok0 + i / SVECS) * (K / 32) + part * (KP / 32) + 4 * (i % SVECS); };
