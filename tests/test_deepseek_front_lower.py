@@ -238,7 +238,7 @@ def test_wqb_wgmma_layout(tp, tokens):
     assert part.nbytes == 4 * 4 * 16 * 18 * 4  # 4 units x 4 warpgroup tiles of 16 rows x PART_ROW floats
     text = render(ir)
     wqb = text[text.index("namespace stage_wq_b {"):text.index("}  // namespace stage_wq_b")]
-    assert "constexpr int PART_WAVES = GROUPS;" in wqb and "mx_gemv64_wgmma<CPWG, GROUPS, NG, SSTRIDE, SWIZZLE>(" in wqb
+    assert "constexpr int PART_WAVES = 4;          // partial tiles of a unit: one a warpgroup" in wqb and "mx_gemv64_wgmma<CPWG, GROUPS, NG, SSTRIDE, SWIZZLE>(" in wqb
     assert f"constexpr bool SWIZZLE = {'true' if tokens > 2 else 'false'};" in wqb
     assert "constexpr int PART_TILE = PART_WAVES * PART_WAVE;" in wqb
     rows = wqb[wqb.index("MONO_DEVICE void stage_rows("):]
@@ -262,7 +262,7 @@ def test_wqb_wgmma_layout(tp, tokens):
     # off: the emulated mma.sync loop and one tile a wave
     text = render(ir_of(tokens=tokens, tp=tp, tune={"wq_b.wgmma": 0}))
     wqb = text[text.index("namespace stage_wq_b {"):text.index("}  // namespace stage_wq_b")]
-    assert "mx_gemv64_wgmma<" not in wqb and "constexpr int PART_WAVES = WAVES;" in wqb
+    assert "mx_gemv64_wgmma<" not in wqb and "constexpr int PART_WAVES = 16;          // partial tiles of a unit: one a wave" in wqb
     # lds_weights (TMA weights) and wgmma (weights in registers) exclude each other
     with pytest.raises(SpecError, match="lds_weights on"):
         ir_of(tokens=tokens, tp=tp, tune={"wq_b.lds_weights": {"default": 0, "sm90": 1}, "wq_b.ilp": {"default": 0, "sm90": 1}})

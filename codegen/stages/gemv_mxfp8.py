@@ -352,6 +352,7 @@ def lower(stage: Model, ctx) -> dict:
         "lds_scales": lds_scales,  # a group's weight scales in LDS (else in registers)
         "wgmma": wgmma,
         "groups": groups,  # wgmma: warpgroups
+        "part_waves": part_waves,
         "late_weights": late,
         "token_groups": token_groups,
         "swizzle": swizzle,

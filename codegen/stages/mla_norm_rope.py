@@ -83,10 +83,10 @@ class Model(StageBase):
     got_point: Name | None = None  # timeline point: thread 0 summed its couples of the CTA's first token's partials
     summed_point: Name | None = None  # timeline point: every thread's partials of the first token summed (the barrier after)
     quant_point: Name | None = None  # timeline point: the first token's QX8 stored (before its flag)
-    # QX8 stored as its consumer's LDS image per target (1 = on; sm90): the wgmma's 128-byte-
-    # swizzled K-major layout of ceil(S / 8) 8-token groups (swizzle128_word, pad tokens never
-    # written), so that each gemv_mxfp8 CTA takes every row with one TMA bulk copy (row order
-    # through 16-byte loads: 1.5 / 2 us from the flags to the rows at S = 16 / 48; the copy
+    # QX8 stored as its consumer's LDS image per target (1 = on; sm90): the wgmma's
+    # 128-byte-swizzled K-major layout of ceil(S / 8) 8-token groups (swizzle128_word, pad tokens
+    # never written), so that each gemv_mxfp8 CTA takes every row with one TMA bulk copy (row
+    # order through 16-byte loads: 1.5 / 2 us from the flags to the rows at S = 16 / 48; the copy
     # alone, 20 / 60 KB: 1.0 us by loads, 0.5-0.8 by TMA, scripts/broadcast_probe.py)
     image: PerTarget = PerTarget(default=0)
 

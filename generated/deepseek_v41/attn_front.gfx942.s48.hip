@@ -692,7 +692,7 @@ constexpr int COPIES = 1;              // the source's flag copies: CTA b polls 
 constexpr int FLAG_STRIDE = 96;
 constexpr int ROW_BATCH = 5;           // 16-byte loads a thread issues at once when it stages token rows
 constexpr float MX_FP8_MAX = 224.0f;  // the MX maximum of this target's e4m3 flavour
-constexpr int PART_WAVES = WAVES;          // partial tiles of a unit: one a wave
+constexpr int PART_WAVES = 8;          // partial tiles of a unit: one a wave
 static_assert(KP % (GEMV_K_CHUNK * 1) == 0 && KP % 128 == 0, "whole chunks; 16-byte row pieces");
 
 // Task u (CTA FIRST + u % CTAS's (u / CTAS)-th) computes unit unit_of(u): a CTA's units are
@@ -1071,7 +1071,7 @@ constexpr int COPIES = 1;              // the source's flag copies: CTA b polls 
 constexpr int FLAG_STRIDE = 48;
 constexpr int ROW_BATCH = 3;           // 16-byte loads a thread issues at once when it stages token rows
 constexpr float MX_FP8_MAX = 224.0f;  // the MX maximum of this target's e4m3 flavour
-constexpr int PART_WAVES = WAVES;          // partial tiles of a unit: one a wave
+constexpr int PART_WAVES = 8;          // partial tiles of a unit: one a wave
 constexpr int HEAD_DIM = 512;          // rows per head
 constexpr int NOPE = 448;              // head dims before the GPT-J RoPE dims
 constexpr int ROPE = 64;               // cos_sin row: cos[0 .. ROPE / 2), sin[..]

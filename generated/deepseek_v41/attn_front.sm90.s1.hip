@@ -981,7 +981,7 @@ constexpr int COPIES = 1;              // the source's flag copies: CTA b polls 
 constexpr int FLAG_STRIDE = 2;
 constexpr int ROW_BATCH = 1;           // 16-byte loads a thread issues at once when it stages token rows
 constexpr float MX_FP8_MAX = 448.0f;  // the MX maximum of this target's e4m3 flavour
-constexpr int PART_WAVES = WAVES;          // partial tiles of a unit: one a wave
+constexpr int PART_WAVES = 16;          // partial tiles of a unit: one a wave
 static_assert(KP % (GEMV_K_CHUNK * 1) == 0 && KP % 128 == 0, "whole chunks; 16-byte row pieces");
 
 // Task u (CTA FIRST + u % CTAS's (u / CTAS)-th) computes unit unit_of(u): a CTA's units are
@@ -1364,12 +1364,12 @@ constexpr int FLAG_STRIDE = 1;
 constexpr int ROW_BATCH = 1;           // 16-byte loads a thread issues at once when it stages token rows
 constexpr float MX_FP8_MAX = 448.0f;  // the MX maximum of this target's e4m3 flavour
 constexpr int GROUPS = 4;              // warpgroups: a quarter of the chunks each, warp r of each unit r
-constexpr int PART_WAVES = GROUPS;         // partial tiles of a unit: one a warpgroup
 constexpr int NG = 1;                  // 8-token groups of the LDS rows
 // The LDS word of token t's 16-byte piece p of K (bytes 16p ..): wgmma's core matrices (sm90
 // device library); rows quantized here (8 bytes a thread) measured faster in it than swizzled
 constexpr bool SWIZZLE = false;
 MONO_DEVICE int row_word(int t, int p) { return core_matrix_word<NG>(t, p); }
+constexpr int PART_WAVES = 4;          // partial tiles of a unit: one a warpgroup
 constexpr int GROUP = 4;               // units computed at once from their registers (part tiles side by side)
 constexpr int PART_TILE = PART_WAVES * PART_WAVE;  // floats of one unit's partial tiles
 constexpr int HEAD_DIM = 512;          // rows per head

@@ -1035,13 +1035,13 @@ constexpr int FLAG_STRIDE = 64;
 constexpr int ROW_BATCH = 3;           // 16-byte loads a thread issues at once when it stages token rows
 constexpr float MX_FP8_MAX = 448.0f;  // the MX maximum of this target's e4m3 flavour
 constexpr int GROUPS = 4;              // warpgroups: a quarter of the chunks each, warp r of each unit r
-constexpr int PART_WAVES = GROUPS;         // partial tiles of a unit: one a warpgroup
 constexpr int NG = 2;                  // 8-token groups of the LDS rows
 // The LDS word of token t's 16-byte piece p of K (bytes 16p ..): wgmma's 128-byte-swizzled layout
 // (sm90 device library), in which rows copied in order store without bank conflicts
 constexpr bool SWIZZLE = true;
 static_assert(KP % 128 == 0, "whole 128-byte K segments (the swizzled layout's rows)");
 MONO_DEVICE int row_word(int t, int p) { return swizzle128_word<NG>(t, p); }
+constexpr int PART_WAVES = 4;          // partial tiles of a unit: one a warpgroup
 constexpr int GROUP = 4;               // units computed at once from their registers (part tiles side by side)
 constexpr int PART_TILE = PART_WAVES * PART_WAVE;  // floats of one unit's partial tiles
 static_assert(KP % (GEMV_K_CHUNK * 1) == 0 && KP % 128 == 0, "whole chunks; 16-byte row pieces");
@@ -1450,13 +1450,13 @@ constexpr int FLAG_STRIDE = 16;
 constexpr int ROW_BATCH = 3;           // 16-byte loads a thread issues at once when it stages token rows
 constexpr float MX_FP8_MAX = 448.0f;  // the MX maximum of this target's e4m3 flavour
 constexpr int GROUPS = 4;              // warpgroups: a quarter of the chunks each, warp r of each unit r
-constexpr int PART_WAVES = GROUPS;         // partial tiles of a unit: one a warpgroup
 constexpr int NG = 2;                  // 8-token groups of the LDS rows
 // The LDS word of token t's 16-byte piece p of K (bytes 16p ..): wgmma's 128-byte-swizzled layout
 // (sm90 device library), in which rows copied in order store without bank conflicts
 constexpr bool SWIZZLE = true;
 static_assert(KP % 128 == 0, "whole 128-byte K segments (the swizzled layout's rows)");
 MONO_DEVICE int row_word(int t, int p) { return swizzle128_word<NG>(t, p); }
+constexpr int PART_WAVES = 4;          // partial tiles of a unit: one a warpgroup
 constexpr int GROUP = 4;               // units computed at once from their registers (part tiles side by side)
 constexpr int PART_TILE = PART_WAVES * PART_WAVE;  // floats of one unit's partial tiles
 constexpr int HEAD_DIM = 512;          // rows per head
