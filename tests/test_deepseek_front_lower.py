@@ -12,6 +12,7 @@ from codegen.render import render
 from codegen.spec import SpecError, load_spec, parse_spec
 from codegen.spec.load import spec_path
 from codegen.targets import TARGETS
+from tests import deepseek_case as dc
 
 SPEC = "deepseek_v41/attn_front"
 TEXT = spec_path(SPEC).read_text()
@@ -551,3 +552,19 @@ def test_qx8_image_refusals():
     wqb = next(s for s in ir.stages if s.name == "wq_b").values
     assert not wqb["tma_rows"] and wqb["image_groups"] == 0 and wqb["swizzle"]
     assert "bulk_copy(xl, mb.qx8" not in render(ir)
+
+
+@pytest.mark.parametrize("tokens", [6, 16, 48])
+def test_qx8_image_offsets(tokens):
+    """The tests' map of QX8 into wq_b's LDS image (the sm90 library's swizzle128_word): every
+    byte of every token a place of its own inside ceil(S / 8) 8-token groups; token t's 128-byte
+    K segment s is row t % 8 of atom (s, t / 8), its 16-byte chunks permuted by t % 8."""
+    groups = -(-tokens // 8)
+    off = dc.qx8_image_offsets(tokens, 1280, groups)
+    assert off.unique().numel() == tokens * 1280 and int(off.max()) < groups * 8 * 1280
+    for t in (0, tokens // 2, tokens - 1):
+        for seg in (0, 3, 9):
+            row = off[t, 128 * seg:128 * (seg + 1)]
+            assert bool((row // 128 == (seg * groups + t // 8) * 8 + t % 8).all())
+            chunks = (row % 128 // 16).view(8, 16)[:, 0]
+            assert chunks.tolist() == [j ^ (t % 8) for j in range(8)]

@@ -1,4 +1,4 @@
-"""The sm90 probe scripts (scripts/probe_*.py, run on the lent H200): their CUDA sources
+"""The sm90 probe scripts (scripts/probe_*.py, broadcast_probe.py, run on the lent H200): their CUDA sources
 compile with nvrtc here, and the wgmma probe's fragment layouts are the mma.sync
 m16n8k32 ones it claims (checked element by element on the CPU); the scoreboard and timeline
 scripts' arithmetic on made-up listings and stamps; the no-MMA probe build (--no-mma)."""
@@ -9,11 +9,11 @@ import torch
 
 from codegen.jit import cuda
 from codegen.targets import get_target
-from scripts import no_mma, probe_fp8_convert, probe_wgmma_fp8, sass_scoreboards
+from scripts import broadcast_probe, no_mma, probe_fp8_convert, probe_wgmma_fp8, sass_scoreboards
 
 
 def test_probe_sources_compile():
-    for mod in (probe_wgmma_fp8, probe_fp8_convert):
+    for mod in (probe_wgmma_fp8, probe_fp8_convert, broadcast_probe):
         assert len(cuda.compile(mod.SOURCE, "probe.cu", get_target("sm90"))) > 1000
 
 
