@@ -53,6 +53,9 @@ class KernelHang(RuntimeError):
         self.record = record
 
 
+BULK_WAIT_AT = 0xFFFFFFFF  # a hang record's offset for a wait on a TMA bulk copy (kernel.hip.j2)
+
+
 def hang_record(ir: KernelIR, words: list[int]) -> dict:
     """The hang record's 8 words (kernel.hip.j2: waits that gave up, stage, task,
     CTA, byte offset of the pair in scratch, tag expected, tag seen, thread) with
@@ -79,6 +82,12 @@ def describe_hang(ir: KernelIR, rec: dict) -> str:
         return f"{t} (epoch {epoch}" + (f", layer {rest})" if ir.layer_arg else ")")
 
     stage = f"stage {rec['stage_index']} {rec['stage']!r} ({rec['kind']})" if rec["stage"] else f"stage {rec['stage_index']}"
+    if rec["offset"] == BULK_WAIT_AT:
+        return (f"{ir.kernel} [{ir.target.name} {ir.build.label()}]: a TMA bulk copy's wait gave up after 1 s: "
+                f"{stage}, task {rec['task']} on CTA {rec['cta']} (thread {rec['thread']}): its mbarrier (phase "
+                f"{rec['tag']}) never saw all the bytes it expects land (a byte count the copies do not reach, or a "
+                f"faulting source); {rec['waits']} wait(s) gave up, later ones returned at once: this launch's "
+                "outputs are invalid")
     where = (f"region {rec['region']!r} entry {rec['entry']}" if rec["region"]
              else f"a pair outside the scratch buffer (offset {rec['offset']})")
     return (f"{ir.kernel} [{ir.target.name} {ir.build.label()}]: a mailbox wait gave up after 1 s: {stage}, "

@@ -4,7 +4,9 @@ A debug build appends the scratch region ``hang`` (8 words) and renders a
 ``Tag`` in place of the u32 tag: every ``mailbox_wait(pair, mb.tag)`` /
 ``mailbox_wait2(pair, mb.tag, ..)`` of the stage templates then resolves to the
 bounded overload of kernel.hip.j2 (1 s of ``timer_now()``, ``TIMER_HZ`` from
-the device library), which records stage, task, CTA, pair offset and tags.
+the device library), which records stage, task, CTA, pair offset and tags; the
+same for the sm90 waits on a TMA bulk copy's mbarrier (``bulk_wait(bar, phase,
+mb.tag)``).
 Release builds render none of it. The handling is spec-generic: every test runs
 for MiniMax-M3 pre_attn and DeepSeek-V4.1 attn_front (S=4: the GEMV quantizes
 x itself; S=17: the xq stage and its flags). The GPU side is
@@ -197,3 +199,28 @@ def test_deepseek_check_errors_raises_once_and_clears_the_record():
     assert e.value.record["tag"] == 3 and e.value.record["seen"] == 1
     assert not scratch[hang.offset: hang.offset + 32].any(), "the record is cleared for the next launch"
     kernel.check_errors(scratch)
+
+
+def test_bulk_copy_waits_are_bounded_in_debug_builds():
+    """Every wait for a TMA bulk copy (the sm90 builds' mbarriers: DeepSeek's QX8 image at S = 16,
+    MiniMax's staged weights at S = 1) takes the launch's tag; a debug build resolves it to a
+    bounded wait that fills the hang record (offset BULK_WAIT_AT), a release build to the plain
+    one; the launcher's message names the stage and the mbarrier."""
+    for spec, tokens in ((DS_SPEC, 16), (SPEC, 1)):
+        _, rel_src = source(spec, "sm90", tokens=tokens)
+        dbg, dbg_src = source(spec, "sm90", tokens=tokens, debug=True)
+        for text in (rel_src, dbg_src):
+            calls = re.findall(r"\bbulk_wait\(([^;]*)\);", text[text.index("namespace stage_"):])
+            assert calls and all(c.endswith(", mb.tag") for c in calls), calls
+        assert "MONO_DEVICE void bulk_wait(u64* bar, u32 phase, u32) { bulk_wait(bar, phase); }" in rel_src
+        assert "give_up_at(tag, BULK_WAIT_AT, phase, 0u, deadline)" in dbg_src and "give_up_at" not in rel_src
+        rep = jit.resource_report(dbg_src, f"{dbg.name}.sm90.s{tokens}-debug.hip", dbg.target)[0]
+        assert rep.spill_store_bytes == 0
+    kernel = codegen.launch.load(DS_SPEC, tokens=16, target="sm90", debug=True)
+    wq_b = next(s for s in kernel.ir.stages if s.name == "wq_b")
+    rec = hang_record(kernel.ir, [1, wq_b.index, 7, 40, 0xFFFFFFFF, 0, 0, 0])
+    assert rec["region"] is None and rec["offset"] == codegen.launch.BULK_WAIT_AT
+    msg = describe_hang(kernel.ir, rec)
+    for part in (f"stage {wq_b.index} 'wq_b' (gemv_mxfp8)", "task 7 on CTA 40", "TMA bulk copy's wait gave up",
+                 "mbarrier (phase 0)", "outputs are invalid"):
+        assert part in msg, (part, msg)

@@ -257,7 +257,7 @@ def test_wqb_wgmma_layout(tp, tokens):
         run = wqb[wqb.index("MONO_DEVICE void run("):]
         assert run.index("bulk_barrier_init(reinterpret_cast<u64*>(lds + LDS_RBAR));") < run.index("await_rows(mb, kpart);")
         assert rows.index("fence_proxy_async();") < rows.index("bulk_copy(xl, mb.qx8, NG * 8 * KP, rbar);") \
-            < rows.index("bulk_wait(rbar, 0);") < rows.index("copy_async_wait();") < rows.index("bulk_barrier_inval(rbar);")
+            < rows.index("bulk_wait(rbar, 0, mb.tag);") < rows.index("copy_async_wait();") < rows.index("bulk_barrier_inval(rbar);")
     assert "part + r * PART_TILE + g * PART_WAVE" in wqb and "LDS_WSC" not in wqb  # scales in registers
     assert "refill ? unit_weights(a, unit(i0 + 4 + r)) : nullptr" in wqb and "epilogue_group(a, mb, part, lds, b0, i0, UPC," in wqb
     # off: the emulated mma.sync loop and one tile a wave
@@ -418,7 +418,7 @@ def test_wq_b_weights_point():
     text = render(ir_of(tokens=1, timeline=True, tune={"wq_b.weights_point": "spare", "wq_b.bulk_weights": {"default": 0, "sm90": 1},
                                                          "wq_b.wgmma": 0}))
     ns = text[text.index("namespace stage_wq_b {"):text.index("}  // namespace stage_wq_b")]
-    wait = ns.index("bulk_wait(reinterpret_cast<u64*>(lds + LDS_WBAR), 0);")
+    wait = ns.index("bulk_wait(reinterpret_cast<u64*>(lds + LDS_WBAR), 0, mb.tag);")
     assert ns.count("stamp(lds, TL_SPARE);") == 1 and wait < ns.index("stamp(lds, TL_SPARE);") < ns.index("mx_gemv16_units<")
 
 

@@ -120,7 +120,7 @@ def test_a_diagnostic_stamp_by_override():
     assert "stamp(lds, TL_SPARE);" not in plain
     lines = tuned.splitlines()
     at = lines.index("    stamp(lds, TL_SPARE);")
-    assert "bulk_wait(wbar, 0);" in "\n".join(lines[at - 3:at])  # right after the wait for the bulk copies
+    assert "bulk_wait(wbar, 0, mb.tag);" in "\n".join(lines[at - 3:at])  # right after the wait for the bulk copies
     with pytest.raises(SpecError, match="no timeline point 'landed'"):
         source(SPEC, "sm90", tune={"qkv.staged_point": "landed"}, tokens=1)
 

@@ -297,11 +297,18 @@ MONO_DEVICE void bulk_copy(void* lds_dst, const void* src, u32 bytes, u64* bar) 
     asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
                  :: "r"(lds_address(lds_dst)), "l"(src), "r"(bytes), "r"(lds_address(bar)) : "memory");
 }
-MONO_DEVICE void bulk_wait(u64* bar, u32 phase) {
+// (until stop() says otherwise: a debug build's bound)
+template <typename Stop>
+MONO_DEVICE void bulk_wait_or(u64* bar, u32 phase, Stop stop) {
     u32 done = 0;
-    while (!done)
+    for (;;) {
         asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}"
                      : "=r"(done) : "r"(lds_address(bar)), "r"(phase) : "memory");
+        if (done || stop()) return;
+    }
+}
+MONO_DEVICE void bulk_wait(u64* bar, u32 phase) {
+    bulk_wait_or(bar, phase, []() { return false; });
 }
 MONO_DEVICE void bulk_barrier_inval(u64* bar) {
     asm volatile("mbarrier.inval.shared::cta.b64 [%0];" :: "r"(lds_address(bar)) : "memory");
@@ -862,6 +869,7 @@ struct Mailbox {
     u32* qx8s;  // 40 words @ 36096
     u64* qrdy;  // 1 flags @ 36352
 };
+MONO_DEVICE void bulk_wait(u64* bar, u32 phase, u32) { bulk_wait(bar, phase); }  // (debug builds: bounded)
 
 constexpr int LDS_BYTES = 34320;  // the union of the stages' LDS, plus the stamps
 

@@ -297,11 +297,18 @@ MONO_DEVICE void bulk_copy(void* lds_dst, const void* src, u32 bytes, u64* bar) 
     asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
                  :: "r"(lds_address(lds_dst)), "l"(src), "r"(bytes), "r"(lds_address(bar)) : "memory");
 }
-MONO_DEVICE void bulk_wait(u64* bar, u32 phase) {
+// (until stop() says otherwise: a debug build's bound)
+template <typename Stop>
+MONO_DEVICE void bulk_wait_or(u64* bar, u32 phase, Stop stop) {
     u32 done = 0;
-    while (!done)
+    for (;;) {
         asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}"
                      : "=r"(done) : "r"(lds_address(bar)), "r"(phase) : "memory");
+        if (done || stop()) return;
+    }
+}
+MONO_DEVICE void bulk_wait(u64* bar, u32 phase) {
+    bulk_wait_or(bar, phase, []() { return false; });
 }
 MONO_DEVICE void bulk_barrier_inval(u64* bar) {
     asm volatile("mbarrier.inval.shared::cta.b64 [%0];" :: "r"(lds_address(bar)) : "memory");
@@ -862,6 +869,7 @@ struct Mailbox {
     u32* qx8s;  // 1920 words @ 1714944
     u64* qrdy;  // 48 flags @ 1722624
 };
+MONO_DEVICE void bulk_wait(u64* bar, u32 phase, u32) { bulk_wait(bar, phase); }  // (debug builds: bounded)
 
 constexpr int LDS_BYTES = 158208;  // the union of the stages' LDS, plus the stamps
 
@@ -1507,7 +1515,7 @@ MONO_DEVICE void stage_rows(const Args&, const Mailbox& mb, u8* lds, int part, i
     // the codes first, raw into xs by cp.async: no register and no round trip of their own (they
     // land while the rows' loads are out); made scales in place below
     for (int i = thread_id(); i < nt * SVECS; i += THREADS) copy16_async(xs + (i / SVECS) * SSTRIDE + 4 * (i % SVECS), codes(i));
-    bulk_wait(rbar, 0);  // the rows in LDS (visible to this thread, and to the wgmma after the caller's barrier)
+    bulk_wait(rbar, 0, mb.tag);  // the rows in LDS (visible to this thread, and to the wgmma after the caller's barrier)
     copy_async_wait();
     barrier();  // every thread's codes in, every thread past the rows' wait
     if (thread_id() == 0) bulk_barrier_inval(rbar);  // its LDS may serve the next stage
