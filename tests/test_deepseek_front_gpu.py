@@ -36,9 +36,10 @@ LDS = {"tune": {"wq_b.lds_weights": {"default": 0, "sm90": 1}, "wq_b.wgmma": 0}}
 EMULATED = {"tune": {"wq_b.wgmma": 0}}
 TUNES = {id(BULK): "bulk", id(LDS): "lds", id(EMULATED): "emulated"}
 # (tokens, tp, ratio, flags, swa_block, pad rows, swa block padding); wq_b on wgmma unless EMULATED
-# (TP2: 8 units a CTA, two groups of 4)
+# (TP2: 8 units a CTA, two groups of 4); from S = 16 (TP4) / 17 the qkv stage stores QX8 as wq_b's
+# LDS image (one bulk copy; the EMULATED / LDS variants read its places by 16-byte loads)
 CASES = [
-    (1, 4, 1, {}, 128, (), 0),  # q_inline: the rows normed in place, swizzled layout
+    (1, 4, 1, {}, 128, (), 0),  # q_inline: the rows normed in place (core matrices)
     (2, 4, 2, {}, 64, (1,), 0),  # q_inline with two rows on the one qkv CTA
     (3, 4, 1, {}, 64, (1,), 0),
     (6, 4, 2, {}, 64, (1, 4), 64),
