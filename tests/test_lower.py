@@ -469,3 +469,25 @@ def test_make_build_refuses(values, pattern):
 def test_make_build_refuses_unknown_target():
     with pytest.raises(ValueError, match="unknown target 'sm80'"):
         make_build(load_spec(SPEC), "sm80")
+
+
+def test_lds_buffers_keep_their_alignment():
+    """A stage's LDS buffer may ask for an alignment above 16 bytes, up to the dynamic LDS's
+    declared 1024 (sm90's 128-byte-swizzled wgmma operands): packed from the stage's base at the
+    next multiple, the buffers after it from its end; the room checks count the padding."""
+    from codegen.lower import LDS_ALIGN, MAX_LDS_ALIGN, _pack_lds
+
+    bufs = [("s", "a", "u32", 5), ("s", "x", "u32", 300), ("s", "b", "float", 3), ("t", "y", "u64", 1)]
+    offsets, used = _pack_lds(bufs, {("s", "x"): 1024, ("t", "y"): 1024})
+    assert offsets == [0, 1024, 1024 + 1200, 0] and used == {"s": 1024 + 1200 + 16, "t": 16}
+    assert _pack_lds(bufs, {})[0] == [0, 32, 32 + 1200, 0]  # 16-byte packing otherwise
+    assert (LDS_ALIGN, MAX_LDS_ALIGN) == (16, 1024)
+    from codegen.lower import _Ctx
+
+    ctx = _Ctx.__new__(_Ctx)
+    ctx.lds_bufs, ctx.lds_aligns = [], {}
+    for bad in (8, 24, 2048):
+        with pytest.raises(ValueError, match="alignment"):
+            ctx.lds("s", "x", "u32", 4, align=bad)
+    ctx.lds("s", "x", "u32", 4, align=256)
+    assert ctx.lds_aligns == {("s", "x"): 256}
