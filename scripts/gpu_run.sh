@@ -13,6 +13,9 @@
 #             --slowest=POINT: the CTAs that stamped POINT last, with all their stamps)
 #   ab        scripts/ab_bench.sh: main's tree (.ab-main, made here first: see that script) against
 #             this one, AB_ROUNDS turns (default 2), AB_ARGS for bench.run (e.g. "--kernels deepseek")
+#   tunes     spec variants of this tree side by side (no compile, 30 replays): the spec's build, then
+#             each of TUNES ("a=1 b=2;c=3": one variant's overrides a group), TUNE_ROUNDS turns
+#             (default 2), TUNE_ARGS for every bench.run (e.g. "--kernels deepseek --tokens 6,16")
 #   tp        scripts/tp_run.py on every GPU of the machine
 #   scorer    the MiniMax scorer's variants side by side (scripts/timeline_probe.py --cold-keys,
 #             S = 1 / 4 / 16 at 4K and 64K): the spec's, then each of SCORER_TUNES ("a=1 b=2;c=3")
@@ -43,6 +46,17 @@ for what in "${@:-tests}"; do
                 done 2>&1 | tee "$OUT/probes.log"; status=$((status | PIPESTATUS[0])) ;;
         ab) # shellcheck disable=SC2086  # AB_ARGS is several words
             scripts/ab_bench.sh "${AB_ROUNDS:-2}" ${AB_ARGS:-} 2>&1 | tee "$OUT/ab.log"; status=$((status | PIPESTATUS[0])) ;;
+        tunes) IFS=';' read -ra tunes <<< "${TUNES:?TUNES: the variants, e.g. wq_b.late_weights=0;symbols.QX8_IMAGE=1}"
+                for round in $(seq 1 "${TUNE_ROUNDS:-2}"); do
+                    for tune in "" "${tunes[@]}"; do
+                        args=()
+                        for word in $tune; do args+=(--tune "$word"); done
+                        echo "=== ${tune:-spec} (round $round)"
+                        # shellcheck disable=SC2086  # TUNE_ARGS is several words
+                        timeout 300 python3 -m bench.run --replays 30 --no-jit --no-generate --no-compile --no-plot \
+                            ${TUNE_ARGS:-} "${args[@]}" --results /tmp/tunes.md --out /tmp/tunes 2>&1 | grep -E "^ ?[0-9]+ +[0-9]|rror"
+                    done
+                done 2>&1 | tee "$OUT/tunes.log"; status=$((status | PIPESTATUS[0])) ;;
         tp) NCCL_NVLS_ENABLE=0 python3 -m torch.distributed.run --nproc-per-node "$(nvidia-smi -L | wc -l)" \
                 scripts/tp_run.py 2>&1 | tee "$OUT/tp-run.log"; status=$((status | PIPESTATUS[0])) ;;
         *) echo "unknown step $what"; status=1 ;;
