@@ -434,7 +434,7 @@ def _lower(loaded: LoadedSpec, build: Build) -> KernelIR:
     for name, value in spec.symbols.items():  # in file order: later symbols may use earlier ones
         loc = ("symbols", name)
         if isinstance(value, PerTarget):  # this target's value
-            loc += (target.name if getattr(value, target.name) is not None else "default",)
+            loc += (value.key_for(target.name),)
             value = value.for_target(target.name)
         try:
             scope[name] = evaluate(value, scope)
@@ -446,7 +446,7 @@ def _lower(loaded: LoadedSpec, build: Build) -> KernelIR:
                  "symbols are C int constants: keep them within +-2^31")
         if isinstance(v, float) and not math.isfinite(v):
             fail(("symbols", name), f"{name} = {v} is not a finite number")
-    bloc = ("grid", "blocks", target.name if getattr(spec.grid.blocks, target.name) is not None else "default")
+    bloc = ("grid", "blocks", spec.grid.blocks.key_for(target.name))
     try:
         blocks = evaluate(spec.grid.blocks.for_target(target.name), scope)
     except ExprError as e:

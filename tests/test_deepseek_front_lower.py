@@ -244,7 +244,7 @@ def test_wqb_wgmma_layout(tp, tokens):
     assert "constexpr int PART_TILE = PART_WAVES * PART_WAVE;" in wqb
     rows = wqb[wqb.index("MONO_DEVICE void stage_rows("):]
     if tokens <= 2:  # q_inline: normed in place (core matrices), made visible to the async proxy
-        assert rows.index("xl + row_word(r, tt / 2) + (tt % 2) * 2;") < rows.index("fence_proxy_async_lds();")
+        assert rows.index("xl[item_word(r, tt)] = w0;") < rows.index("fence_proxy_async_lds();")
     elif tokens < 16 or (tp, tokens) == (2, 16):  # copied from QX8 in row order (16-byte loads), swizzled
         assert not v["tma_rows"] and ir.region("qx8").count == tokens * 320
         assert rows.index("xl + row_word(i / VECS, i % VECS)) = x;") < rows.index("fence_proxy_async_lds();")
@@ -365,7 +365,7 @@ def test_wqkv_quarters(tp, tokens):
         assert "mx_gemv64_wgmma<CPWG, GROUPS, NG, SSTRIDE, SWIZZLE>(" in wqkv and "(long long)unit_part(u) * NC * 16 * GEMV_K_CHUNK" in wqkv
         rows = wqkv[wqkv.index("MONO_DEVICE void stage_rows("):wqkv.index("MONO_DEVICE void run(")]
         if tokens <= 8:  # x quantized here, straight into core matrices
-            assert "xl + row_word(r, it / 2) + (it % 2) * 2;" in rows and "await_rows(" not in wqkv
+            assert "xl[item_word(r, it)] = w0;" in rows and "await_rows(" not in wqkv
             assert "constexpr bool SWIZZLE = false;" in wqkv
         else:  # copied from xq's X8 into the swizzled layout, the codes by cp.async
             assert "await_rows(mb, kpart);" in wqkv and "constexpr bool SWIZZLE = true;" in wqkv

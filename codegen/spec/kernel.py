@@ -88,9 +88,8 @@ def semantic_issues(spec: KernelSpec, file: str, pos) -> list[SpecIssue]:
 
     for name, value in spec.symbols.items():
         if isinstance(value, PerTarget):
-            for target in ("default", "gfx942", "gfx950", "sm90"):
-                if getattr(value, target) is not None:
-                    check_expr(getattr(value, target), ("symbols", name, target))
+            for target, expr in value.given():
+                check_expr(expr, ("symbols", name, target))
         else:
             check_expr(value, ("symbols", name))
     for i, build in enumerate(spec.review_builds):
@@ -105,10 +104,8 @@ def semantic_issues(spec: KernelSpec, file: str, pos) -> list[SpecIssue]:
                           "a review build is made like any build: use a value of the parameter's type")
                 else:
                     issue(("review_builds", i, key), f"{value!r} not allowed (values: {p.values})")
-    for target in ("default", "gfx942", "gfx950", "sm90"):
-        value = getattr(spec.grid.blocks, target)
-        if value is not None:
-            check_expr(value, ("grid", "blocks", target))
+    for target, expr in spec.grid.blocks.given():
+        check_expr(expr, ("grid", "blocks", target))
 
     for p in REQUIRED_TIMELINE_POINTS:
         if p not in spec.timeline_points:

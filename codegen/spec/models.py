@@ -46,9 +46,16 @@ class PerTarget(Model):
     gfx950: Expr | None = None
     sm90: Expr | None = None
 
+    def key_for(self, target: str) -> str:
+        """The key whose value ``target`` takes: its own, else ``default`` (an error's location)."""
+        return target if getattr(self, target) is not None else "default"
+
     def for_target(self, target: str) -> Expr:
-        value = getattr(self, target)
-        return self.default if value is None else value
+        return getattr(self, self.key_for(target))
+
+    def given(self) -> list[tuple[str, Expr]]:
+        """The (key, value) pairs the spec sets, ``default`` first."""
+        return [(k, getattr(self, k)) for k in type(self).model_fields if getattr(self, k) is not None]
 
 
 def per_target(value: Expr | dict | PerTarget) -> Expr | dict | PerTarget:

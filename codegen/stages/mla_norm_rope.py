@@ -167,7 +167,8 @@ def lower(stage: Model, ctx) -> dict:
     s = ctx.tokens
     ctx.region(stage.partials, ("partials",), kind="pairs", min_count=parts * s * (q_rank + kv_dim))
     check_producer(stage, ctx, q_rank + kv_dim, parts)
-    image = writes_image(stage, ctx) and bool(ctx.evaluate(stage.publish, ("publish",)))
+    publish = bool(ctx.evaluate(stage.publish, ("publish",)))
+    image = writes_image(stage, ctx) and publish
     if image and q_rank % 128:
         ctx.fail(("q_rank",), f"q_rank {q_rank}: the image's rows are whole 128-byte segments", "turn image off")
     # the image: whole 8-token groups (a consumer's bulk copy reads the pad tokens' bytes too)
@@ -193,7 +194,7 @@ def lower(stage: Model, ctx) -> dict:
         "record_blocks": nope // RECORD_BLOCK,
         "index": bool(ctx.evaluate(stage.index, ("index",))),
         "early_ready": bool(ctx.evaluate(stage.early_ready, ("early_ready",))),
-        "publish": bool(ctx.evaluate(stage.publish, ("publish",))),
+        "publish": publish,
         "image_groups": image_groups(s) if image else 0,  # 0: row-major QX8 (token t at word t * q_rank / 4)
         "copies": copies,
         "flag_stride": stride,

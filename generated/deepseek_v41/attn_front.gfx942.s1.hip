@@ -643,6 +643,10 @@ constexpr int COPIES = 1;              // the source's flag copies: CTA b polls 
 constexpr int FLAG_STRIDE = 2;
 constexpr int ROW_BATCH = 1;           // 16-byte loads a thread issues at once when it stages token rows
 constexpr float MX_FP8_MAX = 224.0f;  // the MX maximum of this target's e4m3 flavour
+// The LDS word of token t's 16-byte piece p of K (bytes 16p ..): rows of XSTRIDE words
+MONO_DEVICE int row_word(int t, int p) { return t * XSTRIDE + 4 * p; }
+// ... of its 8 values 8it .. (8 bytes: half it % 2 of piece it / 2), as quantized here
+MONO_DEVICE int item_word(int t, int it) { return t * XSTRIDE + 2 * it; }
 constexpr int PART_WAVES = 8;          // partial tiles of a unit: one a wave
 static_assert(KP % (GEMV_K_CHUNK * 1) == 0 && KP % 128 == 0, "whole chunks; 16-byte row pieces");
 
@@ -723,8 +727,8 @@ MONO_DEVICE void stage_rows(const Args& a, const Mailbox&, u8*, int part, int to
             u32 w0, w1;
             const int code = mx_quant8(raw[k], MX_FP8_MAX, w0, w1);
             if (b + k * THREADS + thread_id() < n) {
-                xl[r * XSTRIDE + 2 * it] = w0;
-                xl[r * XSTRIDE + 2 * it + 1] = w1;
+                xl[item_word(r, it)] = w0;
+                xl[item_word(r, it) + 1] = w1;
                 if (it % 4 == 0) xs[r * SSTRIDE + it / 4] = e8m0_scale(code);
             }
         }
@@ -1025,6 +1029,10 @@ constexpr int COPIES = 1;              // the source's flag copies: CTA b polls 
 constexpr int FLAG_STRIDE = 1;
 constexpr int ROW_BATCH = 1;           // 16-byte loads a thread issues at once when it stages token rows
 constexpr float MX_FP8_MAX = 224.0f;  // the MX maximum of this target's e4m3 flavour
+// The LDS word of token t's 16-byte piece p of K (bytes 16p ..): rows of XSTRIDE words
+MONO_DEVICE int row_word(int t, int p) { return t * XSTRIDE + 4 * p; }
+// ... of its 8 values 8it .. (8 bytes: half it % 2 of piece it / 2), as quantized here
+MONO_DEVICE int item_word(int t, int it) { return t * XSTRIDE + 2 * it; }
 constexpr int PART_WAVES = 8;          // partial tiles of a unit: one a wave
 constexpr int HEAD_DIM = 512;          // rows per head
 constexpr int NOPE = 448;              // head dims before the GPT-J RoPE dims
@@ -1187,8 +1195,8 @@ MONO_DEVICE void stage_rows(const Args& a, const Mailbox& mb, u8* lds, int, int 
         u32 w0, w1;
         const int code = q_quant(xq, q_rsq(red + 8 * r0), qw, ys, w0, w1);
         if (live) {
-            xl[r * XSTRIDE + 2 * tt] = w0;
-            xl[r * XSTRIDE + 2 * tt + 1] = w1;
+            xl[item_word(r, tt)] = w0;
+            xl[item_word(r, tt) + 1] = w1;
             if (tt % 4 == 0) xs[r * SSTRIDE + tt / 4] = e8m0_scale(code);
         }
         barrier();  // red[] is reused

@@ -695,6 +695,10 @@ constexpr int COPIES = 1;              // the source's flag copies: CTA b polls 
 constexpr int FLAG_STRIDE = 32;
 constexpr int ROW_BATCH = 5;           // 16-byte loads a thread issues at once when it stages token rows
 constexpr float MX_FP8_MAX = 224.0f;  // the MX maximum of this target's e4m3 flavour
+// The LDS word of token t's 16-byte piece p of K (bytes 16p ..): rows of XSTRIDE words
+MONO_DEVICE int row_word(int t, int p) { return t * XSTRIDE + 4 * p; }
+// ... of its 8 values 8it .. (8 bytes: half it % 2 of piece it / 2), as quantized here
+MONO_DEVICE int item_word(int t, int it) { return t * XSTRIDE + 2 * it; }
 constexpr int PART_WAVES = 8;          // partial tiles of a unit: one a wave
 static_assert(KP % (GEMV_K_CHUNK * 1) == 0 && KP % 128 == 0, "whole chunks; 16-byte row pieces");
 
@@ -761,9 +765,11 @@ MONO_DEVICE void stage_rows(const Args&, const Mailbox& mb, u8* lds, int part, i
     constexpr int VECS = KP / 16, SVECS = KP / 128;  // 16-byte pieces of a row part, of its codes
     auto codes = [&](int i) { return mb.x8s + (tok0 + i / SVECS) * (K / 32) + part * (KP / 32) + 4 * (i % SVECS); };
     (void)lds;
+    // item i = piece i % VECS of token i / VECS: a warp's load reads 512 bytes of a row (whole lines; 16 tokens'
+    // 32-byte sectors a load made it 3-4 us at 48 rows, scripts/broadcast_probe.py); row_word's layout
     copy16_batched<ROW_BATCH>(
         nt * VECS, [&](int i) { return mb.x8 + (tok0 + i / VECS) * (K / 4) + part * (KP / 4) + 4 * (i % VECS); },
-        [&](int i, u32x4 x) { *reinterpret_cast<u32x4*>(xl + (i / VECS) * XSTRIDE + 4 * (i % VECS)) = x; });
+        [&](int i, u32x4 x) { *reinterpret_cast<u32x4*>(xl + row_word(i / VECS, i % VECS)) = x; });
     copy16_batched<ROW_BATCH>(nt * SVECS, codes, [&](int i, u32x4 code) {
         float* s = xs + (i / SVECS) * SSTRIDE + 4 * (i % SVECS);
         s[0] = e8m0_scale(int(code.x));
@@ -1074,6 +1080,10 @@ constexpr int COPIES = 1;              // the source's flag copies: CTA b polls 
 constexpr int FLAG_STRIDE = 16;
 constexpr int ROW_BATCH = 3;           // 16-byte loads a thread issues at once when it stages token rows
 constexpr float MX_FP8_MAX = 224.0f;  // the MX maximum of this target's e4m3 flavour
+// The LDS word of token t's 16-byte piece p of K (bytes 16p ..): rows of XSTRIDE words
+MONO_DEVICE int row_word(int t, int p) { return t * XSTRIDE + 4 * p; }
+// ... of its 8 values 8it .. (8 bytes: half it % 2 of piece it / 2), as quantized here
+MONO_DEVICE int item_word(int t, int it) { return t * XSTRIDE + 2 * it; }
 constexpr int PART_WAVES = 8;          // partial tiles of a unit: one a wave
 constexpr int HEAD_DIM = 512;          // rows per head
 constexpr int NOPE = 448;              // head dims before the GPT-J RoPE dims
@@ -1143,9 +1153,11 @@ MONO_DEVICE void stage_rows(const Args&, const Mailbox& mb, u8* lds, int part, i
     constexpr int VECS = KP / 16, SVECS = KP / 128;  // 16-byte pieces of a row part, of its codes
     auto codes = [&](int i) { return mb.qx8s + (tok0 + i / SVECS) * (K / 32) + part * (KP / 32) + 4 * (i % SVECS); };
     (void)lds;
+    // item i = piece i % VECS of token i / VECS: a warp's load reads 512 bytes of a row (whole lines; 16 tokens'
+    // 32-byte sectors a load made it 3-4 us at 48 rows, scripts/broadcast_probe.py); row_word's layout
     copy16_batched<ROW_BATCH>(
         nt * VECS, [&](int i) { return mb.qx8 + (tok0 + i / VECS) * (K / 4) + part * (KP / 4) + 4 * (i % VECS); },
-        [&](int i, u32x4 x) { *reinterpret_cast<u32x4*>(xl + (i / VECS) * XSTRIDE + 4 * (i % VECS)) = x; });
+        [&](int i, u32x4 x) { *reinterpret_cast<u32x4*>(xl + row_word(i / VECS, i % VECS)) = x; });
     copy16_batched<ROW_BATCH>(nt * SVECS, codes, [&](int i, u32x4 code) {
         float* s = xs + (i / SVECS) * SSTRIDE + 4 * (i % SVECS);
         s[0] = e8m0_scale(int(code.x));

@@ -616,8 +616,10 @@ template <int NG>
 MONO_DEVICE constexpr int core_matrix_word(int t, int piece) {  // the u32 of token t's 16-byte piece of K
     return (((piece / 2) * NG + t / 8) * 2 + piece % 2) * 32 + (t % 8) * 4;
 }
-MONO_DEVICE u64 lds_desc(const void* p, u32 lbo, u32 sbo) {
-    return u64((lds_address(p) & 0x3FFFFu) >> 4) | (u64(lbo >> 4) << 16) | (u64(sbo >> 4) << 32);
+// a K-major operand's descriptor: start p, LBO / SBO bytes, layout 0 (none) or SWIZZLE_128B
+constexpr u32 SWIZZLE_128B = 1;
+MONO_DEVICE u64 lds_desc(const void* p, u32 lbo, u32 sbo, u32 layout = 0) {
+    return u64((lds_address(p) & 0x3FFFFu) >> 4) | (u64(lbo >> 4) << 16) | (u64(sbo >> 4) << 32) | (u64(layout) << 62);
 }
 // 128-byte swizzle: token t's 128-byte K segment s (K bytes 128s ..) is row t % 8 of the 1024-byte atom
 // (s, t / 8), atoms (s, 0), (s, 1), .. of the NG 8-token groups 1024 bytes apart; the row's 16-byte
@@ -628,11 +630,8 @@ template <int NG>
 MONO_DEVICE constexpr int swizzle128_word(int t, int piece) {  // the u32 of token t's 16-byte piece of K
     return ((piece / 8) * NG + t / 8) * 256 + (t % 8) * 32 + ((piece % 8) ^ (t % 8)) * 4;
 }
-// the descriptor of that layout from byte k of an atom (k a multiple of 32: a chunk's 32 K bytes
-// inside the segment), 8-token groups sbo bytes apart (LBO unused: K fits the swizzle width)
-MONO_DEVICE u64 lds_desc_sw128(const void* p, u32 sbo) {
-    return u64((lds_address(p) & 0x3FFFFu) >> 4) | (u64(1) << 16) | (u64(sbo >> 4) << 32) | (u64(1) << 62);
-}
+// Its descriptor (SWIZZLE_128B) may start at byte k of an atom (k a multiple of 32: a chunk's
+// 32 K bytes inside the segment), 8-token groups SBO = 1024 apart (LBO unused: K fits the width).
 // this thread's LDS stores visible to the async proxy (wgmma's operand reads), before the barrier
 MONO_DEVICE void fence_proxy_async_lds() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
 MONO_DEVICE void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
@@ -678,7 +677,7 @@ MONO_DEVICE void mx_gemv64_wgmma_j(u32x4 (&w)[CPWG], const float (&sw)[CPWG], co
     float d[2][4 * J];
     auto issue = [&](int i, float (&di)[4 * J]) {
         const int c = g + GROUPS * i;  // swizzled: 32 K bytes of segment c / 4, its bytes 32 (c % 4) ..
-        const u64 desc = SWIZZLE ? lds_desc_sw128(x + (c / 4) * NG * 1024 + (c % 4) * 32, 1024)
+        const u64 desc = SWIZZLE ? lds_desc(x + (c / 4) * NG * 1024 + (c % 4) * 32, 16, 1024, SWIZZLE_128B)
                                  : lds_desc(x + c * NG * 256, 128, 256);
 #pragma unroll
         for (int k = 0; k < 4 * J; ++k) di[k] = 0.0f;
@@ -992,6 +991,10 @@ constexpr int COPIES = 1;              // the source's flag copies: CTA b polls 
 constexpr int FLAG_STRIDE = 2;
 constexpr int ROW_BATCH = 1;           // 16-byte loads a thread issues at once when it stages token rows
 constexpr float MX_FP8_MAX = 448.0f;  // the MX maximum of this target's e4m3 flavour
+// The LDS word of token t's 16-byte piece p of K (bytes 16p ..): rows of XSTRIDE words
+MONO_DEVICE int row_word(int t, int p) { return t * XSTRIDE + 4 * p; }
+// ... of its 8 values 8it .. (8 bytes: half it % 2 of piece it / 2), as quantized here
+MONO_DEVICE int item_word(int t, int it) { return t * XSTRIDE + 2 * it; }
 constexpr int PART_WAVES = 16;          // partial tiles of a unit: one a wave
 static_assert(KP % (GEMV_K_CHUNK * 1) == 0 && KP % 128 == 0, "whole chunks; 16-byte row pieces");
 
@@ -1072,8 +1075,8 @@ MONO_DEVICE void stage_rows(const Args& a, const Mailbox&, u8*, int part, int to
             u32 w0, w1;
             const int code = mx_quant8(raw[k], MX_FP8_MAX, w0, w1);
             if (b + k * THREADS + thread_id() < n) {
-                xl[r * XSTRIDE + 2 * it] = w0;
-                xl[r * XSTRIDE + 2 * it + 1] = w1;
+                xl[item_word(r, it)] = w0;
+                xl[item_word(r, it) + 1] = w1;
                 if (it % 4 == 0) xs[r * SSTRIDE + it / 4] = e8m0_scale(code);
             }
         }
@@ -1376,10 +1379,12 @@ constexpr int ROW_BATCH = 1;           // 16-byte loads a thread issues at once 
 constexpr float MX_FP8_MAX = 448.0f;  // the MX maximum of this target's e4m3 flavour
 constexpr int GROUPS = 4;              // warpgroups: a quarter of the chunks each, warp r of each unit r
 constexpr int NG = 1;                  // 8-token groups of the LDS rows
+constexpr bool SWIZZLE = false;       // the rows' layout (row_word)
 // The LDS word of token t's 16-byte piece p of K (bytes 16p ..): wgmma's core matrices (sm90
 // device library); rows quantized here (8 bytes a thread) measured faster in it than swizzled
-constexpr bool SWIZZLE = false;
 MONO_DEVICE int row_word(int t, int p) { return core_matrix_word<NG>(t, p); }
+// ... of its 8 values 8it .. (8 bytes: half it % 2 of piece it / 2), as quantized here
+MONO_DEVICE int item_word(int t, int it) { return row_word(t, it / 2) + 2 * (it % 2); }
 constexpr int PART_WAVES = 4;          // partial tiles of a unit: one a warpgroup
 constexpr int GROUP = 4;               // units computed at once from their registers (part tiles side by side)
 constexpr int PART_TILE = PART_WAVES * PART_WAVE;  // floats of one unit's partial tiles
@@ -1544,10 +1549,8 @@ MONO_DEVICE void stage_rows(const Args& a, const Mailbox& mb, u8* lds, int, int 
         u32 w0, w1;
         const int code = q_quant(xq, q_rsq(red + 8 * r0), qw, ys, w0, w1);
         if (live) {
-            // wgmma's layout: values 8tt .. are bytes 8 (tt % 2) .. of token r's 16-byte piece tt / 2
-            u32* at = xl + row_word(r, tt / 2) + (tt % 2) * 2;
-            at[0] = w0;
-            at[1] = w1;
+            xl[item_word(r, tt)] = w0;
+            xl[item_word(r, tt) + 1] = w1;
             if (tt % 4 == 0) xs[r * SSTRIDE + tt / 4] = e8m0_scale(code);
         }
         barrier();  // red[] is reused

@@ -616,8 +616,10 @@ template <int NG>
 MONO_DEVICE constexpr int core_matrix_word(int t, int piece) {  // the u32 of token t's 16-byte piece of K
     return (((piece / 2) * NG + t / 8) * 2 + piece % 2) * 32 + (t % 8) * 4;
 }
-MONO_DEVICE u64 lds_desc(const void* p, u32 lbo, u32 sbo) {
-    return u64((lds_address(p) & 0x3FFFFu) >> 4) | (u64(lbo >> 4) << 16) | (u64(sbo >> 4) << 32);
+// a K-major operand's descriptor: start p, LBO / SBO bytes, layout 0 (none) or SWIZZLE_128B
+constexpr u32 SWIZZLE_128B = 1;
+MONO_DEVICE u64 lds_desc(const void* p, u32 lbo, u32 sbo, u32 layout = 0) {
+    return u64((lds_address(p) & 0x3FFFFu) >> 4) | (u64(lbo >> 4) << 16) | (u64(sbo >> 4) << 32) | (u64(layout) << 62);
 }
 // 128-byte swizzle: token t's 128-byte K segment s (K bytes 128s ..) is row t % 8 of the 1024-byte atom
 // (s, t / 8), atoms (s, 0), (s, 1), .. of the NG 8-token groups 1024 bytes apart; the row's 16-byte
@@ -628,11 +630,8 @@ template <int NG>
 MONO_DEVICE constexpr int swizzle128_word(int t, int piece) {  // the u32 of token t's 16-byte piece of K
     return ((piece / 8) * NG + t / 8) * 256 + (t % 8) * 32 + ((piece % 8) ^ (t % 8)) * 4;
 }
-// the descriptor of that layout from byte k of an atom (k a multiple of 32: a chunk's 32 K bytes
-// inside the segment), 8-token groups sbo bytes apart (LBO unused: K fits the swizzle width)
-MONO_DEVICE u64 lds_desc_sw128(const void* p, u32 sbo) {
-    return u64((lds_address(p) & 0x3FFFFu) >> 4) | (u64(1) << 16) | (u64(sbo >> 4) << 32) | (u64(1) << 62);
-}
+// Its descriptor (SWIZZLE_128B) may start at byte k of an atom (k a multiple of 32: a chunk's
+// 32 K bytes inside the segment), 8-token groups SBO = 1024 apart (LBO unused: K fits the width).
 // this thread's LDS stores visible to the async proxy (wgmma's operand reads), before the barrier
 MONO_DEVICE void fence_proxy_async_lds() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
 MONO_DEVICE void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
@@ -678,7 +677,7 @@ MONO_DEVICE void mx_gemv64_wgmma_j(u32x4 (&w)[CPWG], const float (&sw)[CPWG], co
     float d[2][4 * J];
     auto issue = [&](int i, float (&di)[4 * J]) {
         const int c = g + GROUPS * i;  // swizzled: 32 K bytes of segment c / 4, its bytes 32 (c % 4) ..
-        const u64 desc = SWIZZLE ? lds_desc_sw128(x + (c / 4) * NG * 1024 + (c % 4) * 32, 1024)
+        const u64 desc = SWIZZLE ? lds_desc(x + (c / 4) * NG * 1024 + (c % 4) * 32, 16, 1024, SWIZZLE_128B)
                                  : lds_desc(x + c * NG * 256, 128, 256);
 #pragma unroll
         for (int k = 0; k < 4 * J; ++k) di[k] = 0.0f;
@@ -1045,6 +1044,10 @@ constexpr int COPIES = 1;              // the source's flag copies: CTA b polls 
 constexpr int FLAG_STRIDE = 96;
 constexpr int ROW_BATCH = 8;           // 16-byte loads a thread issues at once when it stages token rows
 constexpr float MX_FP8_MAX = 448.0f;  // the MX maximum of this target's e4m3 flavour
+// The LDS word of token t's 16-byte piece p of K (bytes 16p ..): rows of XSTRIDE words
+MONO_DEVICE int row_word(int t, int p) { return t * XSTRIDE + 4 * p; }
+// ... of its 8 values 8it .. (8 bytes: half it % 2 of piece it / 2), as quantized here
+MONO_DEVICE int item_word(int t, int it) { return t * XSTRIDE + 2 * it; }
 constexpr int PART_WAVES = 16;          // partial tiles of a unit: one a wave
 static_assert(KP % (GEMV_K_CHUNK * 1) == 0 && KP % 128 == 0, "whole chunks; 16-byte row pieces");
 
@@ -1114,9 +1117,11 @@ MONO_DEVICE void stage_rows(const Args&, const Mailbox& mb, u8* lds, int part, i
     // the codes first, raw into xs by cp.async: no register and no round trip of their own (they
     // land while the rows' loads are out); made scales in place below
     for (int i = thread_id(); i < nt * SVECS; i += THREADS) copy16_async(xs + (i / SVECS) * SSTRIDE + 4 * (i % SVECS), codes(i));
+    // item i = piece i % VECS of token i / VECS: a warp's load reads 512 bytes of a row (whole lines; 16 tokens'
+    // 32-byte sectors a load made it 3-4 us at 48 rows, scripts/broadcast_probe.py); row_word's layout
     copy16_batched<ROW_BATCH>(
         nt * VECS, [&](int i) { return mb.x8 + (tok0 + i / VECS) * (K / 4) + part * (KP / 4) + 4 * (i % VECS); },
-        [&](int i, u32x4 x) { *reinterpret_cast<u32x4*>(xl + (i / VECS) * XSTRIDE + 4 * (i % VECS)) = x; });
+        [&](int i, u32x4 x) { *reinterpret_cast<u32x4*>(xl + row_word(i / VECS, i % VECS)) = x; });
     copy_async_wait();
     barrier();  // every thread's codes in
     for (int i = thread_id(); i < nt * (KP / 32); i += THREADS) {
@@ -1430,11 +1435,13 @@ constexpr int ROW_BATCH = 8;           // 16-byte loads a thread issues at once 
 constexpr float MX_FP8_MAX = 448.0f;  // the MX maximum of this target's e4m3 flavour
 constexpr int GROUPS = 4;              // warpgroups: a quarter of the chunks each, warp r of each unit r
 constexpr int NG = 6;                  // 8-token groups of the LDS rows
+constexpr bool SWIZZLE = true;       // the rows' layout (row_word)
 // The LDS word of token t's 16-byte piece p of K (bytes 16p ..): wgmma's 128-byte-swizzled layout
 // (sm90 device library), in which rows copied in order store without bank conflicts
-constexpr bool SWIZZLE = true;
 static_assert(KP % 128 == 0, "whole 128-byte K segments (the swizzled layout's rows)");
 MONO_DEVICE int row_word(int t, int p) { return swizzle128_word<NG>(t, p); }
+// ... of its 8 values 8it .. (8 bytes: half it % 2 of piece it / 2), as quantized here
+MONO_DEVICE int item_word(int t, int it) { return row_word(t, it / 2) + 2 * (it % 2); }
 constexpr int PART_WAVES = 4;          // partial tiles of a unit: one a warpgroup
 constexpr int GROUP = 4;               // units computed at once from their registers (part tiles side by side)
 constexpr int PART_TILE = PART_WAVES * PART_WAVE;  // floats of one unit's partial tiles

@@ -609,8 +609,10 @@ template <int NG>
 MONO_DEVICE constexpr int core_matrix_word(int t, int piece) {  // the u32 of token t's 16-byte piece of K
     return (((piece / 2) * NG + t / 8) * 2 + piece % 2) * 32 + (t % 8) * 4;
 }
-MONO_DEVICE u64 lds_desc(const void* p, u32 lbo, u32 sbo) {
-    return u64((lds_address(p) & 0x3FFFFu) >> 4) | (u64(lbo >> 4) << 16) | (u64(sbo >> 4) << 32);
+// a K-major operand's descriptor: start p, LBO / SBO bytes, layout 0 (none) or SWIZZLE_128B
+constexpr u32 SWIZZLE_128B = 1;
+MONO_DEVICE u64 lds_desc(const void* p, u32 lbo, u32 sbo, u32 layout = 0) {
+    return u64((lds_address(p) & 0x3FFFFu) >> 4) | (u64(lbo >> 4) << 16) | (u64(sbo >> 4) << 32) | (u64(layout) << 62);
 }
 // 128-byte swizzle: token t's 128-byte K segment s (K bytes 128s ..) is row t % 8 of the 1024-byte atom
 // (s, t / 8), atoms (s, 0), (s, 1), .. of the NG 8-token groups 1024 bytes apart; the row's 16-byte
@@ -621,11 +623,8 @@ template <int NG>
 MONO_DEVICE constexpr int swizzle128_word(int t, int piece) {  // the u32 of token t's 16-byte piece of K
     return ((piece / 8) * NG + t / 8) * 256 + (t % 8) * 32 + ((piece % 8) ^ (t % 8)) * 4;
 }
-// the descriptor of that layout from byte k of an atom (k a multiple of 32: a chunk's 32 K bytes
-// inside the segment), 8-token groups sbo bytes apart (LBO unused: K fits the swizzle width)
-MONO_DEVICE u64 lds_desc_sw128(const void* p, u32 sbo) {
-    return u64((lds_address(p) & 0x3FFFFu) >> 4) | (u64(1) << 16) | (u64(sbo >> 4) << 32) | (u64(1) << 62);
-}
+// Its descriptor (SWIZZLE_128B) may start at byte k of an atom (k a multiple of 32: a chunk's
+// 32 K bytes inside the segment), 8-token groups SBO = 1024 apart (LBO unused: K fits the width).
 // this thread's LDS stores visible to the async proxy (wgmma's operand reads), before the barrier
 MONO_DEVICE void fence_proxy_async_lds() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
 MONO_DEVICE void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
@@ -671,7 +670,7 @@ MONO_DEVICE void mx_gemv64_wgmma_j(u32x4 (&w)[CPWG], const float (&sw)[CPWG], co
     float d[2][4 * J];
     auto issue = [&](int i, float (&di)[4 * J]) {
         const int c = g + GROUPS * i;  // swizzled: 32 K bytes of segment c / 4, its bytes 32 (c % 4) ..
-        const u64 desc = SWIZZLE ? lds_desc_sw128(x + (c / 4) * NG * 1024 + (c % 4) * 32, 1024)
+        const u64 desc = SWIZZLE ? lds_desc(x + (c / 4) * NG * 1024 + (c % 4) * 32, 16, 1024, SWIZZLE_128B)
                                  : lds_desc(x + c * NG * 256, 128, 256);
 #pragma unroll
         for (int k = 0; k < 4 * J; ++k) di[k] = 0.0f;
