@@ -236,7 +236,10 @@ def test_wqb_wgmma_layout(tp, tokens):
     # (q_inline, S <= 2, buffers before x): core matrices
     assert v["swizzle"] == (tokens > 2) and (x.offset % 1024 == 0 or tokens <= 2)
     part = next(b for b in ir.lds if b.qualified_name == "stage_wq_b::LDS_PART")
-    assert part.nbytes == 4 * 4 * 16 * 18 * 4  # 4 units x 4 warpgroup tiles of 16 rows x PART_ROW floats
+    # 4 units x 4 warpgroup tiles of 16 rows x PART_ROW floats, a set for each 16-column pass (one
+    # epilogue a group over all of them)
+    assert v["passes"] == -(-tokens // 16) and part.nbytes == v["passes"] * 4 * 4 * 16 * 18 * 4
+    assert ("epilogue_passes(a, mb, part, lds, b0, i0, UPC, tok0, nt);" in render(ir)) == (tokens > 16)
     text = render(ir)
     wqb = text[text.index("namespace stage_wq_b {"):text.index("}  // namespace stage_wq_b")]
     assert "constexpr int PART_WAVES = 4;          // partial tiles of a unit: one a warpgroup" in wqb and "mx_gemv64_wgmma<CPWG, GROUPS, NG, SSTRIDE, SWIZZLE>(" in wqb
@@ -258,8 +261,10 @@ def test_wqb_wgmma_layout(tp, tokens):
         assert run.index("bulk_barrier_init(reinterpret_cast<u64*>(lds + LDS_RBAR));") < run.index("await_rows(mb, kpart);")
         assert rows.index("fence_proxy_async();") < rows.index("bulk_copy(xl, mb.qx8, NG * 8 * KP, rbar);") \
             < rows.index("bulk_wait(rbar, 0, mb.tag);") < rows.index("copy_async_wait();") < rows.index("bulk_barrier_inval(rbar);")
-    assert "part + r * PART_TILE + g * PART_WAVE" in wqb and "LDS_WSC" not in wqb  # scales in registers
-    assert "refill ? unit_weights(a, unit(i0 + 4 + r)) : nullptr" in wqb and "epilogue_group(a, mb, part, lds, b0, i0, UPC," in wqb
+    tile = "part + (c0 / 16) * PASS_TILE + r * PART_TILE + g * PART_WAVE" if tokens > 16 else "part + r * PART_TILE + g * PART_WAVE"
+    assert tile in wqb and "LDS_WSC" not in wqb  # scales in registers
+    epilogue = "epilogue_passes(a, mb, part, lds, b0, i0, UPC, tok0, nt)" if tokens > 16 else "epilogue_group(a, mb, part, lds, b0, i0, UPC,"
+    assert "refill ? unit_weights(a, unit(i0 + 4 + r)) : nullptr" in wqb and epilogue in wqb
     # off: the emulated mma.sync loop and one tile a wave
     text = render(ir_of(tokens=tokens, tp=tp, tune={"wq_b.wgmma": 0}))
     wqb = text[text.index("namespace stage_wq_b {"):text.index("}  // namespace stage_wq_b")]
@@ -410,7 +415,7 @@ def test_gemv_probe_points(stage, tokens):
     ns = text[text.index(f"namespace stage_{stage} {{"):text.index(f"}}  // namespace stage_{stage}")]
     run = ns[ns.index("MONO_DEVICE void run("):]
     assert run.index("mx_gemv64_wgmma<") < run.index("if (i0 == 0 && c0 == 0) stamp(lds, TL_SPARE3);") \
-        < run.index("epilogue_group(")
+        < run.index("epilogue_passes(" if (stage, tokens) == ("wq_b", 48) else "epilogue_group(")
 
 
 def test_wq_b_weights_point():

@@ -310,7 +310,9 @@ def lower(stage: Model, ctx) -> dict:
     if tma_rows:
         ctx.lds(stage.name, "rbar", "u64", 1)  # the rows' bulk copy's mbarrier
     part_waves = groups if wgmma else waves  # partial tiles a unit: one a warpgroup (wgmma), else one a wave
-    ctx.lds(stage.name, "part", "float", group * part_waves * ROWS_PER_UNIT * part_row(t))
+    # wgmma: every 16-column pass's tiles side by side, one barrier and one epilogue a group
+    passes = -(-tile // 16) if wgmma else 1
+    ctx.lds(stage.name, "part", "float", passes * group * part_waves * ROWS_PER_UNIT * part_row(t))
     if lds_scales:  # each warp's weight scales of a group (its chunks')
         ctx.lds(stage.name, "wsc", "float", waves * group * cpw * (chunk // MX_BLOCK))
     if bulk:
@@ -353,6 +355,7 @@ def lower(stage: Model, ctx) -> dict:
         "wgmma": wgmma,
         "groups": groups,  # wgmma: warpgroups
         "part_waves": part_waves,
+        "passes": passes,
         "late_weights": late,
         "token_groups": token_groups,
         "swizzle": swizzle,

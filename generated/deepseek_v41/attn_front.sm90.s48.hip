@@ -60,8 +60,8 @@
 //   stage_wq_b::LDS_X      @      0  15360 x u32
 //   stage_wq_b::LDS_XS     @  61440  2112 x float
 //   stage_wq_b::LDS_RBAR   @  69888  1 x u64
-//   stage_wq_b::LDS_PART   @  69904  4608 x float
-//   stage_wq_b::LDS_CS     @  88336  3072 x float
+//   stage_wq_b::LDS_PART   @  69904  13824 x float
+//   stage_wq_b::LDS_CS     @ 125200  3072 x float
 //
 // stages (every CTA runs them in this order; a stage waits only on earlier ones):
 //   0. xq     mxfp8_quant  96 tasks on CTAs 92..131 (round_robin)
@@ -1410,8 +1410,8 @@ constexpr int CTAS = 132;
 constexpr int LDS_X = 0;  // LDS: 15360 x u32
 constexpr int LDS_XS = 61440;  // LDS: 2112 x float
 constexpr int LDS_RBAR = 69888;  // LDS: 1 x u64
-constexpr int LDS_PART = 69904;  // LDS: 4608 x float
-constexpr int LDS_CS = 88336;  // LDS: 3072 x float
+constexpr int LDS_PART = 69904;  // LDS: 13824 x float
+constexpr int LDS_CS = 125200;  // LDS: 3072 x float
 
 constexpr int ROWS = 8192;               // rows of wqb
 constexpr int K = 1280;                   // its columns
@@ -1591,6 +1591,18 @@ MONO_DEVICE void epilogue_group(const Args& a, const Mailbox& mb, const float* p
             epilogue_item(a, mb, part + uu * PART_TILE, lds, unit_row0(u), unit_part(u), tok0, rem % ITEM_ROWS, rem / ITEM_ROWS);
     }
 }
+// The epilogue of the group's PASSES 16-column passes at once (each pass's tiles PASS_TILE
+// floats apart): one item a thread over every unit, row and column
+constexpr int PASS_TILE = GROUP * PART_TILE;
+MONO_DEVICE void epilogue_passes(const Args& a, const Mailbox& mb, const float* part, const u8* lds, int b0, int i0, int limit,
+                                 int tok0, int nt) {
+    for (int it = thread_id(); it < GROUP * ITEM_ROWS * nt; it += THREADS) {
+        const int uu = it / (ITEM_ROWS * nt), rem = it % (ITEM_ROWS * nt), u = b0 + CTAS * (i0 + uu), c = rem / ITEM_ROWS;
+        if (i0 + uu < limit && u < TASKS)
+            epilogue_item(a, mb, part + (c / 16) * PASS_TILE + uu * PART_TILE, lds, unit_row0(u), unit_part(u), tok0 + 16 * (c / 16),
+                          rem % ITEM_ROWS, c % 16);
+    }
+}
 
 // The CTA's units on the tensor cores' native fp8 wgmma (mx_gemv64_wgmma), 4 at a time (its
 // i-th: group i / 4, warp i % 4 of each warpgroup): warp r of warpgroup g loads unit r's chunks
@@ -1639,12 +1651,12 @@ MONO_DEVICE void run(const Args& a, const Mailbox& mb, u8* lds) {
             const int nc = min_i(16, nt - c0);
             const bool refill = c0 + 16 >= nt && i0 + 4 < UPC;  // the last pass: the next group's weights
             mx_gemv64_wgmma<CPWG, GROUPS, NG, SSTRIDE, SWIZZLE>(w, sw, reinterpret_cast<const u8*>(xl) + (c0 / 8) * (SWIZZLE ? 1024 : 256), xs + c0 * SSTRIDE, nc,
-                                                      part + r * PART_TILE + g * PART_WAVE, refill ? unit_weights(a, unit(i0 + 4 + r)) : nullptr,
+                                                      part + (c0 / 16) * PASS_TILE + r * PART_TILE + g * PART_WAVE, refill ? unit_weights(a, unit(i0 + 4 + r)) : nullptr,
                                                       refill ? unit_codes(a, unit(i0 + 4 + r)) : nullptr, code);
-            barrier();
-            epilogue_group(a, mb, part, lds, b0, i0, UPC, tok0 + c0, nc);
-            barrier();  // part[] is reused
         }
+        barrier();
+        epilogue_passes(a, mb, part, lds, b0, i0, UPC, tok0, nt);
+        barrier();  // part[] is reused
     }
     stamp(lds, TL_WQB_DONE);
 }
