@@ -30,24 +30,26 @@ def ir_of(target="sm90", tune=None, **params):
     (48, [0, 245760, 276480, 277248, 1653504, 1714944, 1722624]),
 ])
 def test_scratch_layout_is_b8(tokens, offsets):
-    """Contract B.8's layout; where sm90's wqkv partials come in 4 K quarters, not 2 halves, its
-    xrdy and qkvp regions hold twice the pairs, the same regions in the same order. (sm90's QX8
-    is wq_b's LDS image, whole 8-token groups: B.8's bytes at these S, other places inside.)"""
-    for target in [t for t in TARGETS if not (t == "sm90" and tokens == 16)]:
+    """Contract B.8's layout; where sm90's wqkv partials come in 4 K quarters, not 2 halves (TP4
+    from 2 rows), its xrdy and qkvp regions hold twice the pairs, the same regions in the same
+    order. (sm90's QX8 is wq_b's LDS image, whole 8-token groups: B.8's bytes at these S, other
+    places inside.)"""
+    for target in [t for t in TARGETS if not (t == "sm90" and tokens >= 2)]:
         ir = ir_of(target, tokens=tokens)
         assert [r.name for r in ir.regions] == ["x8", "x8s", "xrdy", "qkvp", "qx8", "qx8s", "qrdy"]
         assert [r.offset for r in ir.regions] == offsets, target
-    # sm90 TP4 at 2..16 rows: 4 K quarters, twice the xrdy flags and the partials
-    b8, sm90 = ir_of("gfx950", tokens=16), ir_of(tokens=16)
-    assert [(r.name, r.offset) for r in sm90.regions[:3]] == [(r.name, r.offset) for r in b8.regions[:3]]
-    assert sm90.region("xrdy").count == 2 * b8.region("xrdy").count
-    assert sm90.region("qkvp").count == 4 * 16 * 1792 == 2 * b8.region("qkvp").count
+    if tokens >= 2:  # sm90 TP4: 4 K quarters, twice the xrdy flags and the partials
+        b8, sm90 = ir_of("gfx950", tokens=tokens), ir_of(tokens=tokens)
+        assert [(r.name, r.offset) for r in sm90.regions[:3]] == [(r.name, r.offset) for r in b8.regions[:3]]
+        assert sm90.region("xrdy").count == 2 * b8.region("xrdy").count
+        assert sm90.region("qkvp").count == 4 * tokens * 1792 == 2 * b8.region("qkvp").count
 
 
 @pytest.mark.parametrize("tokens", [1, 6, 48])
 def test_tuned_flag_copies(tokens):
     ir = ir_of(tokens=tokens, tuned=True)
-    for name, per_copy in (("xrdy", 2 * tokens), ("qrdy", tokens)):
+    k_parts = next(c.value for c in ir.constants if c.name == "K_PARTS")
+    for name, per_copy in (("xrdy", k_parts * tokens), ("qrdy", tokens)):
         r = ir.region(name)
         stride = -(-per_copy // 32) * 32  # each copy its own 256-byte stretch
         assert r.count == 8 * stride and r.offset % 256 == 0 and (stride * 8) % 256 == 0
@@ -59,7 +61,7 @@ def test_tuned_flag_copies(tokens):
 @pytest.mark.parametrize("target", list(TARGETS))
 @pytest.mark.parametrize("tokens", [1, 16, 17, 48])
 def test_stages_and_placement(target, tokens):
-    if target == "sm90" and tokens == 16:  # K quarters: test_wqkv_quarters
+    if target == "sm90" and tokens >= 2:  # K quarters: test_wqkv_quarters
         ir = ir_of(target, tokens=tokens, tune={"symbols.WQKV_QUARTERS": 0})
     else:
         ir = ir_of(target, tokens=tokens)
@@ -133,10 +135,11 @@ def test_refusals_are_located(old, new, message):
 
 
 # wq_b's sm90 knobs: (tp, tokens) -> (staged units, group); TP4: 4 units a CTA, TP2: 8; at S = 48
-# the wqkv stage's 156 KB of LDS leave room for 3 units' weights (the spec turns the bulk weights
-# and the ILP loop off there, measured slower on the H200: turned on here)
+# the wqkv stage's LDS leaves room for 3 units' weights at TP2 (halves: 156 KB), all 4 at TP4 (K
+# quarters: a quarter of the rows) (the spec turns the bulk weights and the ILP loop off there,
+# measured slower on the H200: turned on here)
 @pytest.mark.parametrize("tp,tokens,staged,group", [
-    (4, 1, 4, 4), (4, 6, 4, 4), (4, 16, 4, 2), (4, 48, 3, 1),
+    (4, 1, 4, 4), (4, 6, 4, 4), (4, 16, 4, 2), (4, 48, 4, 2),
     (2, 1, 8, 3), (2, 6, 8, 3), (2, 16, 8, 2), (2, 48, 3, 1),
 ])
 def test_wqb_bulk_weights_layout(tp, tokens, staged, group):
@@ -351,13 +354,13 @@ def test_a_ctas_wqkv_units_share_their_k_part(target, tokens):
 
 @pytest.mark.parametrize("tp,tokens", [(4, 1), (4, 2), (4, 8), (4, 9), (4, 16), (4, 17), (4, 48), (2, 6)])
 def test_wqkv_quarters(tp, tokens):
-    """sm90 TP4 at 2..16 rows: wqkv in K quarters, 4 units (64 rows of one quarter) on each of CTAs
+    """sm90 TP4 from 2 rows: wqkv in K quarters, 4 units (64 rows of one quarter) on each of CTAs
     0..111, on the native fp8 wgmma; xq (by quarters) and kt on CTAs 112..131; the qkv stage and
     q_inline sum (P_0 + P_1) + (P_2 + P_3). Elsewhere (S = 1: the 4 partials cost wq_b's q_inline
-    CTAs more than the wgmma saves; above 16 and at TP2, measured slower) halves, as on AMD."""
+    CTAs more than the wgmma saves; TP2, measured slower) halves, as on AMD."""
     ir = ir_of(tokens=tokens, tp=tp)
     st = {s.name: s for s in ir.stages}
-    quarters = tp == 4 and 2 <= tokens <= 16
+    quarters = tp == 4 and tokens >= 2
     k_parts = next(c.value for c in ir.constants if c.name == "K_PARTS")
     assert k_parts == (4 if quarters else 2) and st["wqkv_a"].values["wgmma"] is bool(quarters)
     assert st["wqkv_a"].tasks == 112 * k_parts and st["wqkv_a"].ctas == (112 if quarters else 132)
@@ -404,18 +407,17 @@ def test_gemv_probe_points(stage, tokens):
         run = run[run.index("MONO_DEVICE void run("):]
         assert run.count("stamp(lds, TL_SPARE4);") == 1
         assert run.index("await_rows(mb,") < run.index("stamp(lds, TL_SPARE4);") < run.index("stage_rows(a, mb,")
-    # mma_point (wgmma builds; wqkv at 48 rows runs the mma.sync loop): after the first pass's MMAs,
+    # mma_point (wgmma builds; wqkv at TP2 runs the mma.sync loop): after the first pass's MMAs,
     # before its epilogue's barrier
     tune = {f"{stage}.mma_point": "spare3"}
-    if (stage, tokens) == ("wqkv_a", 48):
+    if stage == "wqkv_a":
         with pytest.raises(SpecError, match="mma_point stamps the wgmma loop's first pass"):
-            ir_of(tokens=tokens, timeline=True, tune=tune)
-        return
+            ir_of(tokens=tokens, tp=2, timeline=True, tune=tune)
     text = render(ir_of(tokens=tokens, timeline=True, tune=tune))
     ns = text[text.index(f"namespace stage_{stage} {{"):text.index(f"}}  // namespace stage_{stage}")]
     run = ns[ns.index("MONO_DEVICE void run("):]
     assert run.index("mx_gemv64_wgmma<") < run.index("if (i0 == 0 && c0 == 0) stamp(lds, TL_SPARE3);") \
-        < run.index("epilogue_passes(" if (stage, tokens) == ("wq_b", 48) else "epilogue_group(")
+        < run.index("epilogue_passes(" if tokens > 16 else "epilogue_group(")
 
 
 def test_wq_b_weights_point():
@@ -522,27 +524,27 @@ def test_xq_holds_every_unit_load_at_once():
     units a CTA, else a located refusal naming the placement."""
     ir = ir_of(tokens=48)
     xq = next(s for s in ir.stages if s.name == "xq")
-    assert -(-xq.tasks // xq.ctas) == 3
+    assert -(-xq.tasks // xq.ctas) == 10  # 4 K quarters of 48 rows on the 20 CTAs without wqkv units
     text = render(ir)
     ns = text[text.index("namespace stage_xq {"):text.index("}  // namespace stage_xq")]
     assert ns.index("raw[i] = ld16(") < ns.index("mx_quant8(raw[i], MX_FP8_MAX, w0, w1);")
-    with pytest.raises(SpecError, match=r"96 units a CTA: a CTA holds all its units' loads at once") as e:
+    with pytest.raises(SpecError, match=r"192 units a CTA: a CTA holds all its units' loads at once") as e:
         ir_of(tokens=48, tune={"xq.placement_by_target": {"sm90": {"round_robin": {"first": 131}}}})
     assert "stages.0.placement" in str(e.value)
 
 
 @pytest.mark.parametrize("tokens", [9, 16, 48])
 def test_wqb_late_weights(tokens):
-    """late_weights (the spec's at sm90 TP4 S = 16): wq_b's first group of weight loads goes out
-    after the token rows are in LDS instead of before the rows' wait (the wgmma loop only)."""
-    ir = ir_of(tokens=tokens)
-    assert next(s for s in ir.stages if s.name == "wq_b").values["late_weights"] == (tokens == 16)
-    text = render(ir)
-    run = text[text.index("MONO_DEVICE void run(", text.index("namespace stage_wq_b {")):text.index("}  // namespace stage_wq_b")]
-    load, wait, rows = (run.index(c) for c in ("load_group0();", "await_rows(mb, kpart);", "stage_rows(a, mb, lds, kpart"))
-    assert (wait < rows < load) if tokens == 16 else (load < wait < rows)
-    assert run.count("load_group0();") == 1
-    assert not next(s for s in ir_of(tokens=16, tp=2).stages if s.name == "wq_b").values["late_weights"]
+    """late_weights (off in the spec since QX8 comes by TMA): wq_b's first group of weight loads
+    goes out after the token rows are in LDS instead of before the rows' wait (the wgmma loop only)."""
+    for late in (0, 1):
+        ir = ir_of(tokens=tokens, tune={"wq_b.late_weights": late} if late else None)
+        assert next(s for s in ir.stages if s.name == "wq_b").values["late_weights"] == bool(late)
+        text = render(ir)
+        run = text[text.index("MONO_DEVICE void run(", text.index("namespace stage_wq_b {")):text.index("}  // namespace stage_wq_b")]
+        load, wait, rows = (run.index(c) for c in ("load_group0();", "await_rows(mb, kpart);", "stage_rows(a, mb, lds, kpart"))
+        assert (wait < rows < load) if late else (load < wait < rows)
+        assert run.count("load_group0();") == 1
     # the mma.sync loop keeps its own load order: the knob does nothing there
     v = next(s for s in ir_of(tokens=tokens, tune={"wq_b.wgmma": 0, "wq_b.late_weights": 1}).stages if s.name == "wq_b").values
     assert not v["wgmma"] and not v["late_weights"]

@@ -2,7 +2,7 @@
 // spec:   specs/deepseek_v41/attn_front.yaml
 // build:  tokens=16 tp=4 ratio=1 index=False tuned=False timeline=False debug=False
 //   x (bf16) -> MXFP8 -> wqkv_a GEMV over K parts (fp32 partials in QKVP: two
-//   halves; sm90 TP4 at 2..16 rows four quarters); the parts summed -> bf16;
+//   halves; sm90 TP4 from 2 rows four quarters); the parts summed -> bf16;
 //   q_norm -> bf16 -> MXFP8 (QX8, a ready flag a token);
 //   kv_norm -> bf16 -> GPT-J RoPE of dims 448.. -> bf16 -> the fp8_ds_mla record at
 //   the token's SWA slot; QX8 x wq_b -> bf16 -> GPT-J RoPE of each head's dims 448..
@@ -1648,6 +1648,7 @@ MONO_DEVICE void run(const Args& a, const Mailbox& mb, u8* lds) {
             code[i] = sr[c];
         }
     };
+    load_group0();
     stage_cos_sin(a, reinterpret_cast<float*>(lds + LDS_CS));  // read after the rows' barriers
     if (thread_id() == 0) bulk_barrier_init(reinterpret_cast<u64*>(lds + LDS_RBAR));  // the rows' copy (await_rows's barrier publishes it)
     fence_proxy_async_lds();  // earlier stages' stores to this LDS before the copy's (async proxy) writes
@@ -1656,7 +1657,6 @@ MONO_DEVICE void run(const Args& a, const Mailbox& mb, u8* lds) {
     barrier();
     stage_rows(a, mb, lds, kpart, tok0, nt, xl, xs);
     barrier();
-    load_group0();  // late_weights: after the rows, so that no load of theirs holds the rows' scoreboards
     for (int i0 = 0; i0 < UPC; i0 += 4) {
         float sw[CPWG];
 #pragma unroll

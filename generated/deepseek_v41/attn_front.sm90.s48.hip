@@ -2,7 +2,7 @@
 // spec:   specs/deepseek_v41/attn_front.yaml
 // build:  tokens=48 tp=4 ratio=1 index=False tuned=False timeline=False debug=False
 //   x (bf16) -> MXFP8 -> wqkv_a GEMV over K parts (fp32 partials in QKVP: two
-//   halves; sm90 TP4 at 2..16 rows four quarters); the parts summed -> bf16;
+//   halves; sm90 TP4 from 2 rows four quarters); the parts summed -> bf16;
 //   q_norm -> bf16 -> MXFP8 (QX8, a ready flag a token);
 //   kv_norm -> bf16 -> GPT-J RoPE of dims 448.. -> bf16 -> the fp8_ds_mla record at
 //   the token's SWA slot; QX8 x wq_b -> bf16 -> GPT-J RoPE of each head's dims 448..
@@ -36,25 +36,25 @@
 //   23 kt         i32   [48, 640]          out   key table: compressed slot | 1 << 31, window slot, or -1 (not written in index builds)
 //   24 klen       i32   [96]               out   KLEN[t] = kv_len, KLEN[S + t] = ntopk (not written in index builds)
 //   25 qr_out     bf16  [48, 1280]         out   index builds: bf16 normed q latent (None: not written)
-//   26 scratch    u8    [1723136]          inout mailboxes; zeroed once, never cleared
+//   26 scratch    u8    [3100160]          inout mailboxes; zeroed once, never cleared
 //   27 epoch      i32   [2]                inout [epoch, CTAs done]: the last CTA out advances the epoch
 //   28 layer      i32   scalar             in    layer id (not part of the tag: B.6)
 //   29 tl         i64   [132, 10]          out   timeline stamps (timeline builds)
 //
-// scratch (1723136 bytes; regions 256-byte aligned; tag = epoch[0] * 2 + 1):
+// scratch (3100160 bytes; regions 256-byte aligned; tag = epoch[0] * 2 + 1):
 //   x8       @        0    245760 B  61440 words: xq's e4m3 rows: token t at word t * 1280, K part p at + 1280 p / K_PARTS
 //   x8s      @   245760     30720 B  7680 words: xq's E8M0 codes (int32): token t at t * 160
-//   xrdy     @   276480       768 B  96 flags: ready flag of (token t, K part p) at K_PARTS t + p (copy c: + c * XRDY_STRIDE)
-//   qkvp     @   277248   1376256 B  172032 pairs: wqkv fp32 partials: (p * S + t) * 1792 + row
-//   qx8      @  1653504     61440 B  15360 words: MXFP8 of the normed q latent: token t at word t * 320; sm90 (qkv image): wq_b's LDS image, 8-token groups of the 128-byte-swizzled layout
-//   qx8s     @  1714944      7680 B  1920 words: its E8M0 codes (int32): token t at t * 40
-//   qrdy     @  1722624       384 B  48 flags: ready flag of token t's QX8 (copy c: + c * QRDY_STRIDE)
+//   xrdy     @   276480      1536 B  192 flags: ready flag of (token t, K part p) at K_PARTS t + p (copy c: + c * XRDY_STRIDE)
+//   qkvp     @   278016   2752512 B  344064 pairs: wqkv fp32 partials: (p * S + t) * 1792 + row
+//   qx8      @  3030528     61440 B  15360 words: MXFP8 of the normed q latent: token t at word t * 320; sm90 (qkv image): wq_b's LDS image, 8-token groups of the 128-byte-swizzled layout
+//   qx8s     @  3091968      7680 B  1920 words: its E8M0 codes (int32): token t at t * 40
+//   qrdy     @  3099648       384 B  48 flags: ready flag of token t's QX8 (copy c: + c * QRDY_STRIDE)
 //
-// LDS (158208 bytes; stages reuse the same bytes, one after another):
+// LDS (137488 bytes; stages reuse the same bytes, one after another):
 //   stage_kt::LDS_WINDOW   @      0  128 x int
-//   stage_wqkv_a::LDS_X    @      0  30912 x u32
-//   stage_wqkv_a::LDS_XS   @ 123648  4032 x float
-//   stage_wqkv_a::LDS_PART @ 139776  4608 x float
+//   stage_wqkv_a::LDS_X    @      0  15360 x u32
+//   stage_wqkv_a::LDS_XS   @  61440  2112 x float
+//   stage_wqkv_a::LDS_PART @  69888  13824 x float
 //   stage_qkv::LDS_RED     @      0  32 x float
 //   stage_qkv::LDS_VALS    @    128  1792 x float
 //   stage_wq_b::LDS_X      @      0  15360 x u32
@@ -64,9 +64,9 @@
 //   stage_wq_b::LDS_CS     @ 125200  3072 x float
 //
 // stages (every CTA runs them in this order; a stage waits only on earlier ones):
-//   0. xq     mxfp8_quant  96 tasks on CTAs 92..131 (round_robin)
-//   1. kt     key_table    48 tasks on CTAs 92..131 (round_robin)
-//   2. wqkv_a gemv_mxfp8   224 tasks on CTAs 0..131 (round_robin), waits on xq
+//   0. xq     mxfp8_quant  192 tasks on CTAs 112..131 (round_robin)
+//   1. kt     key_table    48 tasks on CTAs 112..131 (round_robin)
+//   2. wqkv_a gemv_mxfp8   448 tasks on CTAs 0..111 (round_robin), waits on xq
 //   3. qkv    mla_norm_rope 48 tasks on CTAs 0..131 (round_robin), waits on wqkv_a
 //   4. wq_b   gemv_mxfp8   512 tasks on CTAs 0..131 (round_robin), waits on qkv
 
@@ -97,12 +97,12 @@ constexpr int TOPK = 512;  // compressed top-k keys per token
 constexpr int KEYS = 640;  // key-table row of one token
 constexpr float EPS = 1e-20f;  // q_norm and kv_norm eps
 constexpr int MX_BLOCK = 32;  // values per E8M0 scale (activations: 1 x 32; weights: 32 x 32)
-constexpr bool WQKV_QUARTERS = false;
-constexpr int K_PARTS = 2;  // wqkv's K split: CTAs per row tile
-constexpr int WQKV_TASKS = 224;  // (16-row tile, K part) units: 224 (sm90 448)
+constexpr bool WQKV_QUARTERS = true;
+constexpr int K_PARTS = 4;  // wqkv's K split: CTAs per row tile
+constexpr int WQKV_TASKS = 448;  // (16-row tile, K part) units: 224 (sm90 448)
 constexpr int GRID_BLOCKS = 132;
-constexpr int WQKV_CTAS = 132;
-constexpr int WQKV_FREE = 92;
+constexpr int WQKV_CTAS = 112;
+constexpr int WQKV_FREE = 112;
 constexpr int INLINE_QUANT_TOKENS = 8;
 constexpr int INLINE_Q_TOKENS = 2;
 constexpr bool Q_INLINE = false;  // this build's wq_b CTAs norm q themselves
@@ -115,10 +115,10 @@ constexpr int EPOCH_STRIDE = 2;  // tags 2e + 1 (this kernel) and 2e + 2 (the at
 constexpr int COPIES = 8;  // tuned builds: copies of each ready flag
 constexpr int FLAG_COPIES = 1;  // copies of each flag in this build
 constexpr int FLAG_ALIGN = 1;  // tuned: every copy starts its own 256-byte stretch (32 pairs)
-constexpr int XRDY_STRIDE = 96;  // pairs between copies of XRDY
+constexpr int XRDY_STRIDE = 192;  // pairs between copies of XRDY
 constexpr int QRDY_STRIDE = 48;  // pairs between copies of QRDY
 constexpr int BLOCKS = 132;  // CTAs of the grid for the build's target
-constexpr int SCRATCH_BYTES = 1723136;  // size of the scratch buffer (all regions, 256-byte aligned)
+constexpr int SCRATCH_BYTES = 3100160;  // size of the scratch buffer (all regions, 256-byte aligned)
 
 
 // ---- GEMV partial tiles ---------------------------------------------------------------
@@ -865,15 +865,15 @@ struct Mailbox {
     u32 tag;
     u32* x8;  // 61440 words @ 0
     u32* x8s;  // 7680 words @ 245760
-    u64* xrdy;  // 96 flags @ 276480
-    u64* qkvp;  // 172032 pairs @ 277248
-    u32* qx8;  // 15360 words @ 1653504
-    u32* qx8s;  // 1920 words @ 1714944
-    u64* qrdy;  // 48 flags @ 1722624
+    u64* xrdy;  // 192 flags @ 276480
+    u64* qkvp;  // 344064 pairs @ 278016
+    u32* qx8;  // 15360 words @ 3030528
+    u32* qx8s;  // 1920 words @ 3091968
+    u64* qrdy;  // 48 flags @ 3099648
 };
 MONO_DEVICE void bulk_wait(u64* bar, u32 phase, u32) { bulk_wait(bar, phase); }  // (debug builds: bounded)
 
-constexpr int LDS_BYTES = 158208;  // the union of the stages' LDS, plus the stamps
+constexpr int LDS_BYTES = 137488;  // the union of the stages' LDS, plus the stamps
 
 // ---- timeline ---------------------------------------------------------------------------
 constexpr int TL_START = 0;
@@ -891,16 +891,16 @@ MONO_DEVICE void stamp(u8*, int) {}  // timeline off
 // =========================================================================================
 // stage 0: xq (mxfp8_quant) -- S > INLINE_QUANT_TOKENS: x's (token, K part) units -> MXFP8 X8 / X8S, a flag each
 namespace stage_xq {
-constexpr int TASKS = 96;  // task t runs on CTA FIRST + t % CTAS
-constexpr int FIRST = 92;
-constexpr int CTAS = 40;
+constexpr int TASKS = 192;  // task t runs on CTA FIRST + t % CTAS
+constexpr int FIRST = 112;
+constexpr int CTAS = 20;
 
 constexpr int K = 5120;                  // values of a row of x
-constexpr int PARTS = 2;            // unit u = token u / PARTS, K part u % PARTS
+constexpr int PARTS = 4;            // unit u = token u / PARTS, K part u % PARTS
 constexpr int KP = K / PARTS;                 // values of a unit
-constexpr int ITEMS = 320;            // 8-value items of a unit: thread i < ITEMS holds item i
+constexpr int ITEMS = 160;            // 8-value items of a unit: thread i < ITEMS holds item i
 constexpr int COPIES = 1;            // copies of each ready flag (CTA b polls copy b % COPIES)
-constexpr int FLAG_STRIDE = 96;      // pairs between two copies
+constexpr int FLAG_STRIDE = 192;      // pairs between two copies
 constexpr int UPC = (TASKS + CTAS - 1) / CTAS;  // units of one CTA
 constexpr float MX_FP8_MAX = 448.0f;  // the MX maximum of this target's e4m3 flavour
 static_assert(ITEMS % 4 == 0 && ITEMS <= THREADS, "whole 32-blocks of 4 lanes");
@@ -945,8 +945,8 @@ MONO_DEVICE void run(const Args& a, const Mailbox& mb, u8* lds) {
 // stage 1: kt (key_table) -- token t's attention keys for K2: top-k compressed slots, then window slots
 namespace stage_kt {
 constexpr int TASKS = 48;  // task t runs on CTA FIRST + t % CTAS
-constexpr int FIRST = 92;
-constexpr int CTAS = 40;
+constexpr int FIRST = 112;
+constexpr int CTAS = 20;
 constexpr int LDS_WINDOW = 0;  // LDS: 128 x int
 
 constexpr int KEYS = 640;        // entries of a token's row: top-k, then window
@@ -1017,38 +1017,45 @@ MONO_DEVICE void run(const Args& a, const Mailbox&, u8* lds) {
 // =========================================================================================
 // stage 2: wqkv_a (gemv_mxfp8) -- (16-row tile, K part) units of [wq_a; wkv] -> fp32 partials
 namespace stage_wqkv_a {
-constexpr int TASKS = 224;  // task t runs on CTA FIRST + t % CTAS
+constexpr int TASKS = 448;  // task t runs on CTA FIRST + t % CTAS
 constexpr int FIRST = 0;
-constexpr int CTAS = 132;
-constexpr int LDS_X = 0;  // LDS: 30912 x u32
-constexpr int LDS_XS = 123648;  // LDS: 4032 x float
-constexpr int LDS_PART = 139776;  // LDS: 4608 x float
+constexpr int CTAS = 112;
+constexpr int LDS_X = 0;  // LDS: 15360 x u32
+constexpr int LDS_XS = 61440;  // LDS: 2112 x float
+constexpr int LDS_PART = 69888;  // LDS: 13824 x float
 
 constexpr int ROWS = 1792;               // rows of wqkv
 constexpr int K = 5120;                   // its columns
-constexpr int K_PARTS = 2;             // unit n: rows 16 (n % ROW_TILES) .., K part n / ROW_TILES
+constexpr int K_PARTS = 4;             // unit n: rows 16 (n % ROW_TILES) .., K part n / ROW_TILES
 constexpr int ROW_TILES = ROWS / 16;
 constexpr int KP = K / K_PARTS;              // columns of one unit
 constexpr int KB = K / 32;                   // scale blocks along K (wqkv_s's row)
 constexpr int NC = KP / GEMV_K_CHUNK;        // weight chunks of a unit: one 16-byte load per lane each
-constexpr int CPW = 5;                 // chunks per wave: wave w takes w, w + WAVES, ..
+constexpr int CPW = 10;                 // chunks per wave: wave w takes w, w + WAVES, ..
 constexpr int WAVES = THREADS / WAVE;
 constexpr int UPC = (TASKS + CTAS - 1) / CTAS;  // units per CTA (round robin)
-constexpr int PREFETCH = 2 < UPC ? 2 : UPC;  // units whose weights are issued before any wait
+constexpr int PREFETCH = 1 < UPC ? 1 : UPC;  // units whose weights are issued before any wait
 constexpr int LDS_TOKENS = 48;         // token rows resident in LDS
 constexpr int N_LDS_TILES = 1;
-constexpr int XSTRIDE = 644;          // LDS words of a token row (padded: rows on distinct banks)
-constexpr int SSTRIDE = 84;           // LDS block scales of a token row
-constexpr int SRC_PARTS = 2;           // flags per token of the source: index t * SRC_PARTS + part
+constexpr int XSTRIDE = 324;          // LDS words of a token row (padded: rows on distinct banks)
+constexpr int SSTRIDE = 44;           // LDS block scales of a token row
+constexpr int SRC_PARTS = 4;           // flags per token of the source: index t * SRC_PARTS + part
 constexpr int COPIES = 1;              // the source's flag copies: CTA b polls copy b % COPIES
-constexpr int FLAG_STRIDE = 96;
+constexpr int FLAG_STRIDE = 192;
 constexpr int ROW_BATCH = 8;           // 16-byte loads a thread issues at once when it stages token rows
 constexpr float MX_FP8_MAX = 448.0f;  // the MX maximum of this target's e4m3 flavour
-// The LDS word of token t's 16-byte piece p of K (bytes 16p ..): rows of XSTRIDE words
-MONO_DEVICE int row_word(int t, int p) { return t * XSTRIDE + 4 * p; }
+constexpr int GROUPS = 4;              // warpgroups: a quarter of the chunks each, warp r of each unit r
+constexpr int NG = 6;                  // 8-token groups of the LDS rows
+constexpr bool SWIZZLE = true;       // the rows' layout (row_word)
+// The LDS word of token t's 16-byte piece p of K (bytes 16p ..): wgmma's 128-byte-swizzled layout
+// (sm90 device library), in which rows copied in order store without bank conflicts
+static_assert(KP % 128 == 0, "whole 128-byte K segments (the swizzled layout's rows)");
+MONO_DEVICE int row_word(int t, int p) { return swizzle128_word<NG>(t, p); }
 // ... of its 8 values 8it .. (8 bytes: half it % 2 of piece it / 2), as quantized here
-MONO_DEVICE int item_word(int t, int it) { return t * XSTRIDE + 2 * it; }
-constexpr int PART_WAVES = 16;          // partial tiles of a unit: one a wave
+MONO_DEVICE int item_word(int t, int it) { return row_word(t, it / 2) + 2 * (it % 2); }
+constexpr int PART_WAVES = 4;          // partial tiles of a unit: one a warpgroup
+constexpr int GROUP = 4;               // units computed at once from their registers (part tiles side by side)
+constexpr int PART_TILE = PART_WAVES * PART_WAVE;  // floats of one unit's partial tiles
 static_assert(KP % (GEMV_K_CHUNK * 1) == 0 && KP % 128 == 0, "whole chunks; 16-byte row pieces");
 
 // Task u (CTA FIRST + u % CTAS's (u / CTAS)-th) computes unit unit_of(u): a CTA's units are
@@ -1122,6 +1129,7 @@ MONO_DEVICE void stage_rows(const Args&, const Mailbox& mb, u8* lds, int part, i
     copy16_batched<ROW_BATCH>(
         nt * VECS, [&](int i) { return mb.x8 + (tok0 + i / VECS) * (K / 4) + part * (KP / 4) + 4 * (i % VECS); },
         [&](int i, u32x4 x) { *reinterpret_cast<u32x4*>(xl + row_word(i / VECS, i % VECS)) = x; });
+    fence_proxy_async_lds();  // the wgmma reads them through the async proxy (after the caller's barrier)
     copy_async_wait();
     barrier();  // every thread's codes in
     for (int i = thread_id(); i < nt * (KP / 32); i += THREADS) {
@@ -1151,49 +1159,79 @@ MONO_DEVICE void epilogue(const Args& a, const Mailbox& mb, const float* part, c
     const int tid = thread_id();
     if (tid < ITEM_ROWS * nt) epilogue_item(a, mb, part, lds, row0, kpart, tok0, tid % ITEM_ROWS, tid / ITEM_ROWS);
 }
+// The epilogue of the CTA's units i0 .. i0 + GROUP - 1 below `limit` (tiles side by side in
+// part): one item a thread over the whole group, not one unit after another.
+MONO_DEVICE void epilogue_group(const Args& a, const Mailbox& mb, const float* part, const u8* lds, int b0, int i0, int limit,
+                                int tok0, int nt) {
+    for (int it = thread_id(); it < GROUP * ITEM_ROWS * nt; it += THREADS) {
+        const int uu = it / (ITEM_ROWS * nt), rem = it % (ITEM_ROWS * nt), u = b0 + CTAS * (i0 + uu);
+        if (i0 + uu < limit && u < TASKS)
+            epilogue_item(a, mb, part + uu * PART_TILE, lds, unit_row0(u), unit_part(u), tok0, rem % ITEM_ROWS, rem / ITEM_ROWS);
+    }
+}
+// The epilogue of the group's PASSES 16-column passes at once (each pass's tiles PASS_TILE
+// floats apart): one item a thread over every unit, row and column
+constexpr int PASS_TILE = GROUP * PART_TILE;
+MONO_DEVICE void epilogue_passes(const Args& a, const Mailbox& mb, const float* part, const u8* lds, int b0, int i0, int limit,
+                                 int tok0, int nt) {
+    for (int it = thread_id(); it < GROUP * ITEM_ROWS * nt; it += THREADS) {
+        const int uu = it / (ITEM_ROWS * nt), rem = it % (ITEM_ROWS * nt), u = b0 + CTAS * (i0 + uu), c = rem / ITEM_ROWS;
+        if (i0 + uu < limit && u < TASKS)
+            epilogue_item(a, mb, part + (c / 16) * PASS_TILE + uu * PART_TILE, lds, unit_row0(u), unit_part(u), tok0 + 16 * (c / 16),
+                          rem % ITEM_ROWS, c % 16);
+    }
+}
 
-// The CTA's units: the first PREFETCH units' weights issued before anything waits, and
-// then always PREFETCH units ahead of the one computing; per LDS tile of tokens, 16 token columns at a time: the
-// waves' partial tiles, then the epilogue.
+// The CTA's units on the tensor cores' native fp8 wgmma (mx_gemv64_wgmma), 4 at a time (its
+// i-th: group i / 4, warp i % 4 of each warpgroup): warp r of warpgroup g loads unit r's chunks
+// g, g + GROUPS, .. (issued before anything waits); the next group's as this group's last pass
+// frees their registers. Per group and 16 token columns one pass (each warpgroup's tile of each
+// of the 4 units), one barrier, one epilogue pass over the 4 units. A unit past TASKS computes a
+// copy (not stored).
 MONO_DEVICE void run(const Args& a, const Mailbox& mb, u8* lds) {
     const int b0 = block_id() - FIRST;
     if (b0 < 0 || b0 >= CTAS) return;
     u32* xl = reinterpret_cast<u32*>(lds + LDS_X);
     float* xs = reinterpret_cast<float*>(lds + LDS_XS);
     float* part = reinterpret_cast<float*>(lds + LDS_PART);
-    u32x4 w[UPC + PREFETCH][CPW];
-    u32 sw[UPC + PREFETCH][CODE_WORDS];
+    constexpr int CPWG = NC / GROUPS;  // chunks of a warp
+    static_assert(N_LDS_TILES == 1 && UPC % 4 == 0, "every token row in LDS once; whole groups of 4 units");
+    const int g = wave_id() / 4, r = wave_id() % 4;
+    static_assert(MX_BLOCKS_PER_CHUNK == 1, "a chunk is one 32-value block: one scale code");
+    const int kpart = unit_part(min_i(b0, TASKS - 1));  // every unit of the CTA's (the lowering checks)
+    auto unit = [&](int i) { return min_i(b0 + CTAS * i, TASKS - 1); };  // the CTA's i-th unit (past TASKS: a copy)
+    u32x4 w[CPWG];
+    u32 code[CPWG];  // the chunks' weight block scale codes: unpacked behind the rows' wait
+    auto load_group0 = [&]() {
+        const u8* wr = unit_weights(a, unit(r));
+        const u8* sr = unit_codes(a, unit(r));
 #pragma unroll
-    for (int i = 0; i < PREFETCH; ++i)
-        if (b0 + CTAS * i < TASKS) load_unit(a, b0 + CTAS * i, w[i], sw[i]);
-#pragma unroll
-    for (int i = 0; i < UPC; ++i) {
-        const int u = b0 + CTAS * i;
-        if (u < TASKS) {
-            const int un = u + CTAS * PREFETCH;  // keep PREFETCH units' weights in flight
-            if (i + PREFETCH < UPC && un < TASKS) load_unit(a, un, w[i + PREFETCH], sw[i + PREFETCH]);
-            const int row0 = unit_row0(u), kpart = unit_part(u);
-            const bool new_part = i == 0 || kpart != unit_part(u - CTAS);  // the previous unit's rows are not these
-            if (new_part) await_rows(mb, kpart);
-            for (int tile = 0; tile < N_LDS_TILES; ++tile) {
-                const int tok0 = tile * LDS_TOKENS, nt = min_i(LDS_TOKENS, TOKENS - tok0);
-                if (N_LDS_TILES > 1 || new_part) {  // rows of this part not in LDS yet
-                    barrier();
-                    stage_rows(a, mb, lds, kpart, tok0, nt, xl, xs);
-                    barrier();
-                }
-                float swu[1][CPW][MX_BLOCKS_PER_CHUNK];  // once, not once a 16-column pass (behind the rows' wait)
-                unpack_scales(sw[i], swu[0]);
-                for (int c0 = 0; c0 < nt; c0 += 16) {
-                    const int nc = min_i(16, nt - c0);
-                    mx_gemv16_partial<CPW, NC, XSTRIDE, SSTRIDE>(w[i], swu[0], xl + c0 * XSTRIDE, xs + c0 * SSTRIDE, nc,
-                                                                 part + wave_id() * PART_WAVE);
-                    barrier();
-                    epilogue(a, mb, part, lds, row0, kpart, tok0 + c0, nc);
-                    barrier();  // part[] is reused
-                }
-            }
+        for (int i = 0; i < CPWG; ++i) {
+            const int c = g + GROUPS * i;
+            w[i] = ld16(wr + (long long)c * 16 * GEMV_K_CHUNK);
+            code[i] = sr[c];
         }
+    };
+    load_group0();
+    await_rows(mb, kpart);
+    const int tok0 = 0, nt = TOKENS;
+    barrier();
+    stage_rows(a, mb, lds, kpart, tok0, nt, xl, xs);
+    barrier();
+    for (int i0 = 0; i0 < UPC; i0 += 4) {
+        float sw[CPWG];
+#pragma unroll
+        for (int i = 0; i < CPWG; ++i) sw[i] = e8m0_scale(int(opaque(code[i])));
+        for (int c0 = 0; c0 < nt; c0 += 16) {
+            const int nc = min_i(16, nt - c0);
+            const bool refill = c0 + 16 >= nt && i0 + 4 < UPC;  // the last pass: the next group's weights
+            mx_gemv64_wgmma<CPWG, GROUPS, NG, SSTRIDE, SWIZZLE>(w, sw, reinterpret_cast<const u8*>(xl) + (c0 / 8) * (SWIZZLE ? 1024 : 256), xs + c0 * SSTRIDE, nc,
+                                                      part + (c0 / 16) * PASS_TILE + r * PART_TILE + g * PART_WAVE, refill ? unit_weights(a, unit(i0 + 4 + r)) : nullptr,
+                                                      refill ? unit_codes(a, unit(i0 + 4 + r)) : nullptr, code);
+        }
+        barrier();
+        epilogue_passes(a, mb, part, lds, b0, i0, UPC, tok0, nt);
+        barrier();  // part[] is reused
     }
     stamp(lds, TL_WQKV_DONE);
 }
@@ -1212,7 +1250,7 @@ constexpr float MX_FP8_MAX = 448.0f;  // the MX maximum of this target's e4m3 fl
 constexpr int Q_RANK = 1280;          // q latent: thread tt < Q_THREADS holds columns 8tt .. 8tt + 7
 constexpr int KV_DIM = 512;           // kv: thread tt < 256 holds columns 2tt, 2tt + 1
 constexpr int QKV = Q_RANK + KV_DIM;         // partials of a token (one K part)
-constexpr int QKV_PARTS = 2;          // the wqkv GEMV's K parts: 2 halves or 4 quarters
+constexpr int QKV_PARTS = 4;          // the wqkv GEMV's K parts: 2 halves or 4 quarters
 constexpr int Q_THREADS = Q_RANK / 8;
 constexpr int NORM_THREADS = 256;            // a token's threads: 8 groups of 32 (q: the first Q_THREADS)
 constexpr float NORM_EPS = 1e-20f;   // q_norm / kv_norm eps
@@ -1705,10 +1743,10 @@ MONO_KERNEL deepseek_v41_attn_front(
     mb.x8 = reinterpret_cast<u32*>(scratch + 0);
     mb.x8s = reinterpret_cast<u32*>(scratch + 245760);
     mb.xrdy = reinterpret_cast<u64*>(scratch + 276480);
-    mb.qkvp = reinterpret_cast<u64*>(scratch + 277248);
-    mb.qx8 = reinterpret_cast<u32*>(scratch + 1653504);
-    mb.qx8s = reinterpret_cast<u32*>(scratch + 1714944);
-    mb.qrdy = reinterpret_cast<u64*>(scratch + 1722624);
+    mb.qkvp = reinterpret_cast<u64*>(scratch + 278016);
+    mb.qx8 = reinterpret_cast<u32*>(scratch + 3030528);
+    mb.qx8s = reinterpret_cast<u32*>(scratch + 3091968);
+    mb.qrdy = reinterpret_cast<u64*>(scratch + 3099648);
     stamp(lds, TL_START);
 
     stage_xq::run(a, mb, lds);
