@@ -352,7 +352,8 @@ def test_a_ctas_wqkv_units_share_their_k_part(target, tokens):
     assert v["row_batch"] >= min(5, tokens) or v["row_batch"] * 512 >= tokens * v["kp"] // 16  # or one round trip
 
 
-@pytest.mark.parametrize("tp,tokens", [(4, 1), (4, 2), (4, 8), (4, 9), (4, 16), (4, 17), (4, 48), (2, 6)])
+@pytest.mark.parametrize("tp,tokens", [(4, 1), (4, 2), (4, 3), (4, 8), (4, 9), (4, 16), (4, 17), (4, 20), (4, 21), (4, 48),
+                                       (2, 6), (2, 16)])
 def test_wqkv_quarters(tp, tokens):
     """sm90 TP4 from 2 rows: wqkv in K quarters, 4 units (64 rows of one quarter) on each of CTAs
     0..111, on the native fp8 wgmma; xq (by quarters) and kt on CTAs 112..131; the qkv stage and
@@ -366,6 +367,12 @@ def test_wqkv_quarters(tp, tokens):
     assert st["wqkv_a"].tasks == 112 * k_parts and st["wqkv_a"].ctas == (112 if quarters else 132)
     free = 112 if quarters else 92
     assert st["kt"].first == free and ("xq" not in st or (st["xq"].first, st["xq"].tasks) == (free, k_parts * tokens))
+    # the qkv tasks on the last S CTAs where those have no wqkv unit (quarters, 3..20 rows), and
+    # wq_b's weights into L2 as those CTAs enter the qkv stage; else the first S CTAs
+    # (up to 2 rows, q_inline: on the last CTA, which has no wq_b unit)
+    on_last = quarters and 3 <= tokens <= 20 or tp == 2 and 9 <= tokens <= 20
+    assert st["qkv"].first == (132 - tokens if on_last else 131 if tokens <= 2 else 0)
+    assert st["wq_b"].values["l2_prefetch_at"] == ("qkv" if on_last else None)
     text = render(ir)
     assert f"constexpr int QKV_PARTS = {k_parts};" in text
     if quarters:
@@ -439,7 +446,8 @@ def test_q_inline_builds():
         ir = ir_of(tokens=tokens, tune=emulated)
         qkv, wqb = (next(s for s in ir.stages if s.name == n) for n in ("qkv", "wq_b"))
         assert wqb.values["q_inline"] is inline and qkv.values["publish"] is not inline
-        assert qkv.first == (131 if inline else 0) and wqb.ctas == (131 if inline else 132)
+        # S = 6 (K quarters): the last 6 CTAs, which have no wqkv unit (QKV_ON_LAST_CTAS)
+        assert qkv.first == (131 if inline else 126) and wqb.ctas == (131 if inline else 132)
         text = render(ir)
         ns = text[text.index("namespace stage_wq_b {"):text.index("}  // namespace stage_wq_b")]
         assert ("await_rows(" in ns) is not inline
@@ -575,3 +583,24 @@ def test_qx8_image_offsets(tokens):
             assert bool((row // 128 == (seg * groups + t // 8) * 8 + t % 8).all())
             chunks = (row % 128 // 16).view(8, 16)[:, 0]
             assert chunks.tolist() == [j ^ (t % 8) for j in range(8)]
+
+
+def test_wq_b_l2_prefetch():
+    """l2_prefetch: the kernel issues wq_b's prefetch_l2() (a TMA prefetch of each of the CTA's
+    units' weights, the lines of its codes) right before the qkv stage runs; refused on AMD and
+    without an earlier stage to start with."""
+    text = render(ir_of(tokens=16))
+    body = text[text.index("MONO_KERNEL"):]
+    assert body.index("stage_wqkv_a::run(") < body.index("stage_wq_b::prefetch_l2(a);") < body.index("stage_qkv::run(")
+    ns = text[text.index("namespace stage_wq_b {"):text.index("}  // namespace stage_wq_b")]
+    assert "bulk_prefetch_l2(a.wqb + (long long)unit_row0(u) * K" in ns and "prefetch_line_l2(unit_codes(a, u));" in ns
+    assert "prefetch_l2(a)" not in render(ir_of(tokens=48))  # the spec's: off where the qkv CTAs have wqkv units
+    on = {"wq_b.l2_prefetch": 1}
+    with pytest.raises(SpecError, match="gfx950's device library has no L2 prefetch"):
+        ir_of("gfx950", tokens=16, tune=on)
+    with pytest.raises(SpecError, match=r"l2_prefetch needs the earlier stage it starts with, got 'wq_b'") as e:
+        ir_of(tokens=16, tune={**on, "wq_b.l2_prefetch_at": "wq_b"})
+    assert "attn_front.yaml:" in str(e.value) and "name one of xq, kt, wqkv_a, qkv" in str(e.value)
+    # a stage the build lacks (xq below 9 rows): the next one present
+    v = next(s for s in ir_of(tokens=6, tune={**on, "wq_b.l2_prefetch_at": "xq"}).stages if s.name == "wq_b").values
+    assert v["l2_prefetch_at"] == "kt"

@@ -102,6 +102,13 @@ class Model(StageBase):
     # before the rows' wait, so that no load of theirs holds a scoreboard the rows' loads share.
     # The mma.sync loops keep their own load order (ilp, bulk_weights, lds_weights): no effect there
     late_weights: PerTarget = PerTarget(default=0)
+    # the CTA's units' weights and scale codes into L2 (1 = on; NVIDIA: TMA prefetch, no register,
+    # no LDS, no scoreboard) as the CTA enters stage l2_prefetch_at (an earlier one), so that the
+    # stage's own loads, issued when it starts, come from L2: for a CTA whose earlier stages take
+    # long (the qkv stage's CTAs), its weights stream meanwhile. At the kernel's start they
+    # competed with the first stage's weights (H200: every S 1.1-2.3 us slower, bench/NOTES.md)
+    l2_prefetch: PerTarget = PerTarget(default=0)
+    l2_prefetch_at: Name | None = None
     # mla_norm_rope source: the CTAs norm and quantize the q latent themselves from the source's
     # partials (template macro mla_q_math, the same bits as its QX8) instead of waiting for QX8:
     # one hand-off less (the source's QX8 store, fence and flag, this stage's flag poll and row
@@ -113,8 +120,22 @@ class Model(StageBase):
     mma_point: Name | None = None  # timeline point: wgmma builds, warp 0's MMAs of the first pass done (before its epilogue)
     weights_point: Name | None = None  # timeline point: bulk_weights / lds_weights: the staged copies landed
 
-    _tile = field_validator("token_tile", "ilp", "bulk_weights", "lds_weights", "wgmma", "late_weights", mode="before")(
+    _tile = field_validator("token_tile", "ilp", "bulk_weights", "lds_weights", "wgmma", "late_weights",
+                           "l2_prefetch", mode="before")(
         classmethod(lambda cls, v: per_target(v)))
+
+
+def _l2_prefetch_at(stage: Model, ctx) -> str:
+    """The build's stage before which the kernel issues this stage's L2 prefetch: l2_prefetch_at,
+    an earlier stage of the spec, or (not in this build) the first of the build's stages after it."""
+    t, names = ctx.target, [s.name for s in ctx.loaded.spec.stages]
+    if t.vendor != "nvidia":
+        ctx.fail(("l2_prefetch",), f"{t.name}'s device library has no L2 prefetch", "turn it off for this target")
+    at = stage.l2_prefetch_at
+    if at is None or at not in names or names.index(at) >= names.index(stage.name):
+        ctx.fail(("l2_prefetch_at",), f"l2_prefetch needs the earlier stage it starts with, got {at!r}",
+                 f"name one of {', '.join(names[:names.index(stage.name)]) or '(none)'}")
+    return next(n for n in names[names.index(at):] if ctx.active.get(n))
 
 
 def unit_of(task: int, tasks: int, ctas: int) -> int:
@@ -247,6 +268,7 @@ def lower(stage: Model, ctx) -> dict:
                      "turn wgmma off for this build")
         cpw = nc // groups
     late = ctx.switch(stage.late_weights.for_target(t.name), ("late_weights",)) and wgmma
+    l2_at = _l2_prefetch_at(stage, ctx) if ctx.switch(stage.l2_prefetch.for_target(t.name), ("l2_prefetch",)) else None
     if stage.flags_point and (inline or q_inline):
         ctx.fail(("flags_point",), "flags_point stamps the wait for the source's flags; this build computes its rows "
                  "itself (" + ("q_inline" if q_inline else f"no {src.name} stage") + ")", "use rows_point here")
@@ -357,6 +379,8 @@ def lower(stage: Model, ctx) -> dict:
         "part_waves": part_waves,
         "passes": passes,
         "late_weights": late,
+        # the stage whose run() the kernel precedes with this stage's prefetch_l2() (None: off)
+        "l2_prefetch_at": l2_at,
         "token_groups": token_groups,
         "swizzle": swizzle,
         "image_groups": image_groups,  # the source's rows: its LDS image (0: row-major)

@@ -316,6 +316,13 @@ MONO_DEVICE void bulk_wait(u64* bar, u32 phase) {
 MONO_DEVICE void bulk_barrier_inval(u64* bar) {
     asm volatile("mbarrier.inval.shared::cta.b64 [%0];" :: "r"(lds_address(bar)) : "memory");
 }
+// Global bytes into L2 only (TMA: no register, no LDS, no scoreboard; a later load of them
+// finds them there). bytes: a multiple of 16; the address 16-byte aligned
+MONO_DEVICE void bulk_prefetch_l2(const void* src, u32 bytes) {
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" :: "l"(src), "r"(bytes) : "memory");
+}
+// The 128-byte line of one address into L2 (any alignment)
+MONO_DEVICE void prefetch_line_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" :: "l"(p)); }
 // global memory this thread saw written (generic proxy: other CTAs' stores, acquired) ordered
 // before its later bulk copies read it (async proxy)
 MONO_DEVICE void fence_proxy_async() { asm volatile("fence.proxy.async.global;" ::: "memory"); }
@@ -1533,6 +1540,24 @@ MONO_DEVICE void load_unit(const Args& a, int u, u32x4 (&w)[CPW], u32 (&codes)[C
     }
 }
 
+// The CTA's units' weights (one TMA prefetch a unit, by thread 0) and scale codes (the lines of
+// a unit's codes, by one lane of wave 1) into L2; the kernel calls it as the CTA enters stage
+// qkv: the HBM streams them while that stage runs, and this stage's loads find them in L2.
+MONO_DEVICE void prefetch_l2(const Args& a) {
+    const int b0 = block_id() - FIRST;
+    if (b0 < 0 || b0 >= CTAS) return;
+    for (int i = 0; i < UPC && b0 + CTAS * i < TASKS; ++i) {
+        const int u = b0 + CTAS * i;
+        if (thread_id() == 0)
+            bulk_prefetch_l2(a.wqb + (long long)unit_row0(u) * K + (long long)unit_part(u) * NC * 16 * GEMV_K_CHUNK,
+                             NC * 16 * GEMV_K_CHUNK);
+        if (thread_id() == WAVE) {
+            prefetch_line_l2(unit_codes(a, u));
+            prefetch_line_l2(unit_codes(a, u) + NC * MX_BLOCKS_PER_CHUNK - 1);
+        }
+    }
+}
+
 // Tokens tok0 .. tok0 + nt of qkv's qx8 (K part `part`) and their codes into LDS
 // (through L2: written in this launch, published behind the flags; the rows by one TMA bulk copy).
 MONO_DEVICE void stage_rows(const Args&, const Mailbox& mb, u8* lds, int part, int tok0, int nt, u32* xl, float* xs) {
@@ -1731,6 +1756,7 @@ MONO_KERNEL deepseek_v41_attn_front(
     barrier();  // the stages share LDS
     stage_wqkv_a::run(a, mb, lds);
     barrier();  // the stages share LDS
+    stage_wq_b::prefetch_l2(a);  // wq_b's weights into L2 while qkv runs
     stage_qkv::run(a, mb, lds);
     barrier();  // the stages share LDS
     stage_wq_b::run(a, mb, lds);

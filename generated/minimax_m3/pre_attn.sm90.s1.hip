@@ -308,6 +308,13 @@ MONO_DEVICE void bulk_wait(u64* bar, u32 phase) {
 MONO_DEVICE void bulk_barrier_inval(u64* bar) {
     asm volatile("mbarrier.inval.shared::cta.b64 [%0];" :: "r"(lds_address(bar)) : "memory");
 }
+// Global bytes into L2 only (TMA: no register, no LDS, no scoreboard; a later load of them
+// finds them there). bytes: a multiple of 16; the address 16-byte aligned
+MONO_DEVICE void bulk_prefetch_l2(const void* src, u32 bytes) {
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" :: "l"(src), "r"(bytes) : "memory");
+}
+// The 128-byte line of one address into L2 (any alignment)
+MONO_DEVICE void prefetch_line_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" :: "l"(p)); }
 // global memory this thread saw written (generic proxy: other CTAs' stores, acquired) ordered
 // before its later bulk copies read it (async proxy)
 MONO_DEVICE void fence_proxy_async() { asm volatile("fence.proxy.async.global;" ::: "memory"); }
