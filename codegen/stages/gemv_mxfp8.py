@@ -108,7 +108,7 @@ class Model(StageBase):
     # long (the qkv stage's CTAs), its weights stream meanwhile. At the kernel's start they
     # competed with the first stage's weights (H200: every S 1.1-2.3 us slower, bench/NOTES.md)
     l2_prefetch: PerTarget = PerTarget(default=0)
-    l2_prefetch_at: Name | None = None
+    l2_prefetch_at: Name | None = None  # l2_prefetch: the stage before whose run the kernel issues it (not in a build: the next one that is)
     # mla_norm_rope source: the CTAs norm and quantize the q latent themselves from the source's
     # partials (template macro mla_q_math, the same bits as its QX8) instead of waiting for QX8:
     # one hand-off less (the source's QX8 store, fence and flag, this stage's flag poll and row
