@@ -1618,7 +1618,7 @@ MONO_DEVICE void epilogue_group(const Args& a, const Mailbox& mb, const float* p
 // i-th: group i / 4, warp i % 4 of each warpgroup): warp r of warpgroup g loads unit r's chunks
 // g, g + GROUPS, .. (issued before anything waits); the next group's as this group's last pass
 // frees their registers. Per group and 16 token columns one pass (each warpgroup's tile of each
-// of the 4 units), one barrier, one epilogue pass over the 4 units. A unit past TASKS computes a
+// of the 4 units), then one barrier and one epilogue over the 4 units. A unit past TASKS computes a
 // copy (not stored).
 MONO_DEVICE void run(const Args& a, const Mailbox& mb, u8* lds) {
     const int b0 = block_id() - FIRST;

@@ -1193,7 +1193,8 @@ MONO_DEVICE void epilogue_passes(const Args& a, const Mailbox& mb, const float* 
 // i-th: group i / 4, warp i % 4 of each warpgroup): warp r of warpgroup g loads unit r's chunks
 // g, g + GROUPS, .. (issued before anything waits); the next group's as this group's last pass
 // frees their registers. Per group and 16 token columns one pass (each warpgroup's tile of each
-// of the 4 units), one barrier, one epilogue pass over the 4 units. A unit past TASKS computes a
+// of the 4 units), the 3 passes' tiles side by side in LDS, then one barrier and one
+// epilogue over them all. A unit past TASKS computes a
 // copy (not stored).
 MONO_DEVICE void run(const Args& a, const Mailbox& mb, u8* lds) {
     const int b0 = block_id() - FIRST;
@@ -1653,7 +1654,8 @@ MONO_DEVICE void epilogue_passes(const Args& a, const Mailbox& mb, const float* 
 // i-th: group i / 4, warp i % 4 of each warpgroup): warp r of warpgroup g loads unit r's chunks
 // g, g + GROUPS, .. (issued before anything waits); the next group's as this group's last pass
 // frees their registers. Per group and 16 token columns one pass (each warpgroup's tile of each
-// of the 4 units), one barrier, one epilogue pass over the 4 units. A unit past TASKS computes a
+// of the 4 units), the 3 passes' tiles side by side in LDS, then one barrier and one
+// epilogue over them all. A unit past TASKS computes a
 // copy (not stored).
 MONO_DEVICE void run(const Args& a, const Mailbox& mb, u8* lds) {
     const int b0 = block_id() - FIRST;
