@@ -16,6 +16,9 @@
 #   tunes     spec variants of this tree side by side (no compile, 30 replays): the spec's build, then
 #             each of TUNES ("a=1 b=2;c=3": one variant's overrides a group), TUNE_ROUNDS turns
 #             (default 2), TUNE_ARGS for every bench.run (e.g. "--kernels deepseek --tokens 6,16")
+#   branches  each experiment branch copied here by scripts/prep_branches.sh (.br-*): its GPU tests
+#             (TEST_ARGS, default tests/test_deepseek_front_gpu.py), then scripts/ab_bench.sh against
+#             .ab-main (main), AB_ROUNDS turns, AB_ARGS; logs under $OUT/<branch folder>/
 #   tp        scripts/tp_run.py on every GPU of the machine
 #   scorer    the MiniMax scorer's variants side by side (scripts/timeline_probe.py --cold-keys,
 #             S = 1 / 4 / 16 at 4K and 64K): the spec's, then each of SCORER_TUNES ("a=1 b=2;c=3")
@@ -57,6 +60,17 @@ for what in "${@:-tests}"; do
                             ${TUNE_ARGS:-} "${args[@]}" --results /tmp/tunes.md --out /tmp/tunes 2>&1 | grep -E "^ ?[0-9]+ +[0-9]|rror"
                     done
                 done 2>&1 | tee "$OUT/tunes.log"; status=$((status | PIPESTATUS[0])) ;;
+        branches) [ -d .ab-main ] && compgen -G ".br-*/" >/dev/null || { echo "no .ab-main / .br-*: scripts/prep_branches.sh"; status=1; continue; }
+                for dir in .br-*/; do  # (not in a pipe: status is this shell's)
+                    dir=${dir%/}; mkdir -p "$OUT/$dir"
+                    echo "=== $dir"
+                    rm -rf "$dir/.ab-main" && cp -r .ab-main "$dir/.ab-main"
+                    (cd "$dir" && PYTHONPATH=/tmp/site:$PWD timeout 300 python3 -m pytest -q -m gpu -p no:cacheprovider \
+                        ${TEST_ARGS:-tests/test_deepseek_front_gpu.py} >"$OUT/$dir/gpu-tests.log" 2>&1)
+                    status=$((status | $?)); tail -1 "$OUT/$dir/gpu-tests.log"
+                    # shellcheck disable=SC2086  # AB_ARGS is several words
+                    (cd "$dir" && OUT=$OUT/$dir scripts/ab_bench.sh "${AB_ROUNDS:-2}" ${AB_ARGS:-})
+                done > >(tee "$OUT/branches.log") 2>&1 ;;
         tp) NCCL_NVLS_ENABLE=0 python3 -m torch.distributed.run --nproc-per-node "$(nvidia-smi -L | wc -l)" \
                 scripts/tp_run.py 2>&1 | tee "$OUT/tp-run.log"; status=$((status | PIPESTATUS[0])) ;;
         *) echo "unknown step $what"; status=1 ;;

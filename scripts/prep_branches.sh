@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Before a device call that tries experiment branches against main (scripts/gpu_run.sh branches):
+# main's tree into .ab-main and each branch's tree into .br-<branch, / as ->, plain copies (the lent
+# machine copies untracked files, not git history); all ignored by nothing, so they travel.
+# Remove them afterwards: rm -rf .ab-main .br-*
+#   scripts/prep_branches.sh exp/qkv-token-pairs exp/qkv-free-ctas
+set -euo pipefail
+cd "$(dirname "$0")/.."
+[ $# -ge 1 ] || { echo "usage: scripts/prep_branches.sh BRANCH..." >&2; exit 2; }
+rm -rf .ab-main && mkdir .ab-main && git archive main | tar -x -C .ab-main
+for b in "$@"; do
+    d=.br-${b//\//-}
+    rm -rf "$d" && mkdir "$d" && git archive "$b" | tar -x -C "$d"
+    echo "$b -> $d ($(git rev-parse --short "$b"))"
+done
