@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import operator
+import warnings
 from typing import Any, Mapping
 
 _BINOPS = {
@@ -65,9 +66,13 @@ def evaluate(text: str | int | float | bool, scope: Mapping[str, Any]) -> Any:
 
 def _parse(text: str) -> ast.Expression:
     try:
-        return ast.parse(text, mode="eval")
+        with warnings.catch_warnings():  # what Python only warns about ("2and x": invalid decimal literal) is a typo here
+            warnings.simplefilter("error", SyntaxWarning)
+            return ast.parse(text, mode="eval")
     except SyntaxError as e:
         raise ExprError(f"cannot parse expression {text!r}: {e.msg}") from None
+    except SyntaxWarning as e:
+        raise ExprError(f"cannot parse expression {text!r}: {e}") from None
     except (ValueError, RecursionError, MemoryError) as e:  # null bytes, nesting too deep
         raise ExprError(f"cannot parse expression {text!r}: {e}") from None
 

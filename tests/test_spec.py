@@ -136,6 +136,9 @@ CASES = [
     ("unparsable-expression", (QKV_TASKS, "    tasks: (QKV_HEADS + 2) * HEAD_DIM //\n"), "HEAD_DIM //\n",
      "cannot parse expression"),
     ("unparsable-symbol", ("  HEAD_DIM: 128\n", "  HEAD_DIM: 128 +* 2\n"), "HEAD_DIM: 128 +* 2", "cannot parse expression"),
+    # Python parses "2and x" as 2 and x, with a warning: a typo in a spec
+    ("number-glued-to-word", ("  HEAD_DIM: 128\n", "  HEAD_DIM: 128and 2\n"), "HEAD_DIM: 128and 2",
+     "cannot parse expression '128and 2': invalid decimal literal"),
     ("unsupported-name-call", (QKV_TASKS, "    tasks: abs(QKV_HEADS + 2) * HEAD_DIM // 16\n"), "abs(QKV_HEADS + 2)",
      "unknown symbol 'abs'"),
     ("default-outside-values", ("    values: 1..16\n    default: 1\n", "    values: 1..16\n    default: 99\n"), "default: 99", "not among values"),
