@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Before a device call that tries experiment branches against main (scripts/gpu_run.sh branches):
 # main's tree into .ab-main and each branch's tree into .br-<branch, / as ->, plain copies (the lent
-# machine copies untracked files, not git history); all ignored by nothing, so they travel.
+# machine copies untracked files, not git history; git ignores none of these, so they travel).
 # Remove them afterwards: rm -rf .ab-main .br-*
 #   scripts/prep_branches.sh exp/qkv-token-pairs exp/qkv-free-ctas
 set -euo pipefail

@@ -35,10 +35,10 @@ LDS = {"tune": {"wq_b.lds_weights": {"default": 0, "sm90": 1}, "wq_b.wgmma": 0}}
 # wq_b on the emulated fp8 mma.sync instead of the spec's native wgmma (exact to 2^-22)
 EMULATED = {"tune": {"wq_b.wgmma": 0}}
 TUNES = {id(BULK): "bulk", id(LDS): "lds", id(EMULATED): "emulated"}
-# (tokens, tp, ratio, flags, swa_block, pad rows, swa block padding); wq_b on wgmma unless EMULATED,
-# wqkv in K quarters on wgmma at TP4 from 2 rows
-# (TP2: 8 units a CTA, two groups of 4); from S = 16 (TP4) / 17 the qkv stage stores QX8 as wq_b's
-# LDS image (one bulk copy; the EMULATED / LDS variants read its places by 16-byte loads)
+# (tokens, tp, ratio, flags, swa_block, pad rows, swa block padding); wq_b on wgmma unless EMULATED
+# (TP2: 8 units a CTA, two groups of 4), wqkv in K quarters on wgmma at TP4 from 2 rows; from S = 16
+# (TP4) / 17 the qkv stage stores QX8 as wq_b's LDS image (one bulk copy; the EMULATED / LDS
+# variants read its places by 16-byte loads)
 CASES = [
     (1, 4, 1, {}, 128, (), 0),  # q_inline: the rows normed in place (core matrices)
     (2, 4, 2, {}, 64, (1,), 0),  # q_inline with two rows on the one qkv CTA
