@@ -135,7 +135,7 @@ def _l2_prefetch_at(stage: Model, ctx) -> str:
     if at is None or at not in names or names.index(at) >= names.index(stage.name):
         ctx.fail(("l2_prefetch_at",), f"l2_prefetch needs the earlier stage it starts with, got {at!r}",
                  f"name one of {', '.join(names[:names.index(stage.name)]) or '(none)'}")
-    return next(n for n in names[names.index(at):] if ctx.active.get(n))
+    return next(n for n in names[names.index(at):] if ctx.stage_active(n))
 
 
 def unit_of(task: int, tasks: int, ctas: int) -> int:

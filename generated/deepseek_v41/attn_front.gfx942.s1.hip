@@ -646,6 +646,7 @@ constexpr float MX_FP8_MAX = 224.0f;  // the MX maximum of this target's e4m3 fl
 // The LDS word of token t's 16-byte piece p of K (bytes 16p ..): rows of XSTRIDE words
 MONO_DEVICE int row_word(int t, int p) { return t * XSTRIDE + 4 * p; }
 // ... of its 8 values 8it .. (8 bytes: half it % 2 of piece it / 2), as quantized here
+// (row_word's arithmetic folded: the same word; spelled through row_word, AMD S = 6 took a VGPR more)
 MONO_DEVICE int item_word(int t, int it) { return t * XSTRIDE + 2 * it; }
 constexpr int PART_WAVES = 8;          // partial tiles of a unit: one a wave
 static_assert(KP % (GEMV_K_CHUNK * 1) == 0 && KP % 128 == 0, "whole chunks; 16-byte row pieces");
@@ -1032,6 +1033,7 @@ constexpr float MX_FP8_MAX = 224.0f;  // the MX maximum of this target's e4m3 fl
 // The LDS word of token t's 16-byte piece p of K (bytes 16p ..): rows of XSTRIDE words
 MONO_DEVICE int row_word(int t, int p) { return t * XSTRIDE + 4 * p; }
 // ... of its 8 values 8it .. (8 bytes: half it % 2 of piece it / 2), as quantized here
+// (row_word's arithmetic folded: the same word; spelled through row_word, AMD S = 6 took a VGPR more)
 MONO_DEVICE int item_word(int t, int it) { return t * XSTRIDE + 2 * it; }
 constexpr int PART_WAVES = 8;          // partial tiles of a unit: one a wave
 constexpr int HEAD_DIM = 512;          // rows per head

@@ -639,6 +639,8 @@ MONO_DEVICE constexpr int swizzle128_word(int t, int piece) {  // the u32 of tok
 }
 // Its descriptor (SWIZZLE_128B) may start at byte k of an atom (k a multiple of 32: a chunk's
 // 32 K bytes inside the segment), 8-token groups SBO = 1024 apart (LBO unused: K fits the width).
+// Bytes between a chunk's consecutive 8-token groups in either layout (its SBO)
+MONO_DEVICE constexpr int token_group_bytes(bool swizzle) { return swizzle ? 1024 : 256; }
 // this thread's LDS stores visible to the async proxy (wgmma's operand reads), before the barrier
 MONO_DEVICE void fence_proxy_async_lds() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
 MONO_DEVICE void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
@@ -684,8 +686,9 @@ MONO_DEVICE void mx_gemv64_wgmma_j(u32x4 (&w)[CPWG], const float (&sw)[CPWG], co
     float d[2][4 * J];
     auto issue = [&](int i, float (&di)[4 * J]) {
         const int c = g + GROUPS * i;  // swizzled: 32 K bytes of segment c / 4, its bytes 32 (c % 4) ..
-        const u64 desc = SWIZZLE ? lds_desc(x + (c / 4) * NG * 1024 + (c % 4) * 32, 16, 1024, SWIZZLE_128B)
-                                 : lds_desc(x + c * NG * 256, 128, 256);
+        constexpr int GB = token_group_bytes(SWIZZLE);
+        const u64 desc = SWIZZLE ? lds_desc(x + (c / 4) * NG * GB + (c % 4) * 32, 16, GB, SWIZZLE_128B)
+                                 : lds_desc(x + c * NG * GB, 128, GB);
 #pragma unroll
         for (int k = 0; k < 4 * J; ++k) di[k] = 0.0f;
         wgmma_fence();
@@ -1220,7 +1223,7 @@ MONO_DEVICE void run(const Args& a, const Mailbox& mb, u8* lds) {
         for (int c0 = 0; c0 < nt; c0 += 16) {
             const int nc = min_i(16, nt - c0);
             const bool refill = c0 + 16 >= nt && i0 + 4 < UPC;  // the last pass: the next group's weights
-            mx_gemv64_wgmma<CPWG, GROUPS, NG, SSTRIDE, SWIZZLE>(w, sw, reinterpret_cast<const u8*>(xl) + (c0 / 8) * (SWIZZLE ? 1024 : 256), xs + c0 * SSTRIDE, nc,
+            mx_gemv64_wgmma<CPWG, GROUPS, NG, SSTRIDE, SWIZZLE>(w, sw, reinterpret_cast<const u8*>(xl) + (c0 / 8) * token_group_bytes(SWIZZLE), xs + c0 * SSTRIDE, nc,
                                                       part + r * PART_TILE + g * PART_WAVE, refill ? unit_weights(a, unit(i0 + 4 + r)) : nullptr,
                                                       refill ? unit_codes(a, unit(i0 + 4 + r)) : nullptr, code);
             barrier();
@@ -1689,7 +1692,7 @@ MONO_DEVICE void run(const Args& a, const Mailbox& mb, u8* lds) {
         for (int c0 = 0; c0 < nt; c0 += 16) {
             const int nc = min_i(16, nt - c0);
             const bool refill = c0 + 16 >= nt && i0 + 4 < UPC;  // the last pass: the next group's weights
-            mx_gemv64_wgmma<CPWG, GROUPS, NG, SSTRIDE, SWIZZLE>(w, sw, reinterpret_cast<const u8*>(xl) + (c0 / 8) * (SWIZZLE ? 1024 : 256), xs + c0 * SSTRIDE, nc,
+            mx_gemv64_wgmma<CPWG, GROUPS, NG, SSTRIDE, SWIZZLE>(w, sw, reinterpret_cast<const u8*>(xl) + (c0 / 8) * token_group_bytes(SWIZZLE), xs + c0 * SSTRIDE, nc,
                                                       part + r * PART_TILE + g * PART_WAVE, refill ? unit_weights(a, unit(i0 + 4 + r)) : nullptr,
                                                       refill ? unit_codes(a, unit(i0 + 4 + r)) : nullptr, code);
             barrier();

@@ -631,6 +631,8 @@ MONO_DEVICE constexpr int swizzle128_word(int t, int piece) {  // the u32 of tok
 }
 // Its descriptor (SWIZZLE_128B) may start at byte k of an atom (k a multiple of 32: a chunk's
 // 32 K bytes inside the segment), 8-token groups SBO = 1024 apart (LBO unused: K fits the width).
+// Bytes between a chunk's consecutive 8-token groups in either layout (its SBO)
+MONO_DEVICE constexpr int token_group_bytes(bool swizzle) { return swizzle ? 1024 : 256; }
 // this thread's LDS stores visible to the async proxy (wgmma's operand reads), before the barrier
 MONO_DEVICE void fence_proxy_async_lds() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
 MONO_DEVICE void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
@@ -676,8 +678,9 @@ MONO_DEVICE void mx_gemv64_wgmma_j(u32x4 (&w)[CPWG], const float (&sw)[CPWG], co
     float d[2][4 * J];
     auto issue = [&](int i, float (&di)[4 * J]) {
         const int c = g + GROUPS * i;  // swizzled: 32 K bytes of segment c / 4, its bytes 32 (c % 4) ..
-        const u64 desc = SWIZZLE ? lds_desc(x + (c / 4) * NG * 1024 + (c % 4) * 32, 16, 1024, SWIZZLE_128B)
-                                 : lds_desc(x + c * NG * 256, 128, 256);
+        constexpr int GB = token_group_bytes(SWIZZLE);
+        const u64 desc = SWIZZLE ? lds_desc(x + (c / 4) * NG * GB + (c % 4) * 32, 16, GB, SWIZZLE_128B)
+                                 : lds_desc(x + c * NG * GB, 128, GB);
 #pragma unroll
         for (int k = 0; k < 4 * J; ++k) di[k] = 0.0f;
         wgmma_fence();
