@@ -124,6 +124,8 @@ def edit(old, new):
     ("    flag_stride: QRDY_STRIDE\n", "    flag_stride: 1\n", "flag_stride 1 < 4 flags"),
     ("    done_point: wqkv_done\n", "    done_point: wqkv_finished\n", "no timeline point 'wqkv_finished'"),
     ("    tasks: Q_ROWS // 16\n", "    tasks: Q_ROWS // 32\n", "tasks != (rows / 16) x k_parts"),
+    ("    tokens_per_task: QKV_PER_TASK\n", "    tokens_per_task: 3\n", "3 tokens a task need 768 threads"),
+    ("    tokens_per_task: QKV_PER_TASK\n", "    tokens_per_task: 2\n", "one task per 2 token(s) expected: 2 at 4 tokens, got 4"),
 ])
 def test_refusals_are_located(old, new, message):
     text = edit(old, new)
@@ -352,7 +354,7 @@ def test_a_ctas_wqkv_units_share_their_k_part(target, tokens):
     assert v["row_batch"] >= min(5, tokens) or v["row_batch"] * 512 >= tokens * v["kp"] // 16  # or one round trip
 
 
-@pytest.mark.parametrize("tp,tokens", [(4, 1), (4, 2), (4, 3), (4, 8), (4, 9), (4, 16), (4, 17), (4, 20), (4, 21), (4, 48),
+@pytest.mark.parametrize("tp,tokens", [(4, 1), (4, 2), (4, 3), (4, 8), (4, 9), (4, 16), (4, 17), (4, 20), (4, 21), (4, 40), (4, 41), (4, 48),
                                        (2, 6), (2, 16)])
 def test_wqkv_quarters(tp, tokens):
     """sm90 TP4 from 2 rows: wqkv in K quarters, 4 units (64 rows of one quarter) on each of CTAs
@@ -369,9 +371,13 @@ def test_wqkv_quarters(tp, tokens):
     assert st["kt"].first == free and ("xq" not in st or (st["xq"].first, st["xq"].tasks) == (free, k_parts * tokens))
     # the qkv tasks on the last S CTAs where those have no wqkv unit (quarters, 3..20 rows), and
     # wq_b's weights into L2 as those CTAs enter the qkv stage; else the first S CTAs
-    # (up to 2 rows, q_inline: on the last CTA, which has no wq_b unit)
-    on_last = quarters and 3 <= tokens <= 20 or tp == 2 and 9 <= tokens <= 20
-    assert st["qkv"].first == (132 - tokens if on_last else 131 if tokens <= 2 else 0)
+    # (up to 2 rows, q_inline: on the last CTA, which has no wq_b unit); above 20 rows at TP4 two
+    # tokens a task, so that up to 40 rows take the last ceil(S / 2) CTAs
+    per_task = 2 if tp == 4 and tokens > 20 else 1
+    tasks = -(-tokens // per_task)
+    on_last = quarters and tokens >= 3 and tasks <= 20 or tp == 2 and 9 <= tokens <= 20
+    assert (st["qkv"].tasks, st["qkv"].values["per_task"]) == (tasks, per_task)
+    assert st["qkv"].first == (132 - tasks if on_last else 131 if tokens <= 2 else 0)
     assert st["wq_b"].values["l2_prefetch_at"] == ("qkv" if on_last else None)
     text = render(ir)
     assert f"constexpr int QKV_PARTS = {k_parts};" in text
@@ -484,13 +490,14 @@ def test_qkv_probe_points():
     text = render(ir_of(tokens=16, timeline=True, tune={"qkv.got_point": "spare", "qkv.quant_point": "spare2"}))
     ns = text[text.index("namespace stage_qkv {"):text.index("}  // namespace stage_qkv")]
     got, quant = ns.index("stamp(lds, TL_SPARE);"), ns.index("stamp(lds, TL_SPARE2);")
-    assert ns.index("sum_partials<QKV, 1>(mb.qkvp, mb.tag, t, vals);") < got < ns.index("st8(mb.qx8") < quant < ns.index("publish(mb, t);")
+    assert ns.index("sum_partials<QKV * TOKENS_PER_TASK, TOKENS_PER_TASK>(mb.qkvp, mb.tag, t0, vals_all);") < got \
+        < ns.index("st8(mb.qx8") < quant < ns.index("publish(mb, t0);")
     assert "stamp(lds, TL_SPARE" not in render(ir_of(tokens=16, timeline=True)).split("namespace stage_qkv {")[1]
     # summed_point: after the barrier that ends every thread's wait, before the sums of squares
     text = render(ir_of(tokens=16, timeline=True, tune={"qkv.summed_point": "spare"}))
     ns = text[text.index("namespace stage_qkv {"):text.index("}  // namespace stage_qkv")]
     at = ns.index("stamp(lds, TL_SPARE);")
-    assert ns.rindex("barrier();", 0, at) > ns.index("sum_partials<QKV, 1>(") and at < ns.index("q_group_sumsq(xq)")
+    assert ns.rindex("barrier();", 0, at) > ns.index("sum_partials<QKV * TOKENS_PER_TASK,") and at < ns.index("q_group_sumsq(xq)")
 
 
 @pytest.mark.parametrize("target", list(TARGETS))
@@ -604,3 +611,20 @@ def test_wq_b_l2_prefetch():
     # a stage the build lacks (xq below 9 rows): the next one present
     v = next(s for s in ir_of(tokens=6, tune={**on, "wq_b.l2_prefetch_at": "xq"}).stages if s.name == "wq_b").values
     assert v["l2_prefetch_at"] == "kt"
+
+
+def test_qkv_token_pairs():
+    """Two tokens a qkv task (TP4 above 20 rows): threads 256.. take the task's second token with
+    their own red[] / vals[]; one wait for both tokens' partials (a second token past TOKENS
+    re-reads the last token's, never a pair no launch writes); each live token's flag."""
+    ir = ir_of(tokens=21)
+    text = render(ir)
+    ns = text[text.index("namespace stage_qkv {"):text.index("}  // namespace stage_qkv")]
+    assert "constexpr int TOKENS_PER_TASK = 2;" in ns and "constexpr int TASKS = 11;" in ns
+    assert "float* red = red_all + h * 32;" in ns and "float* vals = vals_all + h * QKV;" in ns
+    assert "const bool mine = tid < TOKENS_PER_TASK * NORM_THREADS && t0 + h < TOKENS" in ns
+    assert "if (h < TOKENS_PER_TASK && t0 + h < TOKENS && c < COPIES) mailbox_put(" in ns
+    assert "(NT > 1 ? min_i(t0 + r, TOKENS - 1) : t0 + r)" in ns
+    lds = {b.qualified_name: b for b in ir.lds}
+    assert lds["stage_qkv::LDS_RED"].nbytes == 2 * 32 * 4 and lds["stage_qkv::LDS_VALS"].nbytes == 2 * 1792 * 4
+    assert "constexpr int TOKENS_PER_TASK = 1;" in render(ir_of(tokens=20))

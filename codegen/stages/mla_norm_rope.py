@@ -1,11 +1,14 @@
 """Stage kind ``mla_norm_rope``: DeepSeek-V4.1's per-token step between the
-two GEMVs (contract B.5.3, B.5.4), one task per token.
+two GEMVs (contract B.5.3, B.5.4), one task per token, or per two tokens
+(``tokens_per_task`` 2: threads 0..255 take token 2u, 256..511 token 2u + 1,
+at once, so that half as many CTAs hold the step).
 
 The token's partials come in through every thread of the CTA: couples of
 adjacent pairs (16-byte loads, coalesced across the warp), every K part
 waited for at once, their bf16 sums into LDS (``vals``). Then 256 threads:
 thread tt owns q columns ``8tt .. 8tt + 7`` (tt < Q_RANK / 8) and kv columns
-``2tt, 2tt + 1``; threads 256.. take part in the barriers and shuffles only.
+``2tt, 2tt + 1``; threads 256.. take part in the barriers and shuffles only
+(or, two tokens a task, are the second token's threads 0..255).
 
     v      = bf16(P_0 + P_1)                      the K halves' fp32 partials (f32 add); in 4 K
                                                   quarters bf16((P_0 + P_1) + (P_2 + P_3))
@@ -70,6 +73,9 @@ class Model(StageBase):
     # QX8, its codes and the QRDY flags (false where the consuming GEMV norms q itself from the
     # partials, gemv_mxfp8 q_inline: nothing in the launch waits for them)
     publish: Expr = True
+    # tokens a task normalizes at once, NORM_THREADS threads each (1 or 2: the CTA's 512
+    # threads); tasks: ceil(tokens / tokens_per_task)
+    tokens_per_task: Expr = 1
     # ABI arguments (the seed's names)
     qn_w: Name = "qn_w"
     kvn_w: Name = "kvn_w"
@@ -160,11 +166,14 @@ def lower(stage: Model, ctx) -> dict:
         ctx.fail(("nope",), f"nope {nope}: whole {RECORD_BLOCK}-dim record blocks below kv_dim expected")
     if (nope // RECORD_BLOCK) >= RECORD_SCALE_BYTES:
         ctx.fail(("nope",), f"{nope // RECORD_BLOCK} record blocks do not fit {RECORD_SCALE_BYTES - 1} code bytes")
-    if ctx.threads < NORM_THREADS:
-        ctx.fail(("tasks",), f"{NORM_THREADS} threads needed, the grid has {ctx.threads}")
-    if ctx.task_count != ctx.tokens:
-        ctx.fail(("tasks",), "one task per token expected", "set tasks to tokens")
+    per_task = ctx.integer(stage.tokens_per_task, ("tokens_per_task",), minimum=1)
+    if per_task > 2 or ctx.threads < per_task * NORM_THREADS:
+        ctx.fail(("tokens_per_task",), f"{per_task} tokens a task need {per_task * NORM_THREADS} threads "
+                 f"({NORM_THREADS} a token), the grid has {ctx.threads}", "use 1 or 2 within the grid's threads")
     s = ctx.tokens
+    if ctx.task_count != -(-s // per_task):
+        ctx.fail(("tasks",), f"one task per {per_task} token(s) expected: {-(-s // per_task)} at {s} tokens, "
+                 f"got {ctx.task_count}", "set tasks to ceil_div(tokens, tokens_per_task)")
     ctx.region(stage.partials, ("partials",), kind="pairs", min_count=parts * s * (q_rank + kv_dim))
     check_producer(stage, ctx, q_rank + kv_dim, parts)
     publish = bool(ctx.evaluate(stage.publish, ("publish",)))
@@ -183,12 +192,13 @@ def lower(stage: Model, ctx) -> dict:
     ctx.abi_arg(stage.swa_stride, ("swa_stride",), dtype="i64", scalar=True)
     ctx.abi_arg(stage.swa_block, ("swa_block",), dtype="i32", scalar=True, within=(1, None))  # a divisor
     ctx.abi_arg(stage.qr_out, ("qr_out",), dtype="bf16", shape=(s, q_rank), written=True)
-    ctx.lds(stage.name, "red", "float", 32)  # group sums (q 0..7, kv 8..15), record codes 16..
-    ctx.lds(stage.name, "vals", "float", q_rank + kv_dim)  # the token's bf16 qkv (its partials summed), as f32
+    ctx.lds(stage.name, "red", "float", 32 * per_task)  # a token's group sums (q 0..7, kv 8..15), record codes 16..
+    ctx.lds(stage.name, "vals", "float", per_task * (q_rank + kv_dim))  # a token's bf16 qkv (partials summed), as f32
     rope = kv_dim - nope
     return {
         "q_math": qm,
         "nope": nope,
+        "per_task": per_task,
         "rope": rope,
         "record_data": nope + 2 * rope,
         "record_blocks": nope // RECORD_BLOCK,

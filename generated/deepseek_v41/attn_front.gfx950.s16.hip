@@ -107,6 +107,8 @@ constexpr int INLINE_Q_TOKENS = 2;
 constexpr bool Q_INLINE = false;  // this build's wq_b CTAs norm q themselves
 constexpr int QX8_IMAGE = 0;
 constexpr int QX8_TOKENS = 16;
+constexpr int QKV_PER_TASK = 1;
+constexpr int QKV_TASKS = 16;
 constexpr bool QKV_ON_LAST_CTAS = true;
 constexpr int MAX_TOKENS = 48;
 constexpr int SWA_RECORD = 584;  // fp8_ds_mla bytes a token: 576 data (448 e4m3 + 64 bf16) + 8 scale
@@ -888,7 +890,8 @@ MONO_DEVICE void sum_partials(const u64* parts, const TagT& tag, int t0, float* 
 #pragma unroll
     for (int k = 0; k < PER_THREAD; ++k) {
         const int c = min_i(thread_id() + k * THREADS, COUPLES - 1), r = 2 * c / ROW;  // past COUPLES: a repeat
-        const u64* tok = parts + (long long)(t0 + r) * QKV + (2 * c - r * ROW);
+        // (a row past TOKENS: the last token's partials again, never a pair no launch writes)
+        const u64* tok = parts + (long long)(NT > 1 ? min_i(t0 + r, TOKENS - 1) : t0 + r) * QKV + (2 * c - r * ROW);
 #pragma unroll
         for (int h = 0; h < QKV_PARTS; ++h) p[QKV_PARTS * k + h] = tok + (long long)h * TOKENS * QKV;
     }
@@ -933,22 +936,29 @@ constexpr int FLAG_STRIDE = 16;
 constexpr bool WRITE_QR = false;         // index build: qr_out = bf16 normed q latent
 constexpr bool EARLY_READY = true;      // QRDY before the record's stores
 constexpr bool PUBLISH = true;          // QX8 and QRDY (false: its GEMV norms q itself)
+constexpr int TOKENS_PER_TASK = 1;      // tokens a task normalizes at once, NORM_THREADS threads each
 // The QX8 word of token t's values 8tt ..: row-major
 MONO_DEVICE int qx8_word(int t, int tt) { return t * (Q_RANK / 4) + 2 * tt; }
 constexpr int RED_Q = 0, RED_KV = 8, RED_CODES = 16;  // red[]: q group sums, kv group sums, record codes
 
-// Token t's QX8 published: this CTA's stores drained device-wide, then the flag (all copies).
-MONO_DEVICE void publish(const Mailbox& mb, int t) {
+// The task's tokens t0 .. (those below TOKENS) have their QX8 published: this CTA's stores
+// drained device-wide, then each token's flag (all copies) by its first threads.
+MONO_DEVICE void publish(const Mailbox& mb, int t0) {
     if (!PUBLISH) return;
     fence_release();
     barrier();
-    if (thread_id() < COPIES) mailbox_put(mb.qrdy + thread_id() * FLAG_STRIDE + t, 1u, mb.tag);
+    const int h = thread_id() / NORM_THREADS, c = thread_id() % NORM_THREADS;
+    if (h < TOKENS_PER_TASK && t0 + h < TOKENS && c < COPIES) mailbox_put(mb.qrdy + c * FLAG_STRIDE + t0 + h, 1u, mb.tag);
 }
 
-// Token t (contract B.5.3, B.5.4; the order in codegen/stages/mla_norm_rope.py).
-MONO_DEVICE void token(const Args& a, const Mailbox& mb, u8* lds, float* red, float* vals, int t) {
-    const int tid = thread_id(), tt = min_i(tid, NORM_THREADS - 1);
-    const bool mine = tid < NORM_THREADS, has_q = mine && tt < Q_THREADS;
+// Task u: token t = TOKENS_PER_TASK u + h on threads h NORM_THREADS .. (contract B.5.3, B.5.4;
+// the order in codegen/stages/mla_norm_rope.py), each token with its own red[] and vals[].
+MONO_DEVICE void token(const Args& a, const Mailbox& mb, u8* lds, float* red_all, float* vals_all, int u) {
+    const int tid = thread_id(), h = min_i(tid / NORM_THREADS, TOKENS_PER_TASK - 1);
+    const int t0 = u * TOKENS_PER_TASK, t = min_i(t0 + h, TOKENS - 1), tt = min_i(tid - h * NORM_THREADS, NORM_THREADS - 1);
+    const bool mine = tid < TOKENS_PER_TASK * NORM_THREADS && t0 + h < TOKENS, has_q = mine && tt < Q_THREADS;
+    float* red = red_all + h * 32;      // this token's group sums and record codes
+    float* vals = vals_all + h * QKV;   // this token's bf16 qkv
     const int qc = min_i(tt, Q_THREADS - 1) * 8;
     // The independent loads first, kept raw, so that they overlap the partials' wait: using
     // one before the wait (a conversion, or the cos / sin row's address from pos) would hold
@@ -962,9 +972,9 @@ MONO_DEVICE void token(const Args& a, const Mailbox& mb, u8* lds, float* red, fl
     const bool is_rope = 2 * tt >= NOPE;
     const int jj = is_rope ? tt - NOPE / 2 : 0;
 
-    // the K parts' partials summed into vals[] by every thread (sum_partials), then
-    // thread tt's columns read back
-    sum_partials<QKV, 1>(mb.qkvp, mb.tag, t, vals);
+    // the K parts' partials of the task's tokens summed into vals[] by every thread
+    // (sum_partials; a token past TOKENS reads the last one's again), then thread tt's columns read back
+    sum_partials<QKV * TOKENS_PER_TASK, TOKENS_PER_TASK>(mb.qkvp, mb.tag, t0, vals_all);
     barrier();
     const int pos = int(pos64), slot = int(slot64);  // int64: the low words
     const float* cs_row = a.cos_sin + (long long)pos * ROPE;
@@ -984,9 +994,9 @@ MONO_DEVICE void token(const Args& a, const Mailbox& mb, u8* lds, float* red, fl
     float ssk = xk[0] * xk[0];
     ssk = ssk + xk[1] * xk[1];
     ssk = sum32(ssk);
-    if (mine && tid % 32 == 0) {
-        red[RED_Q + tid / 32] = ssq;
-        red[RED_KV + tid / 32] = ssk;
+    if (mine && tt % 32 == 0) {
+        red[RED_Q + tt / 32] = ssq;
+        red[RED_KV + tt / 32] = ssk;
     }
     barrier();
     const float rq = q_rsq(red + RED_Q);
@@ -1004,7 +1014,7 @@ MONO_DEVICE void token(const Args& a, const Mailbox& mb, u8* lds, float* red, fl
         st16(a.qr_out + (long long)t * Q_RANK + 8 * tt,
              u32x4{pack_bf16x2(ys[0], ys[1]), pack_bf16x2(ys[2], ys[3]), pack_bf16x2(ys[4], ys[5]), pack_bf16x2(ys[6], ys[7])});
     }
-    if (EARLY_READY) publish(mb, t);
+    if (EARLY_READY) publish(mb, t0);
 
     // kv: the bf16 normed row -> GPT-J RoPE of dims NOPE.. -> bf16 -> the fp8_ds_mla record
     const float kn0 = bf16_round((xk[0] * rk) * kw[0]), kn1 = bf16_round((xk[1] * rk) * kw[1]);
@@ -1036,7 +1046,7 @@ MONO_DEVICE void token(const Args& a, const Mailbox& mb, u8* lds, float* red, fl
             st8(base + (long long)blk * RECORD_DATA + (long long)so * RECORD_SCALE, lo, hi);
         }
     }
-    if (!EARLY_READY) publish(mb, t);
+    if (!EARLY_READY) publish(mb, t0);
     barrier();  // red[] and vals[] are reused by the next token
 }
 
@@ -1045,7 +1055,7 @@ MONO_DEVICE void run(const Args& a, const Mailbox& mb, u8* lds) {
     if (b0 < 0 || b0 >= CTAS) return;
     float* red = reinterpret_cast<float*>(lds + LDS_RED);
     float* vals = reinterpret_cast<float*>(lds + LDS_VALS);
-    for (int t = b0; t < TASKS; t += CTAS) token(a, mb, lds, red, vals, t);
+    for (int u = b0; u < TASKS; u += CTAS) token(a, mb, lds, red, vals, u);
     stamp(lds, TL_QKV_DONE);
 }
 
