@@ -75,17 +75,19 @@ def test_stages_and_placement(target, tokens):
     assert st["wq_b"].tasks == 16 * 512 // 16
     # q_inline builds (S = 1): the qkv task on the last CTA, which has no wq_b unit (sm90), or on
     # the CTAs with no wqkv unit; sm90 S 9..20: the last S CTAs, each with one wqkv unit and no kt
-    # task (at S <= 16 also the fewest wq_b units: 3 where others have 4)
+    # task, and no more wq_b units than any other CTA (the last 4: none)
     if target == "sm90" and 9 <= tokens <= 20:
         first = st["qkv"].first
         assert first == ir.blocks - tokens and first >= free
         assert st["kt"].first + min(tokens, st["kt"].ctas) <= first
         wqb = st["wq_b"]
-        units = [len(range(c - wqb.first, wqb.tasks, wqb.ctas)) for c in range(wqb.first, wqb.first + wqb.ctas)]
-        assert tokens > 16 or all(units[c] == min(units) < max(units) for c in range(first, ir.blocks))
+        units = [len(range(c - wqb.first, wqb.tasks, wqb.ctas)) if wqb.first <= c < wqb.first + wqb.ctas else 0
+                 for c in range(ir.blocks)]
+        assert max(units[first:]) <= min(units[:first])
     else:
         assert st["qkv"].first == (0 if tokens > 1 else 131 if target == "sm90" else n_wqkv)
-    assert st["wq_b"].ctas == ir.blocks - (tokens == 1 and target == "sm90")
+    # sm90: whole wgmma groups on 128 CTAs (the last 4 free for the qkv tasks); q_inline: all but the qkv CTA
+    assert st["wq_b"].ctas == (ir.blocks if target != "sm90" else 131 if tokens == 1 else 128)
     assert ir.lds_bytes <= ir.target.lds_bytes
     assert ir.tag_stride == 2 and ir.layer_arg is None and ir.counter_arg == "epoch"
 
@@ -125,7 +127,7 @@ def edit(old, new):
     ("    done_point: wqkv_done\n", "    done_point: wqkv_finished\n", "no timeline point 'wqkv_finished'"),
     ("    tasks: Q_ROWS // 16\n", "    tasks: Q_ROWS // 32\n", "tasks != (rows / 16) x k_parts"),
     ("    tokens_per_task: QKV_PER_TASK\n", "    tokens_per_task: 3\n", "3 tokens a task need 768 threads"),
-    ("    tokens_per_task: QKV_PER_TASK\n", "    tokens_per_task: 2\n", "one task per 2 token(s) expected: 2 at 4 tokens, got 4"),
+    ("    tokens_per_task: QKV_PER_TASK\n", "    tokens_per_task: 1\n", "one task per 1 token(s) expected: 4 at 4 tokens, got 2"),
 ])
 def test_refusals_are_located(old, new, message):
     text = edit(old, new)
@@ -371,9 +373,9 @@ def test_wqkv_quarters(tp, tokens):
     assert st["kt"].first == free and ("xq" not in st or (st["xq"].first, st["xq"].tasks) == (free, k_parts * tokens))
     # the qkv tasks on the last S CTAs where those have no wqkv unit (quarters, 3..20 rows), and
     # wq_b's weights into L2 as those CTAs enter the qkv stage; else the first S CTAs
-    # (up to 2 rows, q_inline: on the last CTA, which has no wq_b unit); above 20 rows at TP4 two
-    # tokens a task, so that up to 40 rows take the last ceil(S / 2) CTAs
-    per_task = 2 if tp == 4 and tokens > 20 else 1
+    # (up to 2 rows, q_inline: on the last CTA, which has no wq_b unit); from 3 rows at TP4 two
+    # tokens a task, so that up to 8 rows take the CTAs without wq_b units, 40 those without wqkv
+    per_task = 2 if quarters and tokens >= 3 else 1
     tasks = -(-tokens // per_task)
     on_last = quarters and tokens >= 3 and tasks <= 20 or tp == 2 and 9 <= tokens <= 20
     assert (st["qkv"].tasks, st["qkv"].values["per_task"]) == (tasks, per_task)
@@ -452,8 +454,8 @@ def test_q_inline_builds():
         ir = ir_of(tokens=tokens, tune=emulated)
         qkv, wqb = (next(s for s in ir.stages if s.name == n) for n in ("qkv", "wq_b"))
         assert wqb.values["q_inline"] is inline and qkv.values["publish"] is not inline
-        # S = 6 (K quarters): the last 6 CTAs, which have no wqkv unit (QKV_ON_LAST_CTAS)
-        assert qkv.first == (131 if inline else 126) and wqb.ctas == (131 if inline else 132)
+        # S = 6 (K quarters): two tokens a task on the last 3 CTAs, which have no wqkv nor wq_b unit
+        assert qkv.first == (131 if inline else 129) and wqb.ctas == (131 if inline else 128)
         text = render(ir)
         ns = text[text.index("namespace stage_wq_b {"):text.index("}  // namespace stage_wq_b")]
         assert ("await_rows(" in ns) is not inline
@@ -618,6 +620,7 @@ def test_qkv_token_pairs():
     their own red[] / vals[]; one wait for both tokens' partials (a second token past TOKENS
     re-reads the last token's, never a pair no launch writes); each live token's flag."""
     ir = ir_of(tokens=21)
+    assert next(s for s in ir.stages if s.name == "wq_b").ctas == 128  # the last 4 CTAs: no wq_b unit
     text = render(ir)
     ns = text[text.index("namespace stage_qkv {"):text.index("}  // namespace stage_qkv")]
     assert "constexpr int TOKENS_PER_TASK = 2;" in ns and "constexpr int TASKS = 11;" in ns
@@ -627,4 +630,4 @@ def test_qkv_token_pairs():
     assert "(NT > 1 ? min_i(t0 + r, TOKENS - 1) : t0 + r)" in ns
     lds = {b.qualified_name: b for b in ir.lds}
     assert lds["stage_qkv::LDS_RED"].nbytes == 2 * 32 * 4 and lds["stage_qkv::LDS_VALS"].nbytes == 2 * 1792 * 4
-    assert "constexpr int TOKENS_PER_TASK = 1;" in render(ir_of(tokens=20))
+    assert "constexpr int TOKENS_PER_TASK = 1;" in render(ir_of(tokens=20, tp=2))

@@ -110,6 +110,7 @@ constexpr int QX8_IMAGE = 0;
 constexpr int QX8_TOKENS = 1;
 constexpr int QKV_PER_TASK = 1;
 constexpr int QKV_TASKS = 1;
+constexpr int WQB_CTAS = 255;
 constexpr bool QKV_ON_LAST_CTAS = false;
 constexpr int MAX_TOKENS = 48;
 constexpr int SWA_RECORD = 584;  // fp8_ds_mla bytes a token: 576 data (448 e4m3 + 64 bf16) + 8 scale

@@ -109,6 +109,7 @@ constexpr int QX8_IMAGE = 0;
 constexpr int QX8_TOKENS = 16;
 constexpr int QKV_PER_TASK = 1;
 constexpr int QKV_TASKS = 16;
+constexpr int WQB_CTAS = 256;
 constexpr bool QKV_ON_LAST_CTAS = true;
 constexpr int MAX_TOKENS = 48;
 constexpr int SWA_RECORD = 584;  // fp8_ds_mla bytes a token: 576 data (448 e4m3 + 64 bf16) + 8 scale

@@ -68,7 +68,7 @@
 //   1. kt     key_table    48 tasks on CTAs 112..131 (round_robin)
 //   2. wqkv_a gemv_mxfp8   448 tasks on CTAs 0..111 (round_robin), waits on xq
 //   3. qkv    mla_norm_rope 24 tasks on CTAs 0..131 (round_robin), waits on wqkv_a
-//   4. wq_b   gemv_mxfp8   512 tasks on CTAs 0..131 (round_robin), waits on qkv
+//   4. wq_b   gemv_mxfp8   512 tasks on CTAs 0..127 (round_robin), waits on qkv
 
 // ---- build constants ------------------------------------------------------------------
 constexpr int TOKENS = 48;  // decode rows S of the launch
@@ -110,6 +110,7 @@ constexpr bool QX8_IMAGE = true;
 constexpr int QX8_TOKENS = 48;
 constexpr int QKV_PER_TASK = 2;
 constexpr int QKV_TASKS = 24;
+constexpr int WQB_CTAS = 128;
 constexpr bool QKV_ON_LAST_CTAS = false;
 constexpr int MAX_TOKENS = 48;
 constexpr int SWA_RECORD = 584;  // fp8_ds_mla bytes a token: 576 data (448 e4m3 + 64 bf16) + 8 scale
@@ -1465,7 +1466,7 @@ MONO_DEVICE void run(const Args& a, const Mailbox& mb, u8* lds) {
 namespace stage_wq_b {
 constexpr int TASKS = 512;  // task t runs on CTA FIRST + t % CTAS
 constexpr int FIRST = 0;
-constexpr int CTAS = 132;
+constexpr int CTAS = 128;
 constexpr int LDS_X = 0;  // LDS: 15360 x u32
 constexpr int LDS_XS = 61440;  // LDS: 2112 x float
 constexpr int LDS_RBAR = 69888;  // LDS: 1 x u64
