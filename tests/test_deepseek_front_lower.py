@@ -127,7 +127,7 @@ def edit(old, new):
     ("    done_point: wqkv_done\n", "    done_point: wqkv_finished\n", "no timeline point 'wqkv_finished'"),
     ("    tasks: Q_ROWS // 16\n", "    tasks: Q_ROWS // 32\n", "tasks != (rows / 16) x k_parts"),
     ("    tokens_per_task: QKV_PER_TASK\n", "    tokens_per_task: 3\n", "3 tokens a task need 768 threads"),
-    ("    tokens_per_task: QKV_PER_TASK\n", "    tokens_per_task: 1\n", "one task per 1 token(s) expected: 4 at 4 tokens, got 2"),
+    ("    tokens_per_task: QKV_PER_TASK\n", "    tokens_per_task: 2\n", "one task per 2 token(s) expected: 2 at 4 tokens, got 4"),
 ])
 def test_refusals_are_located(old, new, message):
     text = edit(old, new)
@@ -356,7 +356,7 @@ def test_a_ctas_wqkv_units_share_their_k_part(target, tokens):
     assert v["row_batch"] >= min(5, tokens) or v["row_batch"] * 512 >= tokens * v["kp"] // 16  # or one round trip
 
 
-@pytest.mark.parametrize("tp,tokens", [(4, 1), (4, 2), (4, 3), (4, 8), (4, 9), (4, 16), (4, 17), (4, 20), (4, 21), (4, 40), (4, 41), (4, 48),
+@pytest.mark.parametrize("tp,tokens", [(4, 1), (4, 2), (4, 3), (4, 4), (4, 5), (4, 8), (4, 9), (4, 16), (4, 17), (4, 20), (4, 21), (4, 40), (4, 41), (4, 48),
                                        (2, 6), (2, 16)])
 def test_wqkv_quarters(tp, tokens):
     """sm90 TP4 from 2 rows: wqkv in K quarters, 4 units (64 rows of one quarter) on each of CTAs
@@ -373,9 +373,9 @@ def test_wqkv_quarters(tp, tokens):
     assert st["kt"].first == free and ("xq" not in st or (st["xq"].first, st["xq"].tasks) == (free, k_parts * tokens))
     # the qkv tasks on the last S CTAs where those have no wqkv unit (quarters, 3..20 rows), and
     # wq_b's weights into L2 as those CTAs enter the qkv stage; else the first S CTAs
-    # (up to 2 rows, q_inline: on the last CTA, which has no wq_b unit); from 3 rows at TP4 two
-    # tokens a task, so that up to 8 rows take the CTAs without wq_b units, 40 those without wqkv
-    per_task = 2 if quarters and tokens >= 3 else 1
+    # (up to 2 rows, q_inline: on the last CTA, which has no wq_b unit); at TP4 from 5 to 8 rows two
+    # tokens a task, so that they take the 4 CTAs without wq_b units
+    per_task = 2 if quarters and 5 <= tokens <= 8 else 1
     tasks = -(-tokens // per_task)
     on_last = quarters and tokens >= 3 and tasks <= 20 or tp == 2 and 9 <= tokens <= 20
     assert (st["qkv"].tasks, st["qkv"].values["per_task"]) == (tasks, per_task)
@@ -616,18 +616,22 @@ def test_wq_b_l2_prefetch():
 
 
 def test_qkv_token_pairs():
-    """Two tokens a qkv task (TP4 above 20 rows): threads 256.. take the task's second token with
-    their own red[] / vals[]; one wait for both tokens' partials (a second token past TOKENS
-    re-reads the last token's, never a pair no launch writes); each live token's flag."""
-    ir = ir_of(tokens=21)
-    assert next(s for s in ir.stages if s.name == "wq_b").ctas == 128  # the last 4 CTAs: no wq_b unit
+    """Two tokens a qkv task (TP4, 5..8 rows: they fit the 4 CTAs without wq_b units): threads
+    256.. take the task's second token with their own red[] / vals[]; one wait for both tokens'
+    partials (a second token past TOKENS re-reads the last token's, never a pair no launch
+    writes); each live token's flag."""
+    ir = ir_of(tokens=7)
+    st = {s.name: s for s in ir.stages}
+    assert st["wq_b"].ctas == 128 and st["qkv"].first == 128  # the last 4 CTAs: qkv, no wq_b unit
     text = render(ir)
     ns = text[text.index("namespace stage_qkv {"):text.index("}  // namespace stage_qkv")]
-    assert "constexpr int TOKENS_PER_TASK = 2;" in ns and "constexpr int TASKS = 11;" in ns
+    assert "constexpr int TOKENS_PER_TASK = 2;" in ns and "constexpr int TASKS = 4;" in ns
     assert "float* red = red_all + h * 32;" in ns and "float* vals = vals_all + h * QKV;" in ns
     assert "const bool mine = tid < TOKENS_PER_TASK * NORM_THREADS && t0 + h < TOKENS" in ns
     assert "if (h < TOKENS_PER_TASK && t0 + h < TOKENS && c < COPIES) mailbox_put(" in ns
     assert "(NT > 1 ? min_i(t0 + r, TOKENS - 1) : t0 + r)" in ns
     lds = {b.qualified_name: b for b in ir.lds}
     assert lds["stage_qkv::LDS_RED"].nbytes == 2 * 32 * 4 and lds["stage_qkv::LDS_VALS"].nbytes == 2 * 1792 * 4
+    for tokens in (4, 9, 21):  # 4 fit the free CTAs one a task; above 8 pairs no longer fit
+        assert "constexpr int TOKENS_PER_TASK = 1;" in render(ir_of(tokens=tokens))
     assert "constexpr int TOKENS_PER_TASK = 1;" in render(ir_of(tokens=20, tp=2))

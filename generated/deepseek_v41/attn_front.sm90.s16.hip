@@ -55,8 +55,8 @@
 //   stage_wqkv_a::LDS_X    @      0  5120 x u32
 //   stage_wqkv_a::LDS_XS   @  20480  704 x float
 //   stage_wqkv_a::LDS_PART @  23296  4608 x float
-//   stage_qkv::LDS_RED     @      0  64 x float
-//   stage_qkv::LDS_VALS    @    256  3584 x float
+//   stage_qkv::LDS_RED     @      0  32 x float
+//   stage_qkv::LDS_VALS    @    128  1792 x float
 //   stage_wq_b::LDS_X      @      0  5120 x u32
 //   stage_wq_b::LDS_XS     @  20480  704 x float
 //   stage_wq_b::LDS_RBAR   @  23296  1 x u64
@@ -67,7 +67,7 @@
 //   0. xq     mxfp8_quant  64 tasks on CTAs 112..131 (round_robin)
 //   1. kt     key_table    16 tasks on CTAs 112..131 (round_robin)
 //   2. wqkv_a gemv_mxfp8   448 tasks on CTAs 0..111 (round_robin), waits on xq
-//   3. qkv    mla_norm_rope 8 tasks on CTAs 124..131 (round_robin), waits on wqkv_a
+//   3. qkv    mla_norm_rope 16 tasks on CTAs 116..131 (round_robin), waits on wqkv_a
 //   4. wq_b   gemv_mxfp8   512 tasks on CTAs 0..127 (round_robin), waits on qkv
 
 // ---- build constants ------------------------------------------------------------------
@@ -108,9 +108,9 @@ constexpr int INLINE_Q_TOKENS = 2;
 constexpr bool Q_INLINE = false;  // this build's wq_b CTAs norm q themselves
 constexpr bool QX8_IMAGE = true;
 constexpr int QX8_TOKENS = 16;
-constexpr int QKV_PER_TASK = 2;
-constexpr int QKV_TASKS = 8;
 constexpr int WQB_CTAS = 128;
+constexpr int QKV_PER_TASK = 1;
+constexpr int QKV_TASKS = 16;
 constexpr bool QKV_ON_LAST_CTAS = true;
 constexpr int MAX_TOKENS = 48;
 constexpr int SWA_RECORD = 584;  // fp8_ds_mla bytes a token: 576 data (448 e4m3 + 64 bf16) + 8 scale
@@ -1241,11 +1241,11 @@ MONO_DEVICE void run(const Args& a, const Mailbox& mb, u8* lds) {
 // =========================================================================================
 // stage 3: qkv (mla_norm_rope) -- token t: q_norm -> MXFP8 QX8 (+ flag); kv_norm -> RoPE -> fp8_ds_mla record
 namespace stage_qkv {
-constexpr int TASKS = 8;  // task t runs on CTA FIRST + t % CTAS
-constexpr int FIRST = 124;
-constexpr int CTAS = 8;
-constexpr int LDS_RED = 0;  // LDS: 64 x float
-constexpr int LDS_VALS = 256;  // LDS: 3584 x float
+constexpr int TASKS = 16;  // task t runs on CTA FIRST + t % CTAS
+constexpr int FIRST = 116;
+constexpr int CTAS = 16;
+constexpr int LDS_RED = 0;  // LDS: 32 x float
+constexpr int LDS_VALS = 128;  // LDS: 1792 x float
 
 constexpr float MX_FP8_MAX = 448.0f;  // the MX maximum of this target's e4m3 flavour
 constexpr int Q_RANK = 1280;          // q latent: thread tt < Q_THREADS holds columns 8tt .. 8tt + 7
@@ -1323,7 +1323,7 @@ constexpr int FLAG_STRIDE = 16;
 constexpr bool WRITE_QR = false;         // index build: qr_out = bf16 normed q latent
 constexpr bool EARLY_READY = true;      // QRDY before the record's stores
 constexpr bool PUBLISH = true;          // QX8 and QRDY (false: its GEMV norms q itself)
-constexpr int TOKENS_PER_TASK = 2;      // tokens a task normalizes at once, NORM_THREADS threads each
+constexpr int TOKENS_PER_TASK = 1;      // tokens a task normalizes at once, NORM_THREADS threads each
 constexpr int IMAGE_GROUPS = 2;         // QX8 as wq_b's LDS image: 8-token groups of the swizzled layout
 // The QX8 word of token t's values 8tt ..: bytes 8 (tt % 2) .. of its 16-byte piece tt / 2 in the image
 MONO_DEVICE int qx8_word(int t, int tt) { return swizzle128_word<IMAGE_GROUPS>(t, tt / 2) + (tt % 2) * 2; }
