@@ -491,3 +491,31 @@ def test_lds_buffers_keep_their_alignment():
             ctx.lds("s", "x", "u32", 4, align=bad)
     ctx.lds("s", "x", "u32", 4, align=256)
     assert ctx.lds_aligns == {("s", "x"): 256}
+
+
+def test_scorer_first_keys_prefetch():
+    """keys_prefetch (sm90, up to INLINE_NORM_TOKENS rows): the qkv GEMV's last thread, after the
+    inline norm and before the staged weights' wait, prefetches the scorer CTA's first item's
+    keys into L2 (its requests from seq_lens, then the item's block-table entry); a forward
+    declaration lets the GEMV call the later stage. Refused on AMD and for a GEMV that reads
+    its rows from a norm stage (it has no such wait)."""
+    from codegen.render import render
+    for tokens, on in ((1, True), (2, True), (3, False), (16, False)):
+        ir = build_ir("sm90", tokens)
+        assert stage_named(ir, "scores").values["keys_prefetch_at"] == ("qkv" if on else None)
+        text = render(ir)
+        assert ("stage_scores::prefetch_first_keys(a);" in text) is on
+        if on:
+            gemv = text[text.index("namespace stage_qkv {"):text.index("}  // namespace stage_qkv")]
+            call = gemv.index("if (tid == THREADS - 1) stage_scores::prefetch_first_keys(a);")
+            assert gemv.index("stamp(lds, TL_X8_READY);") < call < gemv.index("bulk_wait(wbar, 0, mb.tag);")
+            assert text.index("namespace stage_scores { MONO_DEVICE void prefetch_first_keys(const Args& a); }") \
+                < text.index("namespace stage_qkv {")
+            assert "bulk_prefetch_l2(a.index_cache + page_of(a, it, q_len) * BLOCK * DIM, BLOCK * DIM);" in text
+    on = {"scores.keys_prefetch": 1}
+    with pytest.raises(SpecError, match="gfx950's device library has no L2 prefetch"):
+        lower(loaded := load_spec(SPEC, tune_items(on)), make_build(loaded, "gfx950", tokens=1))
+    with pytest.raises(SpecError, match="keys_prefetch needs an earlier gemv_fp8 stage of this build that "
+                                        "normalizes its rows itself, got 'qkv'") as e:
+        lower(loaded := load_spec(SPEC, tune_items(on)), make_build(loaded, "sm90", tokens=4))
+    assert "pre_attn.yaml:" in str(e.value)

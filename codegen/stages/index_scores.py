@@ -86,8 +86,15 @@ class Model(StageBase):
     # tensor-core dots: a CTA of n items gives each the fewest warps G (1, 2, 4, 8) with
     # n * G >= busy_waves (above the CTA's warps: more warps an item, in rounds)
     busy_waves: PerTarget = PerTarget(default=16)
+    # the CTA's first item's keys into L2 (1 = on; NVIDIA: one TMA prefetch of the block), issued by
+    # the CTA's last thread where stage keys_prefetch_at (an earlier gemv_fp8 stage that normalizes
+    # its rows itself) waits for its weights: the block comes from HBM while the GEMV runs, not
+    # after it (S = 1: the scores ended ~2.5 us after the GEMV's last row, bench/NOTES.md)
+    keys_prefetch: PerTarget = PerTarget(default=0)
+    keys_prefetch_at: Name | None = None
 
-    _per_target = field_validator("lead_cta", "mma_dots", "batch_items", "tiles_ahead", "busy_waves", mode="before")(
+    _per_target = field_validator("lead_cta", "mma_dots", "batch_items", "tiles_ahead", "busy_waves", "keys_prefetch",
+                                  mode="before")(
         classmethod(lambda cls, v: per_target(v)))
     # analysis stamps (timeline builds; off in the spec): the phases of each CTA's item
     # `stamped_item` (its j-th; a CTA with fewer items stamps none; tensor-core dots: warp 0's
@@ -107,6 +114,23 @@ class Model(StageBase):
 def score_scale(sm_scale: float) -> float:
     """``f32(f32(sm_scale) * f32(log2 e))``: the factor applied after the max."""
     return float(np.float32(np.float32(sm_scale) * np.float32(LOG2E)))
+
+
+def _keys_prefetch_at(stage: Model, ctx) -> str:
+    """keys_prefetch's stage: an earlier gemv_fp8 stage of the build that normalizes its rows itself
+    (its CTAs wait for their weights after the norm: gemv_fp8.j2 calls prefetch_first_keys there)."""
+    if ctx.target.vendor != "nvidia":
+        ctx.fail(("keys_prefetch",), f"{ctx.target.name}'s device library has no L2 prefetch",
+                 "turn it off for this target")
+    names = [s.name for s in ctx.loaded.spec.stages]
+    at = stage.keys_prefetch_at
+    gemv = next((s for s in ctx.loaded.spec.stages if s.name == at), None)
+    ok = (gemv is not None and gemv.kind == "gemv_fp8" and names.index(at) < names.index(stage.name)
+          and ctx.stage_active(at) and not ctx.stage_active(gemv.x_from) and gemv.norm_inline)
+    if not ok:
+        ctx.fail(("keys_prefetch_at",), f"keys_prefetch needs an earlier gemv_fp8 stage of this build that "
+                 f"normalizes its rows itself, got {at!r}", "name it, or turn keys_prefetch off for this build")
+    return at
 
 
 def lower(stage: Model, ctx) -> dict:
@@ -161,6 +185,8 @@ def lower(stage: Model, ctx) -> dict:
     else:
         ctx.lds(stage.name, "iq", "float", rows * quarters * (head_dim // quarters + IQ_PAD))  # index q, quarters padded
         ctx.lds(stage.name, "best", "float", 2 * batch * rows * waves)  # per-wave maxima, two batches
+    keys_at = _keys_prefetch_at(stage, ctx) if ctx.switch(stage.keys_prefetch.for_target(ctx.target.name),
+                                                          ("keys_prefetch",)) else None
     ctx.lds(stage.name, "reqs", "u32", REQUEST_WORDS * ctx.tokens)  # each request's work (the template's Request)
     ctx.lds(stage.name, "seq", "u32", ctx.tokens)  # each row's context length
     ctx.lds(stage.name, "pages", "u32", ctx.threads)  # the block-table entries of a CTA's first items
@@ -204,6 +230,7 @@ def lower(stage: Model, ctx) -> dict:
         "iq_pad": IQ_PAD,
         "request_words": REQUEST_WORDS,
         "stamped_item": ctx.integer(stage.stamped_item, ("stamped_item",), minimum=0),
+        "keys_prefetch_at": keys_at,  # the gemv_fp8 stage that calls prefetch_first_keys() (None: off)
         "done": src.done,
         "src": src,
         "start_point": stage.start_point,  # checked by the lowering for every stage

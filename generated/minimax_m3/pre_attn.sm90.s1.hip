@@ -886,6 +886,7 @@ constexpr int TL_PRE_ATTN_DONE = 5;
 constexpr int TL_SCORES_DONE = 6;
 constexpr int TL_SPARE = 7;
 MONO_DEVICE void stamp(u8*, int) {}  // timeline off
+namespace stage_scores { MONO_DEVICE void prefetch_first_keys(const Args& a); }  // called by stage qkv
 
 // =========================================================================================
 // stage 1: qkv (gemv_fp8) -- 16 rows a task: q, k, v, the own index-q head and index k
@@ -1159,6 +1160,7 @@ MONO_DEVICE void run(const Args& a, const Mailbox& mb, u8* lds) {
     }
     barrier();
     stamp(lds, TL_X8_READY);
+    if (tid == THREADS - 1) stage_scores::prefetch_first_keys(a);  // the scores stage's first keys into L2 while the weights land
     bulk_wait(wbar, 0, mb.tag);  // every staged chunk has landed
     int slot = 0;        // LDS chunk of the next staged segment
     for (int g = g_last; g >= g_first; --g) {
@@ -1502,6 +1504,29 @@ MONO_DEVICE Item advance(const Request* reqs, Cursor& cur, int u, int requests) 
 // An item's block in the index cache: the block-table entry of its request's last row.
 MONO_DEVICE long long page_of(const Args& a, const Item& it, int q_len) {
     return a.block_table[(long long)(it.r * q_len + q_len - 1) * a.bt_width + it.b];
+}
+
+// The CTA's first item's keys into L2 (one TMA prefetch of its block), by the calling thread:
+// every request's work from seq_lens (loads issued together), then the item's block-table
+// entry. Stage qkv calls it where its CTA waits for its weights.
+MONO_DEVICE void prefetch_first_keys(const Args& a) {
+    const int c = block_id() - FIRST;
+    if (c < 0 || c >= CTAS) return;
+    const int q_len = a.q_len;
+    const int requests = q_len > 0 ? TOKENS / q_len : 0;
+    if (requests == 0) return;
+    Request reqs[TOKENS];  // (indexed by unrolled loops only: registers, no local memory)
+#pragma unroll
+    for (int r = 0; r < TOKENS; ++r) reqs[r] = request_of(a, min_i(r, requests - 1), q_len);  // past the last: a repeat (unused)
+    int u = (c - LEAD % CTAS + CTAS) % CTAS;  // the CTA's first item: u of the work list
+    Item it{false, 0, 0, 1, false};
+#pragma unroll
+    for (int r = 0; r < TOKENS; ++r) {
+        if (r >= requests || it.valid) continue;
+        if (u < reqs[r].count) it = Item{true, r, reqs[r].first + reqs[r].step * u, reqs[r].heads, false};
+        else u -= reqs[r].count;
+    }
+    if (it.valid) bulk_prefetch_l2(a.index_cache + page_of(a, it, q_len) * BLOCK * DIM, BLOCK * DIM);
 }
 
 // The iscore pair of (row, head) `row` of an item whose request's rows start at row0, nh
