@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # On the lent GPU machine: install the carried wheels, then run the steps asked for
-# (default: tests), logs under $OUT:
+# (default: tests), logs under $OUT (more than 8 files: packed into $OUT/logs.tgz, as only 8 come back):
 #   tests     pytest -m gpu (TEST_ARGS picks files, e.g. TEST_ARGS=tests/test_ops_gpu.py; TEST_K a -k
 #             expression, spaces and all, e.g. TEST_K="not index")
 #   bench     python -m bench.run (its options in BENCH_ARGS, e.g. "--kernels deepseek", or a variant's
@@ -76,4 +76,8 @@ for what in "${@:-tests}"; do
         *) echo "unknown step $what"; status=1 ;;
     esac
 done
+# At most 8 files come back from $OUT (/work/.library/device/README.md): more go back as one archive
+if [ "$(find "$OUT" -type f | wc -l)" -gt 8 ]; then
+    tar czf /tmp/gpu-run-logs.tgz -C "$OUT" . && find "$OUT" -mindepth 1 -delete && mv /tmp/gpu-run-logs.tgz "$OUT/logs.tgz"
+fi
 exit $status
