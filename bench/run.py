@@ -305,6 +305,20 @@ def run_kernel(kb, args, run: dict, *, timer, bw: float, dev: dict, common: dict
             if n not in meta["notes"]:
                 meta["notes"].append(n)
 
+    def time_ours_again(case, entry, lbl, fake_us):
+        """Ours once more, after the other contenders ran: a with-compile run once timed
+        DeepSeek S = 16 1.1 us slower than a run without (bench/NOTES.md, DeepSeek session 17),
+        so the table's time (ours first) is checked against a second one in the same state.
+        A difference over 3 % becomes a note of the entry."""
+        if entry.get("ours_us") is None or len(case.contenders()) < 2:
+            return
+        sample = timer.graph(case.contenders()["ours"], fake_us=fake_us)
+        entry["ours_again_us"] = sample.median
+        log(f"{lbl}: ours again {sample.median:6.2f} us (after the others; first {entry['ours_us']:.2f})")
+        if abs(sample.median - entry["ours_us"]) > 0.03 * entry["ours_us"]:
+            meta["notes"].append(f"{lbl}: ours timed again after the other contenders: {sample.median:.2f} us "
+                                 f"(the table's, timed first: {entry['ours_us']:.2f})")
+
     log(f"\nbench: {kb.kernel}{f' ({kb.build})' if kb.build else ''} on {dev['gpu']}, {copies} weight copies "
         f"({copies * kb.per_copy / 2**20:.0f} MiB, L2 {dev['l2_bytes'] / 2**20:.0f} MiB)"
         + (" [DRY RUN: times are fake]" if dry else ""))
@@ -358,6 +372,7 @@ def run_kernel(kb, args, run: dict, *, timer, bw: float, dev: dict, common: dict
                         entry[f"{name}_timing"] = sample.summary()
                         log(f"{lbl}: {name:8s} {sample.median:8.2f} us (median of {len(sample.us)}; "
                             f"min {min(sample.us):.2f})")
+                    time_ours_again(case, entry, lbl, fake["ours"])
                     add_notes(case.notes)
             except Exception as e:  # noqa: BLE001 - recorded; the next S still runs
                 ok = False
