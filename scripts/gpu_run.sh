@@ -19,6 +19,10 @@
 #   branches  each experiment branch copied here by scripts/prep_branches.sh (.br-*): its GPU tests
 #             (TEST_ARGS, default tests/test_deepseek_front_gpu.py), then scripts/ab_bench.sh against
 #             .ab-main (main), AB_ROUNDS turns, AB_ARGS; logs under $OUT/<branch folder>/
+#   variants  scripts/ab_variants.py with VARIANT_ARGS (its options, shell-quoted, e.g.
+#             VARIANT_ARGS='--bench "--kernels deepseek --tokens 3,16" --variant main .ab-main
+#             --variant new . --variant new-tp2 . symbols.WQB_CTAS=132'): builds side by side in
+#             rounds, one table ($OUT/variants.md)
 #   tp        scripts/tp_run.py on every GPU of the machine
 #   scorer    the MiniMax scorer's variants side by side (scripts/timeline_probe.py --cold-keys,
 #             S = 1 / 4 / 16 at 4K and 64K): the spec's, then each of SCORER_TUNES ("a=1 b=2;c=3")
@@ -71,6 +75,8 @@ for what in "${@:-tests}"; do
                     # shellcheck disable=SC2086  # AB_ARGS is several words
                     (cd "$dir" && OUT=$OUT/$dir scripts/ab_bench.sh "${AB_ROUNDS:-2}" ${AB_ARGS:-})
                 done > >(tee "$OUT/branches.log") 2>&1 ;;
+        variants) eval "python3 scripts/ab_variants.py ${VARIANT_ARGS:?VARIANT_ARGS: scripts/ab_variants.py --help}" 2>&1 \
+                | tee "$OUT/variants.out"; status=$((status | PIPESTATUS[0])) ;;
         tp) NCCL_NVLS_ENABLE=0 python3 -m torch.distributed.run --nproc-per-node "$(nvidia-smi -L | wc -l)" \
                 scripts/tp_run.py 2>&1 | tee "$OUT/tp-run.log"; status=$((status | PIPESTATUS[0])) ;;
         *) echo "unknown step $what"; status=1 ;;
