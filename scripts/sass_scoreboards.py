@@ -9,12 +9,15 @@ for loads it does not use: on the H200 the q_inline norm's fourth partials poll 
 wq_b's twelve weight loads this way (bench/NOTES.md, DeepSeek session 10).
 
     PYTHONPATH=. python3 scripts/sass_scoreboards.py generated/deepseek_v41/attn_front.sm90.s16.hip \\
-        [--grep REGEX] [--context N] [--held]
+        [--grep REGEX] [--context N] [--held | --false-waits]
 
 Prints `address  wait-mask  Wwrite Rread s<stall>  instruction`; with --grep only the
 instructions that match REGEX (and N lines around each); with --held only the polls and
-acquire fences that also wait for global loads in flight. Needs nvdisasm, from the PyPI
-package nvidia-cuda-nvdisasm (or a CUDA toolkit on PATH)."""
+acquire fences that also wait for global loads in flight; with --false-waits every
+instruction that waits for global loads it does not use, marked where more loads follow (a
+split load stream: DeepSeek session 17's wq_b weights, held up by a register once loaded
+under a predicate). Needs nvdisasm, from the PyPI package nvidia-cuda-nvdisasm (or a CUDA
+toolkit on PATH)."""
 
 from __future__ import annotations
 
@@ -102,6 +105,65 @@ def held_waits(rows: list[tuple[int, Control, str]]) -> list[str]:
     return out
 
 
+_REG = re.compile(r"\bR(\d+)(\.64)?\b")
+SPLIT_WINDOW = 40  # instructions after a false wait in which another streamed load marks a split batch
+
+
+def _op(text: str) -> str:
+    return text.split()[1] if text.startswith("@") else text.split()[0]
+
+
+def _width(op: str) -> int:
+    """Registers of a load's destination (LDG.E.128: 4, .64: 2, else 1)."""
+    return 4 if ".128" in op else 2 if ".64" in op else 1
+
+
+def _registers(text: str) -> set[int]:
+    """Every register an instruction names, its first operand with the op's width (a load's
+    destination, a store's data: LDG.E.128 R20 is R20..R23), `Rn.64` as two (an over-estimate
+    elsewhere, e.g. wide MMAs' operands: then a wait reads as needed, never as false)."""
+    op = _op(text)
+    body = text.split(None, 2 if text.startswith("@") else 1)[-1]
+    regs: set[int] = set()
+    for k, m in enumerate(_REG.finditer(body)):
+        n, wide = int(m.group(1)), m.group(2)
+        width = _width(op) if k == 0 and op.startswith(("LD", "ST")) else 2 if wide else 1
+        if k == 0 and not op.startswith(("LD", "ST")) and any(w in op for w in ("WIDE", "MMA", ".64", ".128")):
+            width = 8  # a wide result: assume the most (see above)
+        regs.update(range(n, n + width))
+    return regs
+
+
+def false_waits(rows: list[tuple[int, Control, str]]) -> list[str]:
+    """Instructions that wait on a scoreboard whose global loads in flight write no register
+    they read or write: a wait ptxas placed because the loads share that scoreboard with
+    something else (or to free it), which holds the warp for loads it does not use (the
+    DeepSeek qkv stage's `LDC` of a pointer once waited for its weight-row loads this way,
+    bench/NOTES.md DeepSeek session 17). Fences, barriers, polls (--held) and the loads'
+    consumers are not listed. A straight-line walk, as held_waits."""
+    pending: dict[int, list[tuple[int, str, set[int]]]] = {}
+    out = []
+    for i, (addr, ctl, text) in enumerate(rows):
+        op = _op(text)
+        skip = op.startswith(("MEMBAR", "CCTL", "BAR", "WARPSYNC", "DEPBAR", "EXIT", "BRA", "RET", "CALL", "ERRBAR"))
+        if not skip and not (op.startswith("LD") and ".STRONG" in op):
+            used = _registers(text)
+            for b in ctl.wait:
+                loads = [x for x in pending.get(b, []) if _global_load(x[1])]
+                if loads and not any(x[2] & used for x in pending.get(b, [])):
+                    # more streamed loads right after it: the wait splits a batch of loads in two
+                    after = sum(_global_load(t) and _op(t).startswith("LDG") for _, _, t in rows[i:i + SPLIT_WINDOW])
+                    split = f" (splits a load batch: {after} more within {SPLIT_WINDOW} instructions)" if after else ""
+                    out.append(f"{addr:05x} {text}  waits on scoreboard {b} for {len(loads)} global load(s) it does "
+                               f"not use{split}, e.g. {loads[0][0]:05x} {loads[0][1]}")
+        for b in ctl.wait:
+            pending[b] = []
+        if ctl.write_sb is not None:
+            dest = _registers(text) if op.startswith("LD") else set()
+            pending.setdefault(ctl.write_sb, []).append((addr, text, dest))
+    return out
+
+
 def nvdisasm() -> str:
     """The nvdisasm executable: on PATH, or inside the nvidia-cuda-nvdisasm package."""
     found = shutil.which("nvdisasm")
@@ -133,10 +195,15 @@ def main() -> None:
     ap.add_argument("--context", type=int, default=0, help="instructions shown around each match")
     ap.add_argument("--held", action="store_true",
                     help="only list the polls and acquire fences that also wait for global loads in flight")
+    ap.add_argument("--false-waits", action="store_true",
+                    help="only list the instructions that wait for global loads whose registers they do not touch")
     args = ap.parse_args()
     rows = annotate(listing(Path(args.file).read_text(), Path(args.file).name))
     if args.held:
         print("\n".join(held_waits(rows)) or "no poll or acquire fence waits for a global load")
+        return
+    if args.false_waits:
+        print("\n".join(false_waits(rows)) or "no instruction waits for global loads it does not use")
         return
     keep = range(len(rows))
     if args.grep:

@@ -70,6 +70,27 @@ def test_sass_scoreboards_finds_a_poll_held_by_weight_loads():
     assert sass_scoreboards.held_waits(rows[1:]) == []  # without the weight load in flight: nothing held
 
 
+def test_sass_scoreboards_finds_a_wait_that_splits_a_load_stream():
+    """--false-waits: an instruction that waits on a scoreboard whose loads in flight write none
+    of its registers, here in the middle of a batch of weight loads (the sm90 pattern of
+    DeepSeek session 17: a register last loaded under a predicate, rewritten later)."""
+    C = sass_scoreboards.Control
+
+    def load(dest):  # a weight load that sets scoreboard 5
+        return C(1, False, 5, None, (), 0), f"LDG.E.128.CONSTANT {dest}, desc[UR6][{dest}.64] ;"
+
+    rows = [(0x100, *load("R52")), (0x110, *load("R56")),
+            (0x120, C(1, False, None, None, (5,), 0), "IADD3 R40, P4, R16, UR4, RZ ;"),
+            (0x130, *load("R40")), (0x140, C(1, False, None, None, (5,), 0), "FFMA R3, R40, R2, R3 ;")]
+    found = sass_scoreboards.false_waits(rows)
+    assert len(found) == 1 and found[0].startswith("00120 IADD3 R40")
+    assert "for 2 global load(s) it does not use (splits a load batch: 1 more within 40 instructions)" in found[0]
+    # the loads' consumer (FFMA reads R40) is no false wait; nor is a write of a loaded register
+    rows[2] = (0x120, C(1, False, None, None, (5,), 0), "IADD3 R56, P4, R16, UR4, RZ ;")
+    assert sass_scoreboards.false_waits(rows) == []
+    assert sass_scoreboards._registers("LDG.E.128.CONSTANT R40, desc[UR6][R12.64] ;") == {40, 41, 42, 43, 12, 13}
+
+
 def test_timeline_point_stats_take_the_median_launch():
     """scripts/timeline_deepseek_front.py: per point, min / median / max over the CTAs that
     stamped it (us after the launch's first start), each the median over the launches."""
