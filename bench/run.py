@@ -310,9 +310,10 @@ def run_kernel(kb, args, run: dict, *, timer, bw: float, dev: dict, common: dict
         DeepSeek S = 16 1.1 us slower than a run without (bench/NOTES.md, DeepSeek session 17),
         so the table's time (ours first) is checked against a second one in the same state.
         A difference over 3 % becomes a note of the entry."""
-        if entry.get("ours_us") is None or len(case.contenders()) < 2:
+        contenders = case.contenders()
+        if entry.get("ours_us") is None or len(contenders) < 2:
             return
-        sample = timer.graph(case.contenders()["ours"], fake_us=fake_us)
+        sample = timer.graph(contenders["ours"], fake_us=fake_us)
         entry["ours_again_us"] = sample.median
         log(f"{lbl}: ours again {sample.median:6.2f} us (after the others; first {entry['ours_us']:.2f})")
         if abs(sample.median - entry["ours_us"]) > 0.03 * entry["ours_us"]:

@@ -83,34 +83,40 @@ def _global_load(text: str) -> bool:
     return (op.startswith("LDG") and ".STRONG" not in op) or op == "LDGDEPBAR"  # LDGDEPBAR: cp.async groups
 
 
+def _op(text: str) -> str:
+    return text.split()[1] if text.startswith("@") else text.split()[0]
+
+
+def _walk(rows: list[tuple[int, Control, str]]):
+    """Each instruction (index, address, control bits, text) with the operations counted on each
+    scoreboard before it: {scoreboard: [(address, text)]}. A straight-line walk (branches
+    ignored): a scoreboard's operations are those set on it since an instruction last waited on it."""
+    pending: dict[int, list[tuple[int, str]]] = {}
+    for i, (addr, ctl, text) in enumerate(rows):
+        yield i, addr, ctl, text, pending
+        for b in ctl.wait:
+            pending[b] = []
+        if ctl.write_sb is not None:
+            pending.setdefault(ctl.write_sb, []).append((addr, text))
+
+
 def held_waits(rows: list[tuple[int, Control, str]]) -> list[str]:
     """The polls (``LDG...STRONG``) and acquire fences (``CCTL.IVALL``) that wait on a
-    scoreboard on which global loads are still counted: each waits for those loads too. A
-    straight-line walk (branches ignored): a scoreboard's loads are those set on it since an
-    instruction last waited on it."""
-    pending: dict[int, list[tuple[int, str]]] = {}
+    scoreboard on which global loads are still counted: each waits for those loads too (_walk)."""
     out = []
-    for addr, ctl, text in rows:
-        op = text.split()[1] if text.startswith("@") else text.split()[0]
+    for _, addr, ctl, text, pending in _walk(rows):
+        op = _op(text)
         if (op.startswith("LD") and ".STRONG" in op) or op == "CCTL.IVALL":
             held = [x for b in ctl.wait for x in pending.get(b, []) if _global_load(x[1])]
             if ctl.write_sb is not None and op.startswith("LD"):  # a poll counted with them
                 held += [x for x in pending.get(ctl.write_sb, []) if _global_load(x[1]) and x not in held]
             if held:
                 out.append(f"{addr:05x} {op} waits for {len(held)} global load(s), e.g. {held[0][0]:05x} {held[0][1]}")
-        for b in ctl.wait:
-            pending[b] = []
-        if ctl.write_sb is not None:
-            pending.setdefault(ctl.write_sb, []).append((addr, text))
     return out
 
 
 _REG = re.compile(r"\bR(\d+)(\.64)?\b")
 SPLIT_WINDOW = 40  # instructions after a false wait in which another streamed load marks a split batch
-
-
-def _op(text: str) -> str:
-    return text.split()[1] if text.startswith("@") else text.split()[0]
 
 
 def _width(op: str) -> int:
@@ -140,27 +146,23 @@ def false_waits(rows: list[tuple[int, Control, str]]) -> list[str]:
     something else (or to free it), which holds the warp for loads it does not use (the
     DeepSeek qkv stage's `LDC` of a pointer once waited for its weight-row loads this way,
     bench/NOTES.md DeepSeek session 17). Fences, barriers, polls (--held) and the loads'
-    consumers are not listed. A straight-line walk, as held_waits."""
-    pending: dict[int, list[tuple[int, str, set[int]]]] = {}
+    consumers are not listed. A straight-line walk (_walk)."""
     out = []
-    for i, (addr, ctl, text) in enumerate(rows):
+    for i, addr, ctl, text, pending in _walk(rows):
         op = _op(text)
         skip = op.startswith(("MEMBAR", "CCTL", "BAR", "WARPSYNC", "DEPBAR", "EXIT", "BRA", "RET", "CALL", "ERRBAR"))
-        if not skip and not (op.startswith("LD") and ".STRONG" in op):
-            used = _registers(text)
-            for b in ctl.wait:
-                loads = [x for x in pending.get(b, []) if _global_load(x[1])]
-                if loads and not any(x[2] & used for x in pending.get(b, [])):
-                    # more streamed loads right after it: the wait splits a batch of loads in two
-                    after = sum(_global_load(t) and _op(t).startswith("LDG") for _, _, t in rows[i:i + SPLIT_WINDOW])
-                    split = f" (splits a load batch: {after} more within {SPLIT_WINDOW} instructions)" if after else ""
-                    out.append(f"{addr:05x} {text}  waits on scoreboard {b} for {len(loads)} global load(s) it does "
-                               f"not use{split}, e.g. {loads[0][0]:05x} {loads[0][1]}")
+        if skip or (op.startswith("LD") and ".STRONG" in op):
+            continue
+        used = _registers(text)
         for b in ctl.wait:
-            pending[b] = []
-        if ctl.write_sb is not None:
-            dest = _registers(text) if op.startswith("LD") else set()
-            pending.setdefault(ctl.write_sb, []).append((addr, text, dest))
+            counted = pending.get(b, [])
+            loads = [x for x in counted if _global_load(x[1])]
+            if loads and not any(_op(t).startswith("LD") and _registers(t) & used for _, t in counted):
+                # more streamed loads right after it: the wait splits a batch of loads in two
+                after = sum(_global_load(t) and _op(t).startswith("LDG") for _, _, t in rows[i:i + SPLIT_WINDOW])
+                split = f" (splits a load batch: {after} more within {SPLIT_WINDOW} instructions)" if after else ""
+                out.append(f"{addr:05x} {text}  waits on scoreboard {b} for {len(loads)} global load(s) it does "
+                           f"not use{split}, e.g. {loads[0][0]:05x} {loads[0][1]}")
     return out
 
 

@@ -171,8 +171,9 @@ def lower(stage: Model, ctx) -> dict:
         ctx.fail(("tokens_per_task",), f"{per_task} tokens a task need {per_task * NORM_THREADS} threads "
                  f"({NORM_THREADS} a token), the grid has {ctx.threads}", "use 1 or 2 within the grid's threads")
     s = ctx.tokens
-    if ctx.task_count != -(-s // per_task):
-        ctx.fail(("tasks",), f"one task per {per_task} token(s) expected: {-(-s // per_task)} at {s} tokens, "
+    tasks = -(-s // per_task)
+    if ctx.task_count != tasks:
+        ctx.fail(("tasks",), f"one task per {per_task} token(s) expected: {tasks} at {s} tokens, "
                  f"got {ctx.task_count}", "set tasks to ceil_div(tokens, tokens_per_task)")
     ctx.region(stage.partials, ("partials",), kind="pairs", min_count=parts * s * (q_rank + kv_dim))
     check_producer(stage, ctx, q_rank + kv_dim, parts)
