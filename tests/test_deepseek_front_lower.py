@@ -390,10 +390,16 @@ def test_wqkv_quarters(tp, tokens):
         if tokens <= 8:  # x quantized here, straight into core matrices
             assert "xl[item_word(r, it)] = w0;" in rows and "await_rows(" not in wqkv
             assert "constexpr bool SWIZZLE = false;" in wqkv
-        else:  # copied from xq's X8 into the swizzled layout, the codes by cp.async
+        elif tokens <= 16:  # copied from xq's X8 into the swizzled layout, the codes by cp.async
             assert "await_rows(mb, kpart);" in wqkv and "constexpr bool SWIZZLE = true;" in wqkv
             assert rows.index("copy16_async(xs + ") < rows.index("xl + row_word(i / VECS, i % VECS)) = x;") \
                 < rows.index("copy_async_wait();")
+        else:  # ... rows too by cp.async (spec rows_async): landed, fenced for the wgmma, then the barrier
+            assert "await_rows(mb, kpart);" in wqkv and "constexpr bool SWIZZLE = true;" in wqkv
+            order = ["copy16_async(xs + ", "copy16_async(xl + row_word(i / VECS, i % VECS), row_piece(i));",
+                     "copy_async_wait();", "fence_proxy_async_lds();", "barrier();"]
+            assert [rows.index(o) for o in order] == sorted(rows.index(o) for o in order)
+            assert "xl + row_word(i / VECS, i % VECS)) = x;" not in rows
         assert rows.index("fence_proxy_async_lds();") > 0
         assert "if (QKV_PARTS == 4) sum = sum + (u32_as_float(pk[2][e]) + u32_as_float(pk[3][e]));" in text
 
@@ -635,3 +641,27 @@ def test_qkv_token_pairs():
     for tokens in (4, 7, 21):  # 4 fit the free CTAs one a task; 7 pairs measured slower
         assert "constexpr int TOKENS_PER_TASK = 1;" in render(ir_of(tokens=tokens))
     assert "constexpr int TOKENS_PER_TASK = 1;" in render(ir_of(tokens=20, tp=2))
+
+
+def test_rows_async():
+    """rows_async: the token rows from the source's mailbox by cp.async, not through registers
+    (the spec's: wqkv_a at TP4 above 16 rows); wq_b's copied rows (3..15 rows) by tune, with the
+    fence for the wgmma after the copies landed; no effect on q_inline's normed rows or the TMA
+    image copy; refused on AMD."""
+    def values(stage, **kw):
+        return next(s for s in ir_of(**kw).stages if s.name == stage).values
+    assert [values("wqkv_a", tokens=s, tp=tp)["rows_async"] for s, tp in ((9, 4), (16, 4), (17, 4), (48, 4), (48, 2))] \
+        == [False, False, True, True, False]
+    on = {"wq_b.rows_async": 1}
+    assert [values("wq_b", tokens=s, tune=on)["rows_async"] for s in (1, 2, 6, 15, 16, 48)] \
+        == [False, False, True, True, False, False]  # q_inline at 1 / 2, the image from 16
+    text = render(ir_of(tokens=6, tune=on))
+    rows = text[text.index("namespace stage_wq_b {"):text.index("}  // namespace stage_wq_b")]
+    rows = rows[rows.index("MONO_DEVICE void stage_rows("):rows.index("MONO_DEVICE void await_rows(")]
+    order = ["copy16_async(xl + row_word(i / VECS, i % VECS), row_piece(i));", "copy_async_wait();",
+             "fence_proxy_async_lds();", "barrier();"]
+    assert [rows.index(o) for o in order] == sorted(rows.index(o) for o in order)
+    assert rows.count("fence_proxy_async_lds();") == 1 and "= x;" not in rows
+    with pytest.raises(SpecError, match="gfx942's device library has no asynchronous global-to-LDS copy") as e:
+        ir_of("gfx942", tokens=6, tune=on)
+    assert "attn_front.yaml:" in str(e.value) and "rows_async" in str(e.value)

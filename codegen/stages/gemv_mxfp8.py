@@ -109,6 +109,12 @@ class Model(StageBase):
     # competed with the first stage's weights (H200: every S 1.1-2.3 us slower, bench/NOTES.md)
     l2_prefetch: PerTarget = PerTarget(default=0)
     l2_prefetch_at: Name | None = None  # l2_prefetch: the stage before whose run the kernel issues it (not in a build: the next one that is)
+    # token rows from the source's mailbox into LDS by cp.async (1 = on; NVIDIA), as the codes are,
+    # not by 16-byte loads through registers: no register sits between L2 and LDS, so the copy
+    # waits on no scoreboard the CTA's weight loads share (from S = 9 the sm90 SASS held wqkv's X8
+    # copy for its CTA's 20 weight loads). No effect where the rows come otherwise (inline,
+    # q_inline, one TMA copy of an image)
+    rows_async: PerTarget = PerTarget(default=0)
     # mla_norm_rope source: the CTAs norm and quantize the q latent themselves from the source's
     # partials (template macro mla_q_math, the same bits as its QX8) instead of waiting for QX8:
     # one hand-off less (the source's QX8 store, fence and flag, this stage's flag poll and row
@@ -121,7 +127,7 @@ class Model(StageBase):
     weights_point: Name | None = None  # timeline point: bulk_weights / lds_weights: the staged copies landed
 
     _tile = field_validator("token_tile", "ilp", "bulk_weights", "lds_weights", "wgmma", "late_weights",
-                           "l2_prefetch", mode="before")(
+                           "l2_prefetch", "rows_async", mode="before")(
         classmethod(lambda cls, v: per_target(v)))
 
 
@@ -269,6 +275,10 @@ def lower(stage: Model, ctx) -> dict:
         cpw = nc // groups
     late = ctx.switch(stage.late_weights.for_target(t.name), ("late_weights",)) and wgmma
     l2_at = _l2_prefetch_at(stage, ctx) if ctx.switch(stage.l2_prefetch.for_target(t.name), ("l2_prefetch",)) else None
+    rows_async = ctx.switch(stage.rows_async.for_target(t.name), ("rows_async",))
+    if rows_async and t.vendor != "nvidia":
+        ctx.fail(("rows_async",), f"{t.name}'s device library has no asynchronous global-to-LDS copy",
+                 "turn it on for NVIDIA targets only")
     if stage.flags_point and (inline or q_inline):
         ctx.fail(("flags_point",), "flags_point stamps the wait for the source's flags; this build computes its rows "
                  "itself (" + ("q_inline" if q_inline else f"no {src.name} stage") + ")", "use rows_point here")
@@ -399,6 +409,7 @@ def lower(stage: Model, ctx) -> dict:
         # rows from the source's mailbox: their scale codes by cp.async (NVIDIA; AMD's device
         # library has no asynchronous global-to-LDS copy), not a second round of loads
         "async_codes": not (inline or q_inline) and t.vendor == "nvidia",
+        "rows_async": rows_async and not (inline or q_inline or tma_rows),  # and the rows too (spec rows_async)
         "q_math": q_math,
         "norm_par": norm_par,
         "src": pub,

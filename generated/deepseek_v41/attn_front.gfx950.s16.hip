@@ -771,8 +771,8 @@ MONO_DEVICE void stage_rows(const Args&, const Mailbox& mb, u8* lds, int part, i
     (void)lds;
     // item i = piece i % VECS of token i / VECS: a warp's load reads 512 bytes of a row (whole lines; 16 tokens'
     // 32-byte sectors a load made it 3-4 us at 48 rows, scripts/broadcast_probe.py); row_word's layout
-    copy16_batched<ROW_BATCH>(
-        nt * VECS, [&](int i) { return mb.x8 + (tok0 + i / VECS) * (K / 4) + part * (KP / 4) + 4 * (i % VECS); },
+    auto row_piece = [&](int i) { return mb.x8 + (tok0 + i / VECS) * (K / 4) + part * (KP / 4) + 4 * (i % VECS); };
+    copy16_batched<ROW_BATCH>(nt * VECS, row_piece,
         [&](int i, u32x4 x) { *reinterpret_cast<u32x4*>(xl + row_word(i / VECS, i % VECS)) = x; });
     copy16_batched<ROW_BATCH>(nt * SVECS, codes, [&](int i, u32x4 code) {
         float* s = xs + (i / SVECS) * SSTRIDE + 4 * (i % SVECS);
@@ -1168,8 +1168,8 @@ MONO_DEVICE void stage_rows(const Args&, const Mailbox& mb, u8* lds, int part, i
     (void)lds;
     // item i = piece i % VECS of token i / VECS: a warp's load reads 512 bytes of a row (whole lines; 16 tokens'
     // 32-byte sectors a load made it 3-4 us at 48 rows, scripts/broadcast_probe.py); row_word's layout
-    copy16_batched<ROW_BATCH>(
-        nt * VECS, [&](int i) { return mb.qx8 + (tok0 + i / VECS) * (K / 4) + part * (KP / 4) + 4 * (i % VECS); },
+    auto row_piece = [&](int i) { return mb.qx8 + (tok0 + i / VECS) * (K / 4) + part * (KP / 4) + 4 * (i % VECS); };
+    copy16_batched<ROW_BATCH>(nt * VECS, row_piece,
         [&](int i, u32x4 x) { *reinterpret_cast<u32x4*>(xl + row_word(i / VECS, i % VECS)) = x; });
     copy16_batched<ROW_BATCH>(nt * SVECS, codes, [&](int i, u32x4 code) {
         float* s = xs + (i / SVECS) * SSTRIDE + 4 * (i % SVECS);

@@ -1139,12 +1139,12 @@ MONO_DEVICE void stage_rows(const Args&, const Mailbox& mb, u8* lds, int part, i
     for (int i = thread_id(); i < nt * SVECS; i += THREADS) copy16_async(xs + (i / SVECS) * SSTRIDE + 4 * (i % SVECS), codes(i));
     // item i = piece i % VECS of token i / VECS: a warp's load reads 512 bytes of a row (whole lines; 16 tokens'
     // 32-byte sectors a load made it 3-4 us at 48 rows, scripts/broadcast_probe.py); row_word's layout
-    copy16_batched<ROW_BATCH>(
-        nt * VECS, [&](int i) { return mb.x8 + (tok0 + i / VECS) * (K / 4) + part * (KP / 4) + 4 * (i % VECS); },
-        [&](int i, u32x4 x) { *reinterpret_cast<u32x4*>(xl + row_word(i / VECS, i % VECS)) = x; });
-    fence_proxy_async_lds();  // the wgmma reads them through the async proxy (after the caller's barrier)
+    auto row_piece = [&](int i) { return mb.x8 + (tok0 + i / VECS) * (K / 4) + part * (KP / 4) + 4 * (i % VECS); };
+    // by cp.async too (rows and codes land by the wait below)
+    for (int i = thread_id(); i < nt * VECS; i += THREADS) copy16_async(xl + row_word(i / VECS, i % VECS), row_piece(i));
     copy_async_wait();
-    barrier();  // every thread's codes in
+    fence_proxy_async_lds();  // this thread's rows, read by the wgmma through the async proxy (after the barrier)
+    barrier();  // every thread's codes and rows in
     for (int i = thread_id(); i < nt * (KP / 32); i += THREADS) {
         float* s = xs + (i / (KP / 32)) * SSTRIDE + i % (KP / 32);
         *s = e8m0_scale(int(float_as_u32(*s)));
