@@ -41,7 +41,9 @@ TUNES = {id(BULK): "bulk", id(LDS): "lds", id(EMULATED): "emulated"}
 # variants read its places by 16-byte loads)
 CASES = [
     (1, 4, 1, {}, 128, (), 0),  # q_inline: the rows normed in place (core matrices)
-    (2, 4, 2, {}, 64, (1,), 0),  # q_inline with two rows on the one qkv CTA
+    (2, 4, 2, {}, 64, (1,), 0),  # the QX8 hand-off at two rows (sm90 TP4: q_inline at one row only)
+    (2, 2, 1, {}, 128, (0,), 0),  # q_inline with two rows on the one qkv CTA (TP2)
+    (9, 4, 2, {}, 64, (3,), 8),  # x quantized by every wqkv CTA, at its most rows (sm90 TP4)
     (3, 4, 1, {}, 64, (1,), 0),
     (6, 4, 2, {}, 64, (1, 4), 64),
     (16, 4, 0, {}, 128, (3,), 0),

@@ -228,7 +228,7 @@ def test_wqb_knob_refusals(tune, message):
 def test_wqb_wgmma_layout(tp, tokens):
     """wq_b.wgmma (the spec's at sm90): the CTA's 4 units a warpgroup's 4 warps, a quarter of the
     40 chunks a warpgroup (10 a warp), the token rows in LDS in the swizzled layout (whole groups of
-    8 tokens, 1280 bytes a token: copied from QX8, or normed in place by q_inline at S <= 2), made
+    8 tokens, 1280 bytes a token: copied from QX8, or normed in place by q_inline: 1 row at TP4, 2 at TP2), made
     visible to the async proxy before the barrier; one partial tile a warpgroup (4 to sum), and LDS
     for those only. TP2 (8 units a CTA): two groups, the second's weights loaded as the first's
     last pass frees their registers."""
@@ -240,8 +240,9 @@ def test_wqb_wgmma_layout(tp, tokens):
     x = next(b for b in ir.lds if b.qualified_name == "stage_wq_b::LDS_X")
     assert x.nbytes == -(-tokens // 8) * 8 * 1280
     # rows copied from QX8: the swizzled layout, its atoms 1024-byte aligned; normed in place
-    # (q_inline, S <= 2, buffers before x): core matrices
-    assert v["swizzle"] == (tokens > 2) and (x.offset % 1024 == 0 or tokens <= 2)
+    # (q_inline, buffers before x): core matrices
+    q_inline = tokens <= (1 if tp == 4 else 2)  # the spec's INLINE_Q_TOKENS (sm90)
+    assert v["q_inline"] is q_inline and v["swizzle"] is not q_inline and (x.offset % 1024 == 0 or q_inline)
     part = next(b for b in ir.lds if b.qualified_name == "stage_wq_b::LDS_PART")
     # 4 units x 4 warpgroup tiles of 16 rows x PART_ROW floats, a set for each 16-column pass (one
     # epilogue a group over all of them)
@@ -250,10 +251,10 @@ def test_wqb_wgmma_layout(tp, tokens):
     text = render(ir)
     wqb = text[text.index("namespace stage_wq_b {"):text.index("}  // namespace stage_wq_b")]
     assert "constexpr int PART_WAVES = 4;          // partial tiles of a unit: one a warpgroup" in wqb and "mx_gemv64_wgmma<CPWG, GROUPS, NG, SSTRIDE, SWIZZLE>(" in wqb
-    assert f"constexpr bool SWIZZLE = {'true' if tokens > 2 else 'false'};" in wqb
+    assert f"constexpr bool SWIZZLE = {'false' if q_inline else 'true'};" in wqb
     assert "constexpr int PART_TILE = PART_WAVES * PART_WAVE;" in wqb
     rows = wqb[wqb.index("MONO_DEVICE void stage_rows("):]
-    if tokens <= 2:  # q_inline: normed in place (core matrices), made visible to the async proxy
+    if q_inline:  # normed in place (core matrices), made visible to the async proxy
         assert rows.index("xl[item_word(r, tt)] = w0;") < rows.index("fence_proxy_async_lds();")
     elif tokens < 16 or (tp, tokens) == (2, 16):  # copied from QX8 in row order (16-byte loads), swizzled
         assert not v["tma_rows"] and ir.region("qx8").count == tokens * 320
@@ -373,13 +374,15 @@ def test_wqkv_quarters(tp, tokens):
     assert st["kt"].first == free and ("xq" not in st or (st["xq"].first, st["xq"].tasks) == (free, k_parts * tokens))
     # the qkv tasks on the last S CTAs where those have no wqkv unit (quarters, 3..20 rows), and
     # wq_b's weights into L2 as those CTAs enter the qkv stage; else the first S CTAs
-    # (up to 2 rows, q_inline: on the last CTA, which has no wq_b unit); at TP4 at 5 and 6 rows two
-    # tokens a task, on 3 of the 4 CTAs without wq_b units
+    # (q_inline, 1 row at TP4, up to 2 at TP2: on the last CTA, which has no wq_b unit); at TP4 at
+    # 5 and 6 rows two tokens a task, on 3 of the 4 CTAs without wq_b units
     per_task = 2 if quarters and 5 <= tokens <= 6 else 1
     tasks = -(-tokens // per_task)
-    on_last = quarters and tokens >= 3 and tasks <= 20 or tp == 2 and 9 <= tokens <= 20
+    on_last = quarters and tokens >= 2 and tasks <= 20 or tp == 2 and 9 <= tokens <= 20
+    q_inline = tokens <= (1 if tp == 4 else 2)
+    assert st["wq_b"].values["q_inline"] is q_inline
     assert (st["qkv"].tasks, st["qkv"].values["per_task"]) == (tasks, per_task)
-    assert st["qkv"].first == (132 - tasks if on_last else 131 if tokens <= 2 else 0)
+    assert st["qkv"].first == (132 - tasks if on_last else 131 if q_inline else 0)
     assert st["wq_b"].values["l2_prefetch_at"] == ("qkv" if on_last else None)
     text = render(ir)
     assert f"constexpr int QKV_PARTS = {k_parts};" in text
@@ -387,7 +390,7 @@ def test_wqkv_quarters(tp, tokens):
         wqkv = text[text.index("namespace stage_wqkv_a {"):text.index("}  // namespace stage_wqkv_a")]
         assert "mx_gemv64_wgmma<CPWG, GROUPS, NG, SSTRIDE, SWIZZLE>(" in wqkv and "(long long)unit_part(u) * NC * 16 * GEMV_K_CHUNK" in wqkv
         rows = wqkv[wqkv.index("MONO_DEVICE void stage_rows("):wqkv.index("MONO_DEVICE void run(")]
-        if tokens <= 8:  # x quantized here, straight into core matrices
+        if tokens <= 9:  # x quantized here, straight into core matrices
             assert "xl[item_word(r, it)] = w0;" in rows and "await_rows(" not in wqkv
             assert "constexpr bool SWIZZLE = false;" in wqkv
         elif tokens <= 16:  # copied from xq's X8 into the swizzled layout, the codes by cp.async
@@ -645,7 +648,7 @@ def test_qkv_token_pairs():
 
 def test_rows_async():
     """rows_async: the token rows from the source's mailbox by cp.async, not through registers
-    (the spec's: wqkv_a at TP4 above 16 rows); wq_b's copied rows (3..15 rows) by tune, with the
+    (the spec's: wqkv_a at TP4 above 16 rows); wq_b's copied rows (2..15 rows) by tune, with the
     fence for the wgmma after the copies landed; no effect on q_inline's normed rows or the TMA
     image copy; refused on AMD."""
     def values(stage, **kw):
@@ -654,7 +657,7 @@ def test_rows_async():
         == [False, False, True, True, False]
     on = {"wq_b.rows_async": 1}
     assert [values("wq_b", tokens=s, tune=on)["rows_async"] for s in (1, 2, 6, 15, 16, 48)] \
-        == [False, False, True, True, False, False]  # q_inline at 1 / 2, the image from 16
+        == [False, True, True, True, False, False]  # q_inline at 1, the image from 16
     text = render(ir_of(tokens=6, tune=on))
     rows = text[text.index("namespace stage_wq_b {"):text.index("}  // namespace stage_wq_b")]
     rows = rows[rows.index("MONO_DEVICE void stage_rows("):rows.index("MONO_DEVICE void await_rows(")]
