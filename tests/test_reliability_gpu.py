@@ -362,8 +362,13 @@ DS_HANGS = [
 @pytest.mark.parametrize("tokens,cut,where", DS_HANGS, ids=["s4-no-qkv", "s17-no-xq"])
 def test_deepseek_unsatisfiable_wait_raises_kernel_hang_within_2s(tokens, cut, where):
     kernel, case, args = ds_setup(tokens, seed=11, debug=True)
-    if cut == "xq" and kernel.ir.blocks > next(s for s in kernel.ir.stages if s.name == "wqkv_a").tasks:
+    st = {s.name: s for s in kernel.ir.stages}
+    if cut == "xq" and kernel.ir.blocks > st["wqkv_a"].tasks:
         where = where | {("wq_b", "qrdy")}  # AMD: CTAs without a wqkv unit go straight to wq_b's wait
+    wqkv_ctas = range(st["wqkv_a"].first, st["wqkv_a"].first + st["wqkv_a"].ctas)
+    qkv_ctas = range(st["qkv"].first, st["qkv"].first + min(st["qkv"].tasks, st["qkv"].ctas))
+    if cut == "xq" and any(c not in wqkv_ctas for c in qkv_ctas):
+        where = where | {("qkv", "qkvp")}  # sm90: qkv CTAs without a wqkv unit wait on its partials at once
     broken = ds_broken(kernel, cut)
     torch.cuda.synchronize()
     t0 = time.perf_counter()
