@@ -72,9 +72,9 @@ def test_corruptions_are_caught(simulated, corrupt):
 
 @pytest.mark.parametrize("corrupt", ["q", "qr_out", "partial"])
 def test_q_inline_corruptions_are_caught(corrupt):
-    """S = 1 index build: wq_b norms q itself (no QX8 in the scratch), and the checks still
+    """S = 1 TP2 index build: wq_b norms q itself (no QX8 in the scratch), and the checks still
     catch a wrong q, qr_out or partial."""
-    ir, case, args = run_case(1, 4, 2, index=True)
+    ir, case, args = run_case(1, 2, 2, index=True)
     assert not dc.publishes_qx8(ir)
     dc.check(case, ir, args)
     if corrupt == "q":

@@ -40,8 +40,8 @@ TUNES = {id(BULK): "bulk", id(LDS): "lds", id(EMULATED): "emulated"}
 # (TP4) / 17 the qkv stage stores QX8 as wq_b's LDS image (one bulk copy; the EMULATED / LDS
 # variants read its places by 16-byte loads)
 CASES = [
-    (1, 4, 1, {}, 128, (), 0),  # q_inline: the rows normed in place (core matrices)
-    (2, 4, 2, {}, 64, (1,), 0),  # the QX8 hand-off at two rows (sm90 TP4: q_inline at one row only)
+    (1, 4, 1, {}, 128, (), 0),  # sm90: wqkv in K quarters, the QX8 hand-off (no q_inline at TP4)
+    (2, 4, 2, {}, 64, (1,), 0),
     (2, 2, 1, {}, 128, (0,), 0),  # q_inline with two rows on the one qkv CTA (TP2)
     (9, 4, 2, {}, 64, (3,), 8),  # x quantized by every wqkv CTA, at its most rows (sm90 TP4)
     (3, 4, 1, {}, 64, (1,), 0),
@@ -54,7 +54,8 @@ CASES = [
     (16, 2, 1, {}, 128, (2,), 64),
     (48, 2, 1, {}, 64, (7,), 0),
     (6, 4, 1, {"index": True}, 128, (2,), 0),
-    (1, 4, 2, {"index": True}, 64, (), 0),  # q_inline: the qkv stage writes qr_out but no QX8
+    (1, 4, 2, {"index": True}, 64, (), 0),
+    (1, 2, 2, {"index": True}, 64, (), 0),  # q_inline: the qkv stage writes qr_out but no QX8
     (48, 2, 2, {"index": True}, 64, (1,), 8),
     (1, 4, 1, {"tuned": True}, 128, (), 0),
     (17, 2, 2, {"tuned": True}, 64, (3,), 0),

@@ -30,19 +30,18 @@ def ir_of(target="sm90", tune=None, **params):
     (48, [0, 245760, 276480, 277248, 1653504, 1714944, 1722624]),
 ])
 def test_scratch_layout_is_b8(tokens, offsets):
-    """Contract B.8's layout; where sm90's wqkv partials come in 4 K quarters, not 2 halves (TP4
-    from 2 rows), its xrdy and qkvp regions hold twice the pairs, the same regions in the same
-    order. (sm90's QX8 is wq_b's LDS image, whole 8-token groups: B.8's bytes at these S, other
-    places inside.)"""
-    for target in [t for t in TARGETS if not (t == "sm90" and tokens >= 2)]:
+    """Contract B.8's layout; where sm90's wqkv partials come in 4 K quarters, not 2 halves (TP4),
+    its xrdy and qkvp regions hold twice the pairs, the same regions in the same order. (sm90's
+    QX8 is wq_b's LDS image, whole 8-token groups: B.8's bytes at these S, other places inside.)"""
+    for target in [t for t in TARGETS if t != "sm90"]:
         ir = ir_of(target, tokens=tokens)
         assert [r.name for r in ir.regions] == ["x8", "x8s", "xrdy", "qkvp", "qx8", "qx8s", "qrdy"]
         assert [r.offset for r in ir.regions] == offsets, target
-    if tokens >= 2:  # sm90 TP4: 4 K quarters, twice the xrdy flags and the partials
-        b8, sm90 = ir_of("gfx950", tokens=tokens), ir_of(tokens=tokens)
-        assert [(r.name, r.offset) for r in sm90.regions[:3]] == [(r.name, r.offset) for r in b8.regions[:3]]
-        assert sm90.region("xrdy").count == 2 * b8.region("xrdy").count
-        assert sm90.region("qkvp").count == 4 * tokens * 1792 == 2 * b8.region("qkvp").count
+    # sm90 TP4: 4 K quarters, twice the xrdy flags and the partials
+    b8, sm90 = ir_of("gfx950", tokens=tokens), ir_of(tokens=tokens)
+    assert [(r.name, r.offset) for r in sm90.regions[:3]] == [(r.name, r.offset) for r in b8.regions[:3]]
+    assert sm90.region("xrdy").count == 2 * b8.region("xrdy").count
+    assert sm90.region("qkvp").count == 4 * tokens * 1792 == 2 * b8.region("qkvp").count
 
 
 @pytest.mark.parametrize("tokens", [1, 6, 48])
@@ -55,14 +54,16 @@ def test_tuned_flag_copies(tokens):
         assert r.count == 8 * stride and r.offset % 256 == 0 and (stride * 8) % 256 == 0
     text = render(ir)
     assert "constexpr int COPIES = 8;" in text
-    assert ("block_id() % COPIES" in text) is (tokens > 1)  # S = 1: wq_b norms q itself, xq is off: no flag waits
+    assert "block_id() % COPIES" in text  # wq_b's QX8 flags (S = 1 too: no q_inline at sm90 TP4)
+    q_inline = render(ir_of(tokens=1, tp=2, tuned=True))  # TP2 S = 1: wq_b norms q itself, xq is off: no flag waits
+    assert "constexpr int COPIES = 8;" in q_inline and "block_id() % COPIES" not in q_inline
 
 
 @pytest.mark.parametrize("target", list(TARGETS))
 @pytest.mark.parametrize("tokens", [1, 16, 17, 48])
 def test_stages_and_placement(target, tokens):
-    if target == "sm90" and tokens >= 2:  # K quarters: test_wqkv_quarters
-        ir = ir_of(target, tokens=tokens, tune={"symbols.WQKV_QUARTERS": 0})
+    if target == "sm90":  # the spec's K quarters (no q_inline): test_wqkv_quarters; here halves, as TP2's
+        ir = ir_of(target, tokens=tokens, tune={"symbols.WQKV_QUARTERS": 0, "symbols.INLINE_Q_TOKENS": 2})
     else:
         ir = ir_of(target, tokens=tokens)
     st = {s.name: s for s in ir.stages}
@@ -228,7 +229,7 @@ def test_wqb_knob_refusals(tune, message):
 def test_wqb_wgmma_layout(tp, tokens):
     """wq_b.wgmma (the spec's at sm90): the CTA's 4 units a warpgroup's 4 warps, a quarter of the
     40 chunks a warpgroup (10 a warp), the token rows in LDS in the swizzled layout (whole groups of
-    8 tokens, 1280 bytes a token: copied from QX8, or normed in place by q_inline: 1 row at TP4, 2 at TP2), made
+    8 tokens, 1280 bytes a token: copied from QX8, or normed in place by q_inline: up to 2 rows at TP2), made
     visible to the async proxy before the barrier; one partial tile a warpgroup (4 to sum), and LDS
     for those only. TP2 (8 units a CTA): two groups, the second's weights loaded as the first's
     last pass frees their registers."""
@@ -241,7 +242,7 @@ def test_wqb_wgmma_layout(tp, tokens):
     assert x.nbytes == -(-tokens // 8) * 8 * 1280
     # rows copied from QX8: the swizzled layout, its atoms 1024-byte aligned; normed in place
     # (q_inline, buffers before x): core matrices
-    q_inline = tokens <= (1 if tp == 4 else 2)  # the spec's INLINE_Q_TOKENS (sm90)
+    q_inline = tp == 2 and tokens <= 2  # the spec's INLINE_Q_TOKENS (sm90)
     assert v["q_inline"] is q_inline and v["swizzle"] is not q_inline and (x.offset % 1024 == 0 or q_inline)
     part = next(b for b in ir.lds if b.qualified_name == "stage_wq_b::LDS_PART")
     # 4 units x 4 warpgroup tiles of 16 rows x PART_ROW floats, a set for each 16-column pass (one
@@ -360,26 +361,26 @@ def test_a_ctas_wqkv_units_share_their_k_part(target, tokens):
 @pytest.mark.parametrize("tp,tokens", [(4, 1), (4, 2), (4, 3), (4, 4), (4, 5), (4, 6), (4, 7), (4, 8), (4, 9), (4, 16), (4, 17), (4, 20), (4, 21), (4, 40), (4, 41), (4, 48),
                                        (2, 6), (2, 16)])
 def test_wqkv_quarters(tp, tokens):
-    """sm90 TP4 from 2 rows: wqkv in K quarters, 4 units (64 rows of one quarter) on each of CTAs
-    0..111, on the native fp8 wgmma; xq (by quarters) and kt on CTAs 112..131; the qkv stage and
-    q_inline sum (P_0 + P_1) + (P_2 + P_3). Elsewhere (S = 1: the 4 partials cost wq_b's q_inline
-    CTAs more than the wgmma saves; TP2, measured slower) halves, as on AMD."""
+    """sm90 TP4: wqkv in K quarters, 4 units (64 rows of one quarter) on each of CTAs 0..111, on
+    the native fp8 wgmma; xq (by quarters) and kt on CTAs 112..131; the qkv stage sums (P_0 + P_1)
+    + (P_2 + P_3) (q_inline would too: at S = 1 its 4 partials cost wq_b's CTAs more than the wgmma
+    saves, so TP4 has none). Elsewhere (TP2, measured slower) halves, as on AMD."""
     ir = ir_of(tokens=tokens, tp=tp)
     st = {s.name: s for s in ir.stages}
-    quarters = tp == 4 and tokens >= 2
+    quarters = tp == 4
     k_parts = next(c.value for c in ir.constants if c.name == "K_PARTS")
     assert k_parts == (4 if quarters else 2) and st["wqkv_a"].values["wgmma"] is bool(quarters)
     assert st["wqkv_a"].tasks == 112 * k_parts and st["wqkv_a"].ctas == (112 if quarters else 132)
     free = 112 if quarters else 92
     assert st["kt"].first == free and ("xq" not in st or (st["xq"].first, st["xq"].tasks) == (free, k_parts * tokens))
-    # the qkv tasks on the last S CTAs where those have no wqkv unit (quarters, 3..20 rows), and
+    # the qkv tasks on the last S CTAs where those have no wqkv unit (quarters, up to 20 tasks), and
     # wq_b's weights into L2 as those CTAs enter the qkv stage; else the first S CTAs
-    # (q_inline, 1 row at TP4, up to 2 at TP2: on the last CTA, which has no wq_b unit); at TP4 at
-    # 5 and 6 rows two tokens a task, on 3 of the 4 CTAs without wq_b units
+    # (q_inline, up to 2 rows at TP2: on the last CTA, which has no wq_b unit); at TP4 at 5 and 6
+    # rows two tokens a task, on 3 of the 4 CTAs without wq_b units
     per_task = 2 if quarters and 5 <= tokens <= 6 else 1
     tasks = -(-tokens // per_task)
-    on_last = quarters and tokens >= 2 and tasks <= 20 or tp == 2 and 9 <= tokens <= 20
-    q_inline = tokens <= (1 if tp == 4 else 2)
+    on_last = quarters and tasks <= 20 or tp == 2 and 9 <= tokens <= 20
+    q_inline = tp == 2 and tokens <= 2
     assert st["wq_b"].values["q_inline"] is q_inline
     assert (st["qkv"].tasks, st["qkv"].values["per_task"]) == (tasks, per_task)
     assert st["qkv"].first == (132 - tasks if on_last else 131 if q_inline else 0)
@@ -420,17 +421,16 @@ def test_gemv_probe_points(stage, tokens):
     with pytest.raises(SpecError, match="no timeline point 'nowhere'"):
         ir_of(tokens=tokens, tune={f"{stage}.rows_point": "nowhere"})
     # flags_point: between the wait for the rows' flags and their copy; refused where the CTA
-    # computes its rows itself (wq_b at 1 row norms q inline)
+    # computes its rows itself (wq_b at 1 row at TP2 norms q inline)
     tune = {f"{stage}.flags_point": "spare4"}
     if (stage, tokens) == ("wq_b", 1):
         with pytest.raises(SpecError, match="flags_point stamps the wait for the source's flags"):
-            ir_of(tokens=tokens, timeline=True, tune=tune)
-    else:
-        run = render(ir_of(tokens=tokens, timeline=True, tune=tune))
-        run = run[run.index(f"namespace stage_{stage} {{"):run.index(f"}}  // namespace stage_{stage}")]
-        run = run[run.index("MONO_DEVICE void run("):]
-        assert run.count("stamp(lds, TL_SPARE4);") == 1
-        assert run.index("await_rows(mb,") < run.index("stamp(lds, TL_SPARE4);") < run.index("stage_rows(a, mb,")
+            ir_of(tokens=tokens, tp=2, timeline=True, tune=tune)
+    run = render(ir_of(tokens=tokens, timeline=True, tune=tune))
+    run = run[run.index(f"namespace stage_{stage} {{"):run.index(f"}}  // namespace stage_{stage}")]
+    run = run[run.index("MONO_DEVICE void run("):]
+    assert run.count("stamp(lds, TL_SPARE4);") == 1
+    assert run.index("await_rows(mb,") < run.index("stamp(lds, TL_SPARE4);") < run.index("stage_rows(a, mb,")
     # mma_point (wgmma builds; wqkv at TP2 runs the mma.sync loop): after the first pass's MMAs,
     # before its epilogue's barrier
     tune = {f"{stage}.mma_point": "spare3"}
@@ -458,7 +458,7 @@ def test_q_inline_builds():
     qkv stage publishes nothing, on the last CTA, which has no wq_b unit (sm90); above, QX8 and
     its flags as before. Both emit the one q latent math (mla_q_math). The emulated MMAs' loop (TP2's;
     test_wqb_wgmma_layout has the wgmma loop's rows)."""
-    emulated = {"wq_b.wgmma": 0}
+    emulated = {"wq_b.wgmma": 0, "symbols.INLINE_Q_TOKENS": 2}  # q_inline up to 2 rows: TP2's spec (TP4's has none)
     for tokens, inline in ((1, True), (6, False)):
         ir = ir_of(tokens=tokens, tune=emulated)
         qkv, wqb = (next(s for s in ir.stages if s.name == n) for n in ("qkv", "wq_b"))
@@ -648,7 +648,7 @@ def test_qkv_token_pairs():
 
 def test_rows_async():
     """rows_async: the token rows from the source's mailbox by cp.async, not through registers
-    (the spec's: wqkv_a at TP4 above 16 rows); wq_b's copied rows (2..15 rows) by tune, with the
+    (the spec's: wqkv_a at TP4 above 16 rows); wq_b's copied rows (1..15 rows) by tune, with the
     fence for the wgmma after the copies landed; no effect on q_inline's normed rows or the TMA
     image copy; refused on AMD."""
     def values(stage, **kw):
@@ -657,7 +657,8 @@ def test_rows_async():
         == [False, False, True, True, False]
     on = {"wq_b.rows_async": 1}
     assert [values("wq_b", tokens=s, tune=on)["rows_async"] for s in (1, 2, 6, 15, 16, 48)] \
-        == [False, True, True, True, False, False]  # q_inline at 1, the image from 16
+        == [True, True, True, True, False, False]  # the image from 16
+    assert not values("wq_b", tokens=1, tp=2, tune=on)["rows_async"]  # q_inline (TP2)
     text = render(ir_of(tokens=6, tune=on))
     rows = text[text.index("namespace stage_wq_b {"):text.index("}  // namespace stage_wq_b")]
     rows = rows[rows.index("MONO_DEVICE void stage_rows("):rows.index("MONO_DEVICE void await_rows(")]

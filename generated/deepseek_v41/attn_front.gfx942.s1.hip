@@ -2,7 +2,7 @@
 // spec:   specs/deepseek_v41/attn_front.yaml
 // build:  tokens=1 tp=4 ratio=1 index=False tuned=False timeline=False debug=False
 //   x (bf16) -> MXFP8 -> wqkv_a GEMV over K parts (fp32 partials in QKVP: two
-//   halves; sm90 TP4 from 2 rows four quarters); the parts summed -> bf16;
+//   halves; sm90 TP4 four quarters); the parts summed -> bf16;
 //   q_norm -> bf16 -> MXFP8 (QX8, a ready flag a token);
 //   kv_norm -> bf16 -> GPT-J RoPE of dims 448.. -> bf16 -> the fp8_ds_mla record at
 //   the token's SWA slot; QX8 x wq_b -> bf16 -> GPT-J RoPE of each head's dims 448..

@@ -2,7 +2,7 @@
 // spec:   specs/deepseek_v41/attn_front.yaml
 // build:  tokens=1 tp=4 ratio=1 index=False tuned=False timeline=False debug=False
 //   x (bf16) -> MXFP8 -> wqkv_a GEMV over K parts (fp32 partials in QKVP: two
-//   halves; sm90 TP4 from 2 rows four quarters); the parts summed -> bf16;
+//   halves; sm90 TP4 four quarters); the parts summed -> bf16;
 //   q_norm -> bf16 -> MXFP8 (QX8, a ready flag a token);
 //   kv_norm -> bf16 -> GPT-J RoPE of dims 448.. -> bf16 -> the fp8_ds_mla record at
 //   the token's SWA slot; QX8 x wq_b -> bf16 -> GPT-J RoPE of each head's dims 448..
@@ -36,39 +36,37 @@
 //   23 kt         i32   [1, 640]           out   key table: compressed slot | 1 << 31, window slot, or -1 (not written in index builds)
 //   24 klen       i32   [2]                out   KLEN[t] = kv_len, KLEN[S + t] = ntopk (not written in index builds)
 //   25 qr_out     bf16  [1, 1280]          out   index builds: bf16 normed q latent (None: not written)
-//   26 scratch    u8    [36608]            inout mailboxes; zeroed once, never cleared
+//   26 scratch    u8    [65280]            inout mailboxes; zeroed once, never cleared
 //   27 epoch      i32   [2]                inout [epoch, CTAs done]: the last CTA out advances the epoch
 //   28 layer      i32   scalar             in    layer id (not part of the tag: B.6)
 //   29 tl         i64   [132, 10]          out   timeline stamps (timeline builds)
 //
-// scratch (36608 bytes; regions 256-byte aligned; tag = epoch[0] * 2 + 1):
+// scratch (65280 bytes; regions 256-byte aligned; tag = epoch[0] * 2 + 1):
 //   x8       @        0      5120 B  1280 words: xq's e4m3 rows: token t at word t * 1280, K part p at + 1280 p / K_PARTS
 //   x8s      @     5120       640 B  160 words: xq's E8M0 codes (int32): token t at t * 160
-//   xrdy     @     5888        16 B  2 flags: ready flag of (token t, K part p) at K_PARTS t + p (copy c: + c * XRDY_STRIDE)
-//   qkvp     @     6144     28672 B  3584 pairs: wqkv fp32 partials: (p * S + t) * 1792 + row
-//   qx8      @    34816      1280 B  320 words: MXFP8 of the normed q latent: token t at word t * 320; sm90 (qkv image): wq_b's LDS image, 8-token groups of the 128-byte-swizzled layout
-//   qx8s     @    36096       160 B  40 words: its E8M0 codes (int32): token t at t * 40
-//   qrdy     @    36352         8 B  1 flags: ready flag of token t's QX8 (copy c: + c * QRDY_STRIDE)
+//   xrdy     @     5888        32 B  4 flags: ready flag of (token t, K part p) at K_PARTS t + p (copy c: + c * XRDY_STRIDE)
+//   qkvp     @     6144     57344 B  7168 pairs: wqkv fp32 partials: (p * S + t) * 1792 + row
+//   qx8      @    63488      1280 B  320 words: MXFP8 of the normed q latent: token t at word t * 320; sm90 (qkv image): wq_b's LDS image, 8-token groups of the 128-byte-swizzled layout
+//   qx8s     @    64768       160 B  40 words: its E8M0 codes (int32): token t at t * 40
+//   qrdy     @    65024         8 B  1 flags: ready flag of token t's QX8 (copy c: + c * QRDY_STRIDE)
 //
-// LDS (34320 bytes; stages reuse the same bytes, one after another):
+// LDS (29104 bytes; stages reuse the same bytes, one after another):
 //   stage_kt::LDS_WINDOW   @      0  128 x int
-//   stage_wqkv_a::LDS_X    @      0  644 x u32
-//   stage_wqkv_a::LDS_XS   @   2576  84 x float
-//   stage_wqkv_a::LDS_PART @   2912  4608 x float
+//   stage_wqkv_a::LDS_X    @      0  2560 x u32
+//   stage_wqkv_a::LDS_XS   @  10240  44 x float
+//   stage_wqkv_a::LDS_PART @  10416  4608 x float
 //   stage_qkv::LDS_RED     @      0  32 x float
 //   stage_qkv::LDS_VALS    @    128  1792 x float
-//   stage_wq_b::LDS_QV     @      0  1280 x float
-//   stage_wq_b::LDS_QRED   @   5120  24 x float
-//   stage_wq_b::LDS_X      @   5216  2560 x u32
-//   stage_wq_b::LDS_XS     @  15456  44 x float
-//   stage_wq_b::LDS_PART   @  15632  4608 x float
-//   stage_wq_b::LDS_CS     @  34064  64 x float
+//   stage_wq_b::LDS_X      @      0  2560 x u32
+//   stage_wq_b::LDS_XS     @  10240  44 x float
+//   stage_wq_b::LDS_PART   @  10416  4608 x float
+//   stage_wq_b::LDS_CS     @  28848  64 x float
 //
 // stages (every CTA runs them in this order; a stage waits only on earlier ones):
-//   1. kt     key_table    1 tasks on CTAs 92..131 (round_robin)
-//   2. wqkv_a gemv_mxfp8   224 tasks on CTAs 0..131 (round_robin)
+//   1. kt     key_table    1 tasks on CTAs 112..131 (round_robin)
+//   2. wqkv_a gemv_mxfp8   448 tasks on CTAs 0..111 (round_robin)
 //   3. qkv    mla_norm_rope 1 tasks on CTAs 131..131 (round_robin), waits on wqkv_a
-//   4. wq_b   gemv_mxfp8   512 tasks on CTAs 0..130 (round_robin), waits on qkv
+//   4. wq_b   gemv_mxfp8   512 tasks on CTAs 0..127 (round_robin), waits on qkv
 
 // ---- build constants ------------------------------------------------------------------
 constexpr int TOKENS = 1;  // decode rows S of the launch
@@ -97,31 +95,31 @@ constexpr int TOPK = 512;  // compressed top-k keys per token
 constexpr int KEYS = 640;  // key-table row of one token
 constexpr float EPS = 1e-20f;  // q_norm and kv_norm eps
 constexpr int MX_BLOCK = 32;  // values per E8M0 scale (activations: 1 x 32; weights: 32 x 32)
-constexpr bool WQKV_QUARTERS = false;
-constexpr int K_PARTS = 2;  // wqkv's K split: CTAs per row tile
-constexpr int WQKV_TASKS = 224;  // (16-row tile, K part) units: 224 (sm90 448)
+constexpr bool WQKV_QUARTERS = true;
+constexpr int K_PARTS = 4;  // wqkv's K split: CTAs per row tile
+constexpr int WQKV_TASKS = 448;  // (16-row tile, K part) units: 224 (sm90 448)
 constexpr int GRID_BLOCKS = 132;
-constexpr int WQKV_CTAS = 132;
-constexpr int WQKV_FREE = 92;
+constexpr int WQKV_CTAS = 112;
+constexpr int WQKV_FREE = 112;
 constexpr int INLINE_QUANT_TOKENS = 9;
-constexpr int INLINE_Q_TOKENS = 1;
-constexpr bool Q_INLINE = true;  // this build's wq_b CTAs norm q themselves
+constexpr int INLINE_Q_TOKENS = 0;
+constexpr bool Q_INLINE = false;  // this build's wq_b CTAs norm q themselves
 constexpr bool QX8_IMAGE = false;
 constexpr int QX8_TOKENS = 1;
-constexpr int WQB_CTAS = 131;
+constexpr int WQB_CTAS = 128;
 constexpr int QKV_PER_TASK = 1;
 constexpr int QKV_TASKS = 1;
-constexpr bool QKV_ON_LAST_CTAS = false;
+constexpr bool QKV_ON_LAST_CTAS = true;
 constexpr int MAX_TOKENS = 48;
 constexpr int SWA_RECORD = 584;  // fp8_ds_mla bytes a token: 576 data (448 e4m3 + 64 bf16) + 8 scale
 constexpr int EPOCH_STRIDE = 2;  // tags 2e + 1 (this kernel) and 2e + 2 (the attention kernel K2)
 constexpr int COPIES = 8;  // tuned builds: copies of each ready flag
 constexpr int FLAG_COPIES = 1;  // copies of each flag in this build
 constexpr int FLAG_ALIGN = 1;  // tuned: every copy starts its own 256-byte stretch (32 pairs)
-constexpr int XRDY_STRIDE = 2;  // pairs between copies of XRDY
+constexpr int XRDY_STRIDE = 4;  // pairs between copies of XRDY
 constexpr int QRDY_STRIDE = 1;  // pairs between copies of QRDY
 constexpr int BLOCKS = 132;  // CTAs of the grid for the build's target
-constexpr int SCRATCH_BYTES = 36608;  // size of the scratch buffer (all regions, 256-byte aligned)
+constexpr int SCRATCH_BYTES = 65280;  // size of the scratch buffer (all regions, 256-byte aligned)
 
 
 // ---- GEMV partial tiles ---------------------------------------------------------------
@@ -878,15 +876,15 @@ struct Mailbox {
     u32 tag;
     u32* x8;  // 1280 words @ 0
     u32* x8s;  // 160 words @ 5120
-    u64* xrdy;  // 2 flags @ 5888
-    u64* qkvp;  // 3584 pairs @ 6144
-    u32* qx8;  // 320 words @ 34816
-    u32* qx8s;  // 40 words @ 36096
-    u64* qrdy;  // 1 flags @ 36352
+    u64* xrdy;  // 4 flags @ 5888
+    u64* qkvp;  // 7168 pairs @ 6144
+    u32* qx8;  // 320 words @ 63488
+    u32* qx8s;  // 40 words @ 64768
+    u64* qrdy;  // 1 flags @ 65024
 };
 MONO_DEVICE void bulk_wait(u64* bar, u32 phase, u32) { bulk_wait(bar, phase); }  // (debug builds: bounded)
 
-constexpr int LDS_BYTES = 34320;  // the union of the stages' LDS, plus the stamps
+constexpr int LDS_BYTES = 29104;  // the union of the stages' LDS, plus the stamps
 
 // ---- timeline ---------------------------------------------------------------------------
 constexpr int TL_START = 0;
@@ -905,8 +903,8 @@ MONO_DEVICE void stamp(u8*, int) {}  // timeline off
 // stage 1: kt (key_table) -- token t's attention keys for K2: top-k compressed slots, then window slots
 namespace stage_kt {
 constexpr int TASKS = 1;  // task t runs on CTA FIRST + t % CTAS
-constexpr int FIRST = 92;
-constexpr int CTAS = 40;
+constexpr int FIRST = 112;
+constexpr int CTAS = 20;
 constexpr int LDS_WINDOW = 0;  // LDS: 128 x int
 
 constexpr int KEYS = 640;        // entries of a token's row: top-k, then window
@@ -977,39 +975,44 @@ MONO_DEVICE void run(const Args& a, const Mailbox&, u8* lds) {
 // =========================================================================================
 // stage 2: wqkv_a (gemv_mxfp8) -- (16-row tile, K part) units of [wq_a; wkv] -> fp32 partials
 namespace stage_wqkv_a {
-constexpr int TASKS = 224;  // task t runs on CTA FIRST + t % CTAS
+constexpr int TASKS = 448;  // task t runs on CTA FIRST + t % CTAS
 constexpr int FIRST = 0;
-constexpr int CTAS = 132;
-constexpr int LDS_X = 0;  // LDS: 644 x u32
-constexpr int LDS_XS = 2576;  // LDS: 84 x float
-constexpr int LDS_PART = 2912;  // LDS: 4608 x float
+constexpr int CTAS = 112;
+constexpr int LDS_X = 0;  // LDS: 2560 x u32
+constexpr int LDS_XS = 10240;  // LDS: 44 x float
+constexpr int LDS_PART = 10416;  // LDS: 4608 x float
 
 constexpr int ROWS = 1792;               // rows of wqkv
 constexpr int K = 5120;                   // its columns
-constexpr int K_PARTS = 2;             // unit n: rows 16 (n % ROW_TILES) .., K part n / ROW_TILES
+constexpr int K_PARTS = 4;             // unit n: rows 16 (n % ROW_TILES) .., K part n / ROW_TILES
 constexpr int ROW_TILES = ROWS / 16;
 constexpr int KP = K / K_PARTS;              // columns of one unit
 constexpr int KB = K / 32;                   // scale blocks along K (wqkv_s's row)
 constexpr int NC = KP / GEMV_K_CHUNK;        // weight chunks of a unit: one 16-byte load per lane each
-constexpr int CPW = 5;                 // chunks per wave: wave w takes w, w + WAVES, ..
+constexpr int CPW = 10;                 // chunks per wave: wave w takes w, w + WAVES, ..
 constexpr int WAVES = THREADS / WAVE;
 constexpr int UPC = (TASKS + CTAS - 1) / CTAS;  // units per CTA (round robin)
-constexpr int PREFETCH = 2 < UPC ? 2 : UPC;  // units whose weights are issued before any wait
+constexpr int PREFETCH = 1 < UPC ? 1 : UPC;  // units whose weights are issued before any wait
 constexpr int LDS_TOKENS = 1;         // token rows resident in LDS
 constexpr int N_LDS_TILES = 1;
-constexpr int XSTRIDE = 644;          // LDS words of a token row (padded: rows on distinct banks)
-constexpr int SSTRIDE = 84;           // LDS block scales of a token row
-constexpr int SRC_PARTS = 2;           // flags per token of the source: index t * SRC_PARTS + part
+constexpr int XSTRIDE = 324;          // LDS words of a token row (padded: rows on distinct banks)
+constexpr int SSTRIDE = 44;           // LDS block scales of a token row
+constexpr int SRC_PARTS = 4;           // flags per token of the source: index t * SRC_PARTS + part
 constexpr int COPIES = 1;              // the source's flag copies: CTA b polls copy b % COPIES
-constexpr int FLAG_STRIDE = 2;
+constexpr int FLAG_STRIDE = 4;
 constexpr int ROW_BATCH = 1;           // 16-byte loads a thread issues at once when it stages token rows
 constexpr float MX_FP8_MAX = 448.0f;  // the MX maximum of this target's e4m3 flavour
-// The LDS word of token t's 16-byte piece p of K (bytes 16p ..): rows of XSTRIDE words
-MONO_DEVICE int row_word(int t, int p) { return t * XSTRIDE + 4 * p; }
+constexpr int GROUPS = 4;              // warpgroups: a quarter of the chunks each, warp r of each unit r
+constexpr int NG = 1;                  // 8-token groups of the LDS rows
+constexpr bool SWIZZLE = false;       // the rows' layout (row_word)
+// The LDS word of token t's 16-byte piece p of K (bytes 16p ..): wgmma's core matrices (sm90
+// device library); rows quantized here (8 bytes a thread) measured faster in it than swizzled
+MONO_DEVICE int row_word(int t, int p) { return core_matrix_word<NG>(t, p); }
 // ... of its 8 values 8it .. (8 bytes: half it % 2 of piece it / 2), as quantized here
-// (row_word's arithmetic folded: the same word; spelled through row_word, AMD S = 6 took a VGPR more)
-MONO_DEVICE int item_word(int t, int it) { return t * XSTRIDE + 2 * it; }
-constexpr int PART_WAVES = 16;          // partial tiles of a unit: one a wave
+MONO_DEVICE int item_word(int t, int it) { return row_word(t, it / 2) + 2 * (it % 2); }
+constexpr int PART_WAVES = 4;          // partial tiles of a unit: one a warpgroup
+constexpr int GROUP = 4;               // units computed at once from their registers (part tiles side by side)
+constexpr int PART_TILE = PART_WAVES * PART_WAVE;  // floats of one unit's partial tiles
 static_assert(KP % (GEMV_K_CHUNK * 1) == 0 && KP % 128 == 0, "whole chunks; 16-byte row pieces");
 
 // Task u (CTA FIRST + u % CTAS's (u / CTAS)-th) computes unit unit_of(u): a CTA's units are
@@ -1095,6 +1098,7 @@ MONO_DEVICE void stage_rows(const Args& a, const Mailbox&, u8*, int part, int to
             }
         }
     }
+    fence_proxy_async_lds();  // the wgmma reads the rows through the async proxy (after the caller's barrier)
 }
 
 // One item of a unit's epilogue: row r, column c of the waves' tiles summed in wave order, the
@@ -1110,47 +1114,65 @@ MONO_DEVICE void epilogue(const Args& a, const Mailbox& mb, const float* part, c
     const int tid = thread_id();
     if (tid < ITEM_ROWS * nt) epilogue_item(a, mb, part, lds, row0, kpart, tok0, tid % ITEM_ROWS, tid / ITEM_ROWS);
 }
+// The epilogue of the CTA's units i0 .. i0 + GROUP - 1 below `limit` (tiles side by side in
+// part): one item a thread over the whole group, not one unit after another.
+MONO_DEVICE void epilogue_group(const Args& a, const Mailbox& mb, const float* part, const u8* lds, int b0, int i0, int limit,
+                                int tok0, int nt) {
+    for (int it = thread_id(); it < GROUP * ITEM_ROWS * nt; it += THREADS) {
+        const int uu = it / (ITEM_ROWS * nt), rem = it % (ITEM_ROWS * nt), u = b0 + CTAS * (i0 + uu);
+        if (i0 + uu < limit && u < TASKS)
+            epilogue_item(a, mb, part + uu * PART_TILE, lds, unit_row0(u), unit_part(u), tok0, rem % ITEM_ROWS, rem / ITEM_ROWS);
+    }
+}
 
-// The CTA's units: the first PREFETCH units' weights issued before anything waits, and
-// then always PREFETCH units ahead of the one computing; per LDS tile of tokens, 16 token columns at a time: the
-// waves' partial tiles, then the epilogue.
+// The CTA's units on the tensor cores' native fp8 wgmma (mx_gemv64_wgmma), 4 at a time (its
+// i-th: group i / 4, warp i % 4 of each warpgroup): warp r of warpgroup g loads unit r's chunks
+// g, g + GROUPS, .. (issued before anything waits); the next group's as this group's last pass
+// frees their registers. Per group and 16 token columns one pass (each warpgroup's tile of each
+// of the 4 units), then one barrier and one epilogue over the 4 units. A unit past TASKS computes a
+// copy (not stored).
 MONO_DEVICE void run(const Args& a, const Mailbox& mb, u8* lds) {
     const int b0 = block_id() - FIRST;
     if (b0 < 0 || b0 >= CTAS) return;
     u32* xl = reinterpret_cast<u32*>(lds + LDS_X);
     float* xs = reinterpret_cast<float*>(lds + LDS_XS);
     float* part = reinterpret_cast<float*>(lds + LDS_PART);
-    u32x4 w[UPC + PREFETCH][CPW];
-    u32 sw[UPC + PREFETCH][CODE_WORDS];
+    constexpr int CPWG = NC / GROUPS;  // chunks of a warp
+    static_assert(N_LDS_TILES == 1 && UPC % 4 == 0, "every token row in LDS once; whole groups of 4 units");
+    const int g = wave_id() / 4, r = wave_id() % 4;
+    static_assert(MX_BLOCKS_PER_CHUNK == 1, "a chunk is one 32-value block: one scale code");
+    const int kpart = unit_part(min_i(b0, TASKS - 1));  // every unit of the CTA's (the lowering checks)
+    auto unit = [&](int i) { return min_i(b0 + CTAS * i, TASKS - 1); };  // the CTA's i-th unit (past TASKS: a copy)
+    u32x4 w[CPWG];
+    u32 code[CPWG];  // the chunks' weight block scale codes: unpacked behind the rows' wait
+    auto load_group0 = [&]() {
+        const u8* wr = unit_weights(a, unit(r));
+        const u8* sr = unit_codes(a, unit(r));
 #pragma unroll
-    for (int i = 0; i < PREFETCH; ++i)
-        if (b0 + CTAS * i < TASKS) load_unit(a, b0 + CTAS * i, w[i], sw[i]);
+        for (int i = 0; i < CPWG; ++i) {
+            const int c = g + GROUPS * i;
+            w[i] = ld16(wr + (long long)c * 16 * GEMV_K_CHUNK);
+            code[i] = sr[c];
+        }
+    };
+    load_group0();
+    const int tok0 = 0, nt = TOKENS;
+    barrier();
+    stage_rows(a, mb, lds, kpart, tok0, nt, xl, xs);
+    barrier();
+    for (int i0 = 0; i0 < UPC; i0 += 4) {
+        float sw[CPWG];
 #pragma unroll
-    for (int i = 0; i < UPC; ++i) {
-        const int u = b0 + CTAS * i;
-        if (u < TASKS) {
-            const int un = u + CTAS * PREFETCH;  // keep PREFETCH units' weights in flight
-            if (i + PREFETCH < UPC && un < TASKS) load_unit(a, un, w[i + PREFETCH], sw[i + PREFETCH]);
-            const int row0 = unit_row0(u), kpart = unit_part(u);
-            const bool new_part = i == 0 || kpart != unit_part(u - CTAS);  // the previous unit's rows are not these
-            for (int tile = 0; tile < N_LDS_TILES; ++tile) {
-                const int tok0 = tile * LDS_TOKENS, nt = min_i(LDS_TOKENS, TOKENS - tok0);
-                if (N_LDS_TILES > 1 || new_part) {  // rows of this part not in LDS yet
-                    barrier();
-                    stage_rows(a, mb, lds, kpart, tok0, nt, xl, xs);
-                    barrier();
-                }
-                float swu[1][CPW][MX_BLOCKS_PER_CHUNK];  // once, not once a 16-column pass (behind the rows' wait)
-                unpack_scales(sw[i], swu[0]);
-                for (int c0 = 0; c0 < nt; c0 += 16) {
-                    const int nc = min_i(16, nt - c0);
-                    mx_gemv16_partial<CPW, NC, XSTRIDE, SSTRIDE>(w[i], swu[0], xl + c0 * XSTRIDE, xs + c0 * SSTRIDE, nc,
-                                                                 part + wave_id() * PART_WAVE);
-                    barrier();
-                    epilogue(a, mb, part, lds, row0, kpart, tok0 + c0, nc);
-                    barrier();  // part[] is reused
-                }
-            }
+        for (int i = 0; i < CPWG; ++i) sw[i] = e8m0_scale(int(opaque(code[i])));
+        for (int c0 = 0; c0 < nt; c0 += 16) {
+            const int nc = min_i(16, nt - c0);
+            const bool refill = c0 + 16 >= nt && i0 + 4 < UPC;  // the last pass: the next group's weights
+            mx_gemv64_wgmma<CPWG, GROUPS, NG, SSTRIDE, SWIZZLE>(w, sw, reinterpret_cast<const u8*>(xl) + (c0 / 8) * token_group_bytes(SWIZZLE), xs + c0 * SSTRIDE, nc,
+                                                      part + r * PART_TILE + g * PART_WAVE, refill ? unit_weights(a, unit(i0 + 4 + r)) : nullptr,
+                                                      refill ? unit_codes(a, unit(i0 + 4 + r)) : nullptr, code);
+            barrier();
+            epilogue_group(a, mb, part, lds, b0, i0, UPC, tok0 + c0, nc);
+            barrier();  // part[] is reused
         }
     }
     stamp(lds, TL_WQKV_DONE);
@@ -1170,7 +1192,7 @@ constexpr float MX_FP8_MAX = 448.0f;  // the MX maximum of this target's e4m3 fl
 constexpr int Q_RANK = 1280;          // q latent: thread tt < Q_THREADS holds columns 8tt .. 8tt + 7
 constexpr int KV_DIM = 512;           // kv: thread tt < 256 holds columns 2tt, 2tt + 1
 constexpr int QKV = Q_RANK + KV_DIM;         // partials of a token (one K part)
-constexpr int QKV_PARTS = 2;          // the wqkv GEMV's K parts: 2 halves or 4 quarters
+constexpr int QKV_PARTS = 4;          // the wqkv GEMV's K parts: 2 halves or 4 quarters
 constexpr int Q_THREADS = Q_RANK / 8;
 constexpr int NORM_THREADS = 256;            // a token's threads: 8 groups of 32 (q: the first Q_THREADS)
 constexpr float NORM_EPS = 1e-20f;   // q_norm / kv_norm eps
@@ -1241,7 +1263,7 @@ constexpr int COPIES = 1;              // copies of each QRDY flag
 constexpr int FLAG_STRIDE = 1;
 constexpr bool WRITE_QR = false;         // index build: qr_out = bf16 normed q latent
 constexpr bool EARLY_READY = true;      // QRDY before the record's stores
-constexpr bool PUBLISH = false;          // QX8 and QRDY (false: its GEMV norms q itself)
+constexpr bool PUBLISH = true;          // QX8 and QRDY (false: its GEMV norms q itself)
 constexpr int TOKENS_PER_TASK = 1;      // tokens a task normalizes at once, NORM_THREADS threads each
 // The QX8 word of token t's values 8tt ..: row-major
 MONO_DEVICE int qx8_word(int t, int tt) { return t * (Q_RANK / 4) + 2 * tt; }
@@ -1371,13 +1393,11 @@ MONO_DEVICE void run(const Args& a, const Mailbox& mb, u8* lds) {
 namespace stage_wq_b {
 constexpr int TASKS = 512;  // task t runs on CTA FIRST + t % CTAS
 constexpr int FIRST = 0;
-constexpr int CTAS = 131;
-constexpr int LDS_QV = 0;  // LDS: 1280 x float
-constexpr int LDS_QRED = 5120;  // LDS: 24 x float
-constexpr int LDS_X = 5216;  // LDS: 2560 x u32
-constexpr int LDS_XS = 15456;  // LDS: 44 x float
-constexpr int LDS_PART = 15632;  // LDS: 4608 x float
-constexpr int LDS_CS = 34064;  // LDS: 64 x float
+constexpr int CTAS = 128;
+constexpr int LDS_X = 0;  // LDS: 2560 x u32
+constexpr int LDS_XS = 10240;  // LDS: 44 x float
+constexpr int LDS_PART = 10416;  // LDS: 4608 x float
+constexpr int LDS_CS = 28848;  // LDS: 64 x float
 
 constexpr int ROWS = 8192;               // rows of wqb
 constexpr int K = 1280;                   // its columns
@@ -1401,10 +1421,11 @@ constexpr int ROW_BATCH = 1;           // 16-byte loads a thread issues at once 
 constexpr float MX_FP8_MAX = 448.0f;  // the MX maximum of this target's e4m3 flavour
 constexpr int GROUPS = 4;              // warpgroups: a quarter of the chunks each, warp r of each unit r
 constexpr int NG = 1;                  // 8-token groups of the LDS rows
-constexpr bool SWIZZLE = false;       // the rows' layout (row_word)
-// The LDS word of token t's 16-byte piece p of K (bytes 16p ..): wgmma's core matrices (sm90
-// device library); rows quantized here (8 bytes a thread) measured faster in it than swizzled
-MONO_DEVICE int row_word(int t, int p) { return core_matrix_word<NG>(t, p); }
+constexpr bool SWIZZLE = true;       // the rows' layout (row_word)
+// The LDS word of token t's 16-byte piece p of K (bytes 16p ..): wgmma's 128-byte-swizzled layout
+// (sm90 device library), in which rows copied in order store without bank conflicts
+static_assert(KP % 128 == 0, "whole 128-byte K segments (the swizzled layout's rows)");
+MONO_DEVICE int row_word(int t, int p) { return swizzle128_word<NG>(t, p); }
 // ... of its 8 values 8it .. (8 bytes: half it % 2 of piece it / 2), as quantized here
 MONO_DEVICE int item_word(int t, int it) { return row_word(t, it / 2) + 2 * (it % 2); }
 constexpr int PART_WAVES = 4;          // partial tiles of a unit: one a warpgroup
@@ -1472,113 +1493,53 @@ MONO_DEVICE void load_unit(const Args& a, int u, u32x4 (&w)[CPW], u32 (&codes)[C
     }
 }
 
-// ---- q_inline: this CTA norms the q latent itself from qkv's partials (no QX8 wait) ----
-constexpr int Q_RANK = 1280;          // q latent: thread tt < Q_THREADS holds columns 8tt .. 8tt + 7
-constexpr int KV_DIM = 512;           // kv: thread tt < 256 holds columns 2tt, 2tt + 1
-constexpr int QKV = Q_RANK + KV_DIM;         // partials of a token (one K part)
-constexpr int QKV_PARTS = 2;          // the wqkv GEMV's K parts: 2 halves or 4 quarters
-constexpr int Q_THREADS = Q_RANK / 8;
-constexpr int NORM_THREADS = 256;            // a token's threads: 8 groups of 32 (q: the first Q_THREADS)
-constexpr float NORM_EPS = 1e-20f;   // q_norm / kv_norm eps
-static_assert(QKV % 2 == 0 && Q_RANK % 32 == 0 && Q_THREADS <= NORM_THREADS, "couples of pairs; whole 32-blocks");
-
-// ((G0 + G1) + (G2 + G3)) + ((G4 + G5) + (G6 + G7)) of 8 group sums in LDS
-MONO_DEVICE float tree8(const float* g) {
-    return ((g[0] + g[1]) + (g[2] + g[3])) + ((g[4] + g[5]) + (g[6] + g[7]));
-}
-
-// Columns 0 .. N of token t's partials, every K part (pairs of the wqkv GEMV at part h:
-// parts + (h * TOKENS + t) * QKV): every thread of the CTA waits for its couples of adjacent
-// pairs (16-byte loads, coalesced across the warp, all at once: one round trip) and puts
-// bf16(P_0 + P_1) (halves), bf16((P_0 + P_1) + (P_2 + P_3)) (quarters; f32 adds) as f32 at
-// vals[column]. N may cover NT tokens' first N / NT columns each (row r of vals at r * N / NT):
-// token t0 + r.
-template <int N, int NT, typename TagT>
-MONO_DEVICE void sum_partials(const u64* parts, const TagT& tag, int t0, float* vals) {
-    constexpr int ROW = N / NT, COUPLES = N / 2, PER_THREAD = (COUPLES + THREADS - 1) / THREADS;
-    static_assert(N % NT == 0 && ROW % 2 == 0, "whole couples a token");
-    static_assert(QKV_PARTS == 2 || QKV_PARTS == 4, "K halves or quarters");
-    const u64* p[QKV_PARTS * PER_THREAD];  // part 0, 1, .. of each couple
-#pragma unroll
-    for (int k = 0; k < PER_THREAD; ++k) {
-        const int c = min_i(thread_id() + k * THREADS, COUPLES - 1), r = 2 * c / ROW;  // past COUPLES: a repeat
-        // (a row past TOKENS: the last token's partials again, never a pair no launch writes)
-        const u64* tok = parts + (long long)(NT > 1 ? min_i(t0 + r, TOKENS - 1) : t0 + r) * QKV + (2 * c - r * ROW);
-#pragma unroll
-        for (int h = 0; h < QKV_PARTS; ++h) p[QKV_PARTS * k + h] = tok + (long long)h * TOKENS * QKV;
-    }
-    u32 v[QKV_PARTS * PER_THREAD][2];
-    mailbox_wait_all2(p, tag, v);
-#pragma unroll
-    for (int k = 0; k < PER_THREAD; ++k) {
-        const int c = thread_id() + k * THREADS;
-        const u32 (*pk)[2] = v + QKV_PARTS * k;
-        if (c < COUPLES)
-            for (int e = 0; e < 2; ++e) {
-                float sum = u32_as_float(pk[0][e]) + u32_as_float(pk[1][e]);
-                if (QKV_PARTS == 4) sum = sum + (u32_as_float(pk[2][e]) + u32_as_float(pk[3][e]));
-                vals[2 * c + e] = bf16_round(sum);
-            }
-    }
-}
-
-// A thread's q columns' sum of squares (plain f32 mul then add, in column order), summed over
-// its 32-lane group (butterfly 16..1); every lane calls it (0 for threads past Q_THREADS)
-MONO_DEVICE float q_group_sumsq(const float (&xq)[8]) {
-    float ss = xq[0] * xq[0];
-    for (int j = 1; j < 8; ++j) ss = ss + xq[j] * xq[j];
-    return sum32(ss);
-}
-// r = rsq(RN(tot / Q_RANK) + EPS) of the 8 group sums in red[] (groups past Q_THREADS: 0)
-MONO_DEVICE float q_rsq(const float* red) { return rsq(div_rn(tree8(red), float(Q_RANK)) + NORM_EPS); }
-// ys = bf16((x * r) * f32(qn_w)) -> MXFP8 (a 32-block = 4 threads): the QX8 words w0, w1 of
-// columns 8tt .., the block's E8M0 code returned; every lane calls it (shuffles)
-MONO_DEVICE int q_quant(const float (&xq)[8], float rq, const float (&qw)[8], float (&ys)[8], u32& w0, u32& w1) {
-    for (int j = 0; j < 8; ++j) ys[j] = bf16_round((xq[j] * rq) * qw[j]);
-    return mx_quant8f(ys, MX_FP8_MAX, w0, w1);
-}
-constexpr int NORM_PAR = 3;  // tokens normed at once: Q_THREADS threads (whole 32-lane groups) each
-static_assert(N_LDS_TILES == 1 && K_PARTS == 1, "q_inline: every token's whole row in LDS");
-
-// Tokens tok0 .. tok0 + nt (all of them) of qkv's QX8, computed here from the partials as
-// qkv computes them (mla_q_math: the same bits) into LDS: words xl, block scales xs.
-// One wait for every token's partials; then NORM_PAR tokens at a time, thread tt of token
-// r holding columns 8tt .. as in qkv, whose group sums land in red[8r ..] (groups past
-// Q_THREADS: 0, as qkv's idle threads add).
-MONO_DEVICE void stage_rows(const Args& a, const Mailbox& mb, u8* lds, int, int tok0, int nt, u32* xl, float* xs) {
-    float* vals = reinterpret_cast<float*>(lds + LDS_QV);
-    float* red = reinterpret_cast<float*>(lds + LDS_QRED);
-    const int r0 = min_i(thread_id() / Q_THREADS, NORM_PAR - 1), tt = thread_id() - r0 * Q_THREADS;
-    const bool mine = thread_id() < NORM_PAR * Q_THREADS;
-    // converted before the partials' wait, unlike the qkv stage's raw-then-opaque loads: its form
-    // measured 0.15 us slower here (H200, S = 1 12.47 -> 12.63 us, bench/NOTES.md DeepSeek session 12;
-    // the fourth poll waits on the weights' scoreboard anyway)
-    float qw[8];
-    for (int j = 0; j < 8; ++j) qw[j] = bf16_to_f32(a.qn_w[8 * min_i(tt, Q_THREADS - 1) + j]);
-    sum_partials<LDS_TOKENS * Q_RANK, LDS_TOKENS>(mb.qkvp, mb.tag, tok0, vals);
-    barrier();
-    for (int rb = 0; rb < nt; rb += NORM_PAR) {
-        const int r = rb + r0;
-        const bool live = mine && r < nt;
-        float xq[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
-        if (live)
-            for (int j = 0; j < 8; ++j) xq[j] = vals[r * Q_RANK + 8 * tt + j];
-        const float ss = q_group_sumsq(xq);
-        if (live && tt % 32 == 0) red[8 * r0 + tt / 32] = ss;
-        if (live && tt == 0)
-            for (int g = Q_THREADS / 32; g < 8; ++g) red[8 * r0 + g] = 0.0f;
-        barrier();
-        float ys[8];
-        u32 w0, w1;
-        const int code = q_quant(xq, q_rsq(red + 8 * r0), qw, ys, w0, w1);
-        if (live) {
-            xl[item_word(r, tt)] = w0;
-            xl[item_word(r, tt) + 1] = w1;
-            if (tt % 4 == 0) xs[r * SSTRIDE + tt / 4] = e8m0_scale(code);
+// The CTA's units' weights (one TMA prefetch a unit, by thread 0) and scale codes (the lines of
+// a unit's codes, by one lane of wave 1) into L2; the kernel calls it as the CTA enters stage
+// qkv: the HBM streams them while that stage runs, and this stage's loads find them in L2.
+MONO_DEVICE void prefetch_l2(const Args& a) {
+    const int b0 = block_id() - FIRST;
+    if (b0 < 0 || b0 >= CTAS) return;
+    for (int i = 0; i < UPC && b0 + CTAS * i < TASKS; ++i) {
+        const int u = b0 + CTAS * i;
+        if (thread_id() == 0)
+            bulk_prefetch_l2(a.wqb + (long long)unit_row0(u) * K + (long long)unit_part(u) * NC * 16 * GEMV_K_CHUNK,
+                             NC * 16 * GEMV_K_CHUNK);
+        if (thread_id() == WAVE) {
+            prefetch_line_l2(unit_codes(a, u));
+            prefetch_line_l2(unit_codes(a, u) + NC * MX_BLOCKS_PER_CHUNK - 1);
         }
-        barrier();  // red[] is reused
     }
-    fence_proxy_async_lds();  // the wgmma reads the rows through the async proxy (after the caller's barrier)
+}
+
+// Tokens tok0 .. tok0 + nt of qkv's qx8 (K part `part`) and their codes into LDS
+// (through L2: written in this launch, published behind the flags).
+MONO_DEVICE void stage_rows(const Args&, const Mailbox& mb, u8* lds, int part, int tok0, int nt, u32* xl, float* xs) {
+    constexpr int VECS = KP / 16, SVECS = KP / 128;  // 16-byte pieces of a row part, of its codes
+    auto codes = [&](int i) { return mb.qx8s + (tok0 + i / SVECS) * (K / 32) + part * (KP / 32) + 4 * (i % SVECS); };
+    (void)lds;
+    // the codes first, raw into xs by cp.async: no register and no round trip of their own (they
+    // land while the rows' loads are out); made scales in place below
+    for (int i = thread_id(); i < nt * SVECS; i += THREADS) copy16_async(xs + (i / SVECS) * SSTRIDE + 4 * (i % SVECS), codes(i));
+    // item i = piece i % VECS of token i / VECS: a warp's load reads 512 bytes of a row (whole lines; 16 tokens'
+    // 32-byte sectors a load made it 3-4 us at 48 rows, scripts/broadcast_probe.py); row_word's layout
+    auto row_piece = [&](int i) { return mb.qx8 + (tok0 + i / VECS) * (K / 4) + part * (KP / 4) + 4 * (i % VECS); };
+    copy16_batched<ROW_BATCH>(nt * VECS, row_piece,
+        [&](int i, u32x4 x) { *reinterpret_cast<u32x4*>(xl + row_word(i / VECS, i % VECS)) = x; });
+    fence_proxy_async_lds();  // the wgmma reads them through the async proxy (after the caller's barrier)
+    copy_async_wait();
+    barrier();  // every thread's codes in
+    for (int i = thread_id(); i < nt * (KP / 32); i += THREADS) {
+        float* s = xs + (i / (KP / 32)) * SSTRIDE + i % (KP / 32);
+        *s = e8m0_scale(int(float_as_u32(*s)));
+    }
+}
+
+// Thread t < TOKENS waits for token t's flag of K part `part` (this CTA's copy); then the
+// CTA reads what the flags' writers published.
+MONO_DEVICE void await_rows(const Mailbox& mb, int part) {
+    const int copy = block_id() % COPIES;
+    if (thread_id() < TOKENS) mailbox_wait<true>(mb.qrdy + copy * FLAG_STRIDE + thread_id() * SRC_PARTS + part % SRC_PARTS, mb.tag);
+    barrier_acquire();
 }
 
 // Value i of the LDS cos / sin rows (cs[t * ROPE ..]): token i / ROPE's row at position pos.
@@ -1661,15 +1622,12 @@ MONO_DEVICE void run(const Args& a, const Mailbox& mb, u8* lds) {
         }
     };
     load_group0();
-    static_assert(TOKENS * ROPE <= THREADS, "one cos / sin value a thread");
-    const int csi = min_i(thread_id(), TOKENS * ROPE - 1);
-    const long long cs_pos = a.pos[csi / ROPE];  // pos now, its row behind the partials' wait
-    float cs_val = 0.0f;
+    stage_cos_sin(a, reinterpret_cast<float*>(lds + LDS_CS));  // read after the rows' barriers
+    await_rows(mb, kpart);
     const int tok0 = 0, nt = TOKENS;
     barrier();
     stage_rows(a, mb, lds, kpart, tok0, nt, xl, xs);
     barrier();
-    cs_val = cos_sin_value(a, cs_pos, csi);
     for (int i0 = 0; i0 < UPC; i0 += 4) {
         float sw[CPWG];
 #pragma unroll
@@ -1680,7 +1638,6 @@ MONO_DEVICE void run(const Args& a, const Mailbox& mb, u8* lds) {
             mx_gemv64_wgmma<CPWG, GROUPS, NG, SSTRIDE, SWIZZLE>(w, sw, reinterpret_cast<const u8*>(xl) + (c0 / 8) * token_group_bytes(SWIZZLE), xs + c0 * SSTRIDE, nc,
                                                       part + r * PART_TILE + g * PART_WAVE, refill ? unit_weights(a, unit(i0 + 4 + r)) : nullptr,
                                                       refill ? unit_codes(a, unit(i0 + 4 + r)) : nullptr, code);
-            if (i0 == 0 && c0 == 0 && thread_id() < TOKENS * ROPE) reinterpret_cast<float*>(lds + LDS_CS)[thread_id()] = cs_val;
             barrier();
             epilogue_group(a, mb, part, lds, b0, i0, UPC, tok0 + c0, nc);
             barrier();  // part[] is reused
@@ -1734,15 +1691,16 @@ MONO_KERNEL deepseek_v41_attn_front(
     mb.x8s = reinterpret_cast<u32*>(scratch + 5120);
     mb.xrdy = reinterpret_cast<u64*>(scratch + 5888);
     mb.qkvp = reinterpret_cast<u64*>(scratch + 6144);
-    mb.qx8 = reinterpret_cast<u32*>(scratch + 34816);
-    mb.qx8s = reinterpret_cast<u32*>(scratch + 36096);
-    mb.qrdy = reinterpret_cast<u64*>(scratch + 36352);
+    mb.qx8 = reinterpret_cast<u32*>(scratch + 63488);
+    mb.qx8s = reinterpret_cast<u32*>(scratch + 64768);
+    mb.qrdy = reinterpret_cast<u64*>(scratch + 65024);
     stamp(lds, TL_START);
 
     stage_kt::run(a, mb, lds);
     barrier();  // the stages share LDS
     stage_wqkv_a::run(a, mb, lds);
     barrier();  // the stages share LDS
+    stage_wq_b::prefetch_l2(a);  // wq_b's weights into L2 while qkv runs
     stage_qkv::run(a, mb, lds);
     barrier();  // the stages share LDS
     stage_wq_b::run(a, mb, lds);
