@@ -248,6 +248,12 @@ class _Ctx:
     def fail(self, loc: tuple, message: str, hint: str = "") -> None:
         raise _Fail(self.loaded.issue(self.loc + tuple(loc), f"[{self.build.target} {self.build.label()}] {message}", hint))
 
+    def nvidia_only(self, loc: tuple, what: str) -> None:
+        """Refuse a knob at ``loc`` on a target whose device library lacks ``what`` (NVIDIA's has it)."""
+        if self.target.vendor != "nvidia":
+            self.fail(loc, f"{self.target.name}'s device library has no {what}",
+                      f"turn {loc[-1]} off for this target (an NVIDIA knob)")
+
     def evaluate(self, value, loc: tuple) -> Any:
         try:
             return evaluate(value, self.scope)

@@ -179,9 +179,8 @@ def stream_k(stage: Model, ctx, nchunk: int, tasks: int, tokens: int, tile: int)
     if prefetch and not on:
         ctx.fail(("lds_prefetch",), "lds_prefetch stages the later row-group segments of a stream-K CTA",
                  "turn stream_k on for this target, or lds_prefetch off")
-    if prefetch and ctx.target.vendor != "nvidia":
-        ctx.fail(("lds_prefetch",), f"{ctx.target.name}'s device library has no asynchronous global-to-LDS copy",
-                 "turn lds_prefetch off for this target (it is an sm90 knob)")
+    if prefetch:
+        ctx.nvidia_only(("lds_prefetch",), "asynchronous global-to-LDS copy")
     bulk = ctx.switch(stage.bulk_copies.for_target(ctx.target.name), ("bulk_copies",))
     if bulk and not prefetch:
         ctx.fail(("bulk_copies",), "bulk_copies is how lds_prefetch moves the staged segments",

@@ -134,9 +134,8 @@ class Model(StageBase):
 def _l2_prefetch_at(stage: Model, ctx) -> str:
     """The build's stage before which the kernel issues this stage's L2 prefetch: l2_prefetch_at,
     an earlier stage of the spec, or (not in this build) the first of the build's stages after it."""
-    t, names = ctx.target, [s.name for s in ctx.loaded.spec.stages]
-    if t.vendor != "nvidia":
-        ctx.fail(("l2_prefetch",), f"{t.name}'s device library has no L2 prefetch", "turn it off for this target")
+    names = [s.name for s in ctx.loaded.spec.stages]
+    ctx.nvidia_only(("l2_prefetch",), "L2 prefetch")
     at = stage.l2_prefetch_at
     if at is None or at not in names or names.index(at) >= names.index(stage.name):
         ctx.fail(("l2_prefetch_at",), f"l2_prefetch needs the earlier stage it starts with, got {at!r}",
@@ -247,9 +246,8 @@ def lower(stage: Model, ctx) -> dict:
     ilp, bulk, lds_w = (ctx.switch(getattr(stage, f).for_target(t.name), (f,))
                         for f in ("ilp", "bulk_weights", "lds_weights"))
     knob = "bulk_weights" if bulk else "lds_weights"
-    if (ilp or bulk or lds_w) and t.vendor != "nvidia":
-        ctx.fail(("ilp" if ilp else knob,), f"{t.name}'s device library has no ILP MXFP8 loop / bulk copies",
-                 "turn it off for this target (an sm90 knob)")
+    if ilp or bulk or lds_w:
+        ctx.nvidia_only(("ilp" if ilp else knob,), "ILP MXFP8 loop / bulk copies")
     if bulk and lds_w:
         ctx.fail(("lds_weights",), "bulk_weights already moves the weights into LDS (at the kernel's start)",
                  "turn one of bulk_weights / lds_weights off")
@@ -276,9 +274,8 @@ def lower(stage: Model, ctx) -> dict:
     late = ctx.switch(stage.late_weights.for_target(t.name), ("late_weights",)) and wgmma
     l2_at = _l2_prefetch_at(stage, ctx) if ctx.switch(stage.l2_prefetch.for_target(t.name), ("l2_prefetch",)) else None
     rows_async = ctx.switch(stage.rows_async.for_target(t.name), ("rows_async",))
-    if rows_async and t.vendor != "nvidia":
-        ctx.fail(("rows_async",), f"{t.name}'s device library has no asynchronous global-to-LDS copy",
-                 "turn it on for NVIDIA targets only")
+    if rows_async:
+        ctx.nvidia_only(("rows_async",), "asynchronous global-to-LDS copy")
     if stage.flags_point and (inline or q_inline):
         ctx.fail(("flags_point",), "flags_point stamps the wait for the source's flags; this build computes its rows "
                  "itself (" + ("q_inline" if q_inline else f"no {src.name} stage") + ")", "use rows_point here")

@@ -119,9 +119,7 @@ def score_scale(sm_scale: float) -> float:
 def _keys_prefetch_at(stage: Model, ctx) -> str:
     """keys_prefetch's stage: an earlier gemv_fp8 stage of the build that normalizes its rows itself
     (its CTAs wait for their weights after the norm: gemv_fp8.j2 calls prefetch_first_keys there)."""
-    if ctx.target.vendor != "nvidia":
-        ctx.fail(("keys_prefetch",), f"{ctx.target.name}'s device library has no L2 prefetch",
-                 "turn it off for this target")
+    ctx.nvidia_only(("keys_prefetch",), "L2 prefetch")
     names = [s.name for s in ctx.loaded.spec.stages]
     at = stage.keys_prefetch_at
     gemv = next((s for s in ctx.loaded.spec.stages if s.name == at), None)
@@ -164,9 +162,7 @@ def lower(stage: Model, ctx) -> dict:
     ahead = ctx.integer(stage.tiles_ahead.for_target(ctx.target.name), ("tiles_ahead",), minimum=1)
     busy = ctx.integer(stage.busy_waves.for_target(ctx.target.name), ("busy_waves",), minimum=1)
     if mma:
-        if ctx.target.vendor != "nvidia":
-            ctx.fail(("mma_dots",), f"{ctx.target.name}'s device library has no bf16 m16n8k16 MMA",
-                     "give mma_dots 0 for this target (it is an sm90 knob)")
+        ctx.nvidia_only(("mma_dots",), "bf16 m16n8k16 MMA")
         tiles = block // MMA_TILE_KEYS
         if head_dim != 128 or block % MMA_TILE_KEYS or tiles != 8 or waves % tiles:  # the template's static_assert
             ctx.fail(("mma_dots",), f"the tensor-core dots take 128-dim keys in blocks of 8 tiles of {MMA_TILE_KEYS} "
