@@ -135,20 +135,37 @@ def _region(ir, raw: torch.Tensor, name: str) -> torch.Tensor:
     return raw[r.offset: r.offset + r.nbytes]
 
 
-def qx8_image_offsets(tokens: int, k: int, groups: int) -> torch.Tensor:
-    """Byte offsets ``[tokens, k]`` of QX8 stored as wq_b's LDS image (qkv ``image``): the
-    128-byte-swizzled K-major layout of ``groups`` 8-token groups, token t's 16-byte piece p of
-    K at ((p / 8) * groups + t / 8) * 1024 + (t % 8) * 128 + ((p % 8) ^ (t % 8)) * 16 (the sm90
-    library's swizzle128_word, in bytes)."""
+def image_offsets(tokens: int, k: int, groups: int) -> torch.Tensor:
+    """Byte offsets ``[tokens, k]`` of rows stored as a wgmma GEMV's LDS image (QX8: qkv
+    ``image``, X8: xq ``image``): the 128-byte-swizzled K-major layout of ``groups`` 8-token
+    groups, token t's 16-byte piece p of K at ((p / 8) * groups + t / 8) * 1024 + (t % 8) * 128 +
+    ((p % 8) ^ (t % 8)) * 16 (the sm90 library's swizzle128_word, in bytes)."""
     t = torch.arange(tokens).view(-1, 1)
     b = torch.arange(k).view(1, -1)
     p = b // 16
     return ((p // 8) * groups + t // 8) * 1024 + (t % 8) * 128 + ((p % 8) ^ (t % 8)) * 16 + b % 16
 
 
-def _qx8_groups(ir) -> int:
-    """The build's QX8 image groups (0: QX8 row-major, token t at byte t * Q_RANK)."""
-    return next(st for st in ir.stages if st.kind == "mla_norm_rope").values["image_groups"]
+def _image_groups(ir, kind: str) -> int:
+    """The image groups of the build's stage of ``kind`` that publishes rows (mla_norm_rope: QX8,
+    mxfp8_quant: X8; 0: row-major, token t at byte t * K, or no such stage)."""
+    return next((st.values["image_groups"] for st in ir.stages if st.kind == kind), 0)
+
+
+def _rows(ir, raw: torch.Tensor, name: str, kind: str, tokens: int, k: int) -> torch.Tensor:
+    """Region ``name``'s rows ``[tokens, k]`` (bytes), from its image where the build stores one."""
+    region, groups = _region(ir, raw, name), _image_groups(ir, kind)
+    return region[image_offsets(tokens, k, groups)] if groups else region[: tokens * k].view(tokens, k)
+
+
+def _put_rows(ir, raw: torch.Tensor, name: str, kind: str, rows: torch.Tensor) -> None:
+    """Rows ``[tokens, k]`` (fp8) into region ``name``, at its image's places where the build stores one."""
+    region, groups = _region(ir, raw, name), _image_groups(ir, kind)
+    flat = rows.view(torch.uint8).reshape(-1)
+    if groups:
+        region[image_offsets(rows.shape[0], rows.shape[1], groups).reshape(-1)] = flat
+    else:
+        region[: flat.numel()].copy_(flat)
 
 
 def read_scratch(ir, scratch: torch.Tensor, tokens: int) -> dict:
@@ -157,14 +174,12 @@ def read_scratch(ir, scratch: torch.Tensor, tokens: int) -> dict:
     s = tokens
     fp8 = fp8_dtype(ir.target)
     qkvp = _region(ir, raw, "qkvp").view(torch.int32).view(_const(ir, "K_PARTS"), s, ref.QKV_ROWS, 2)
-    qx8, groups = _region(ir, raw, "qx8"), _qx8_groups(ir)
-    qx8 = qx8[qx8_image_offsets(s, ref.Q_RANK, groups)] if groups else qx8[: s * ref.Q_RANK].view(s, ref.Q_RANK)
     return {
         "partials": qkvp[..., 0].contiguous().view(torch.float32).clone(),
         "partials_tag": qkvp[..., 1].clone(),
-        "x8": _region(ir, raw, "x8").view(fp8).view(s, ref.HIDDEN).clone(),
+        "x8": _rows(ir, raw, "x8", "mxfp8_quant", s, ref.HIDDEN).view(fp8).clone(),
         "x8s": _region(ir, raw, "x8s").view(torch.int32).view(s, ref.HIDDEN // 32).clone(),
-        "qx8": qx8.view(fp8).clone(),
+        "qx8": _rows(ir, raw, "qx8", "mla_norm_rope", s, ref.Q_RANK).view(fp8).clone(),
         "qx8s": _region(ir, raw, "qx8s").view(torch.int32).view(s, ref.Q_RANK // 32).clone(),
         "xrdy": _region(ir, raw, "xrdy").view(torch.int32).view(-1, 2).clone(),
         "qrdy": _region(ir, raw, "qrdy").view(torch.int32).view(-1, 2).clone(),
@@ -219,16 +234,12 @@ def simulate(case: Case, ir, args: dict) -> None:
     pairs = torch.stack([parts.view(torch.int32), torch.full((n_parts, s, ref.QKV_ROWS), tag, dtype=torch.int32)], -1)
     _region(ir, raw, "qkvp").view(torch.int32).copy_(pairs.reshape(-1))
     if any(st.name == "xq" for st in ir.stages):
-        _region(ir, raw, "x8").copy_(x8.view(torch.uint8).reshape(-1))
+        _put_rows(ir, raw, "x8", "mxfp8_quant", x8)
         _region(ir, raw, "x8s").view(torch.int32).copy_(sx.reshape(-1))
     _, ys, kn, qx8, qs = from_partials(parts, inp, target)
     publish = publishes_qx8(ir)
     if publish:
-        region, groups = _region(ir, raw, "qx8"), _qx8_groups(ir)
-        if groups:
-            region[qx8_image_offsets(s, ref.Q_RANK, groups).reshape(-1)] = qx8.view(torch.uint8).reshape(-1)
-        else:
-            region[: s * ref.Q_RANK].copy_(qx8.view(torch.uint8).reshape(-1))
+        _put_rows(ir, raw, "qx8", "mla_norm_rope", qx8)
         _region(ir, raw, "qx8s").view(torch.int32).copy_(qs.reshape(-1))
     for name in ("xrdy", "qrdy") if publish else ("xrdy",):
         fl = _region(ir, raw, name).view(torch.int32).view(-1, 2)

@@ -8,14 +8,15 @@ import pytest
 import torch
 
 from codegen.lower import lower
+from codegen.spec.load import load_spec, tune_items
 
 from . import deepseek_case as dc
 
 SPEC = "deepseek_v41/attn_front"
 
 
-def run_case(tokens, tp=4, ratio=1, target="sm90", **flags):
-    ir = lower(SPEC, target=target, tokens=tokens, tp=tp, ratio=ratio, **flags)
+def run_case(tokens, tp=4, ratio=1, target="sm90", tune=None, **flags):
+    ir = lower(load_spec(SPEC, tune_items(tune)) if tune else SPEC, target=target, tokens=tokens, tp=tp, ratio=ratio, **flags)
     case = dc.make_case(tokens, tp, ratio, target, seed=tokens * 7 + tp + ratio,
                         swa_block=64 if tokens % 2 else 128, pad_rows=(1, 4), swa_pad=64 if tokens > 4 else 0)
     ws = {"scratch": torch.zeros(ir.scratch_bytes, dtype=torch.uint8), "epoch": torch.zeros(2, dtype=torch.int32),
@@ -67,6 +68,28 @@ def test_corruptions_are_caught(simulated, corrupt):
     elif corrupt == "tag":
         sc[r("qkvp").offset + 8 * 5 + 4] ^= 2
     with pytest.raises(AssertionError):
+        dc.check(case, ir, args)
+
+
+@pytest.mark.parametrize("corrupt", [None, "x8_byte", "x8_pad_only"])
+def test_x8_image_checks(corrupt):
+    """X8 stored as wqkv's LDS image (symbols.X8_IMAGE): the checks read X8 from the image's
+    places, so the simulated kernel passes; a flipped byte of a token's row is caught, one in a
+    pad token's place (never written, never read) is not."""
+    ir, case, args = run_case(17, 4, 1, tune={"symbols.X8_IMAGE": 1})
+    groups = next(s for s in ir.stages if s.name == "xq").values["image_groups"]
+    off = dc.image_offsets(17, 5120, groups)
+    sc, base = args["scratch"], ir.region("x8").offset
+    if corrupt == "x8_byte":
+        sc[base + int(off[16, 4000])] ^= 1
+    elif corrupt == "x8_pad_only":
+        taken = torch.zeros(groups * 8 * 5120, dtype=torch.bool)
+        taken[off.reshape(-1)] = True
+        sc[base + int((~taken).nonzero()[0])] ^= 1
+    if corrupt == "x8_byte":
+        with pytest.raises(AssertionError, match="X8 bytes"):
+            dc.check(case, ir, args)
+    else:
         dc.check(case, ir, args)
 
 

@@ -34,9 +34,11 @@ BULK = {"tune": {"wq_b.bulk_weights": {"default": 0, "sm90": 1}, "wq_b.wgmma": 0
 LDS = {"tune": {"wq_b.lds_weights": {"default": 0, "sm90": 1}, "wq_b.wgmma": 0}}
 # wq_b on the emulated fp8 mma.sync instead of the spec's native wgmma (exact to 2^-22)
 EMULATED = {"tune": {"wq_b.wgmma": 0}}
-TUNES = {id(BULK): "bulk", id(LDS): "lds", id(EMULATED): "emulated"}
+# X8 stored as wqkv's LDS image, each wqkv CTA's K part by one TMA copy (off in the spec)
+X8_IMAGE = {"tune": {"symbols.X8_IMAGE": 1}}
+TUNES = {id(BULK): "bulk", id(LDS): "lds", id(EMULATED): "emulated", id(X8_IMAGE): "x8image"}
 # (tokens, tp, ratio, flags, swa_block, pad rows, swa block padding); wq_b on wgmma unless EMULATED
-# (TP2: 8 units a CTA, two groups of 4), wqkv in K quarters on wgmma at TP4 from 2 rows; from S = 16
+# (TP2: 8 units a CTA, two groups of 4), wqkv in K quarters on wgmma at TP4; from S = 16
 # (TP4) / 17 the qkv stage stores QX8 as wq_b's LDS image (one bulk copy; the EMULATED / LDS
 # variants read its places by 16-byte loads)
 CASES = [
@@ -61,17 +63,20 @@ CASES = [
     (17, 2, 2, {"tuned": True}, 64, (3,), 0),
     (48, 4, 0, {"tuned": True, "index": True}, 128, (9,), 64),
     (6, 4, 1, {"timeline": True}, 64, (), 0),
-    (1, 4, 2, BULK, 64, (), 0),  # with q_inline
+    (1, 4, 2, BULK, 64, (), 0),
     (16, 4, 1, BULK, 128, (4,), 0),
-    (1, 4, 1, LDS, 128, (), 0),  # with q_inline
+    (1, 4, 1, LDS, 128, (), 0),
     (2, 4, 1, LDS, 64, (1,), 0),
     (16, 4, 2, LDS, 64, (5,), 0),
-    (1, 4, 2, EMULATED, 64, (), 0),  # with q_inline
+    (1, 4, 2, EMULATED, 64, (), 0),
     (3, 4, 1, EMULATED, 64, (1,), 0),
     (16, 4, 1, EMULATED, 128, (4,), 0),
     (48, 4, 2, EMULATED, 128, (5, 47), 0),
     (1, 2, 0, EMULATED, 64, (), 0),
     (48, 2, 1, EMULATED, 64, (7,), 0),
+    (10, 4, 2, X8_IMAGE, 64, (3,), 0),  # not yet run on the GPU (session 18)
+    (48, 4, 1, X8_IMAGE, 128, (5, 47), 8),
+    (17, 2, 1, X8_IMAGE, 64, (0,), 0),  # TP2: the image's places by 16-byte loads
 ]
 STATS: dict = {}
 

@@ -268,7 +268,7 @@ def test_wqb_wgmma_layout(tp, tokens):
         assert "return swizzle128_word<IMAGE_GROUPS>(t, tt / 2) + (tt % 2) * 2;" in text
         run = wqb[wqb.index("MONO_DEVICE void run("):]
         assert run.index("bulk_barrier_init(reinterpret_cast<u64*>(lds + LDS_RBAR));") < run.index("await_rows(mb, kpart);")
-        assert rows.index("fence_proxy_async();") < rows.index("bulk_copy(xl, mb.qx8, NG * 8 * KP, rbar);") \
+        assert rows.index("fence_proxy_async();") < rows.index("bulk_copy(xl, mb.qx8 + swizzle128_word<IMAGE_GROUPS>(0, part * VECS), NG * 8 * KP, rbar);") \
             < rows.index("bulk_wait(rbar, 0, mb.tag);") < rows.index("copy_async_wait();") < rows.index("bulk_barrier_inval(rbar);")
     tile = "part + (c0 / 16) * PASS_TILE + r * PART_TILE + g * PART_WAVE" if tokens > 16 else "part + r * PART_TILE + g * PART_WAVE"
     assert tile in wqb and "LDS_WSC" not in wqb  # scales in registers
@@ -588,12 +588,12 @@ def test_qx8_image_refusals():
 
 
 @pytest.mark.parametrize("tokens", [6, 16, 48])
-def test_qx8_image_offsets(tokens):
-    """The tests' map of QX8 into wq_b's LDS image (the sm90 library's swizzle128_word): every
-    byte of every token a place of its own inside ceil(S / 8) 8-token groups; token t's 128-byte
-    K segment s is row t % 8 of atom (s, t / 8), its 16-byte chunks permuted by t % 8."""
+def test_image_offsets(tokens):
+    """The tests' map of rows into a wgmma GEMV's LDS image (the sm90 library's swizzle128_word):
+    every byte of every token a place of its own inside ceil(S / 8) 8-token groups; token t's
+    128-byte K segment s is row t % 8 of atom (s, t / 8), its 16-byte chunks permuted by t % 8."""
     groups = -(-tokens // 8)
-    off = dc.qx8_image_offsets(tokens, 1280, groups)
+    off = dc.image_offsets(tokens, 1280, groups)
     assert off.unique().numel() == tokens * 1280 and int(off.max()) < groups * 8 * 1280
     for t in (0, tokens // 2, tokens - 1):
         for seg in (0, 3, 9):
@@ -601,6 +601,45 @@ def test_qx8_image_offsets(tokens):
             assert bool((row // 128 == (seg * groups + t // 8) * 8 + t % 8).all())
             chunks = (row % 128 // 16).view(8, 16)[:, 0]
             assert chunks.tolist() == [j ^ (t % 8) for j in range(8)]
+
+
+@pytest.mark.parametrize("tokens", [10, 16, 17, 48])
+def test_x8_image(tokens):
+    """X8_IMAGE (off in the spec; an sm90 candidate): xq stores X8 as wqkv's LDS image, whole
+    8-token groups of the swizzled layout, and each wqkv CTA takes its K part's stretch of it
+    (whole 128-byte segments: contiguous) with one TMA bulk copy instead of copying rows; at TP2
+    (mma.sync wqkv, no swizzled rows) the rows come from the image's places by 16-byte loads.
+    The spec's builds store X8 row-major; the image is refused on AMD."""
+    on = {"symbols.X8_IMAGE": 1}
+    ir = ir_of(tokens=tokens, tune=on)
+    st = {s.name: s for s in ir.stages}
+    groups = -(-tokens // 8)
+    assert st["xq"].values["image_groups"] == groups and ir.region("x8").count == groups * 8 * 5120 // 4
+    w = st["wqkv_a"].values
+    assert w["image_groups"] == groups and w["tma_rows"] and not w["rows_async"] and w["swizzle"]
+    text = render(ir)
+    xq = text[text.index("namespace stage_xq {"):text.index("}  // namespace stage_xq")]
+    assert "return mb.x8 + swizzle128_word<IMAGE_GROUPS>(t, (part * KP / 8 + it) / 2) + (it % 2) * 2;" in xq
+    assert "st8(out_item(mb, t, part, item), w0, w1);" in xq
+    wqkv = text[text.index("namespace stage_wqkv_a {"):text.index("}  // namespace stage_wqkv_a")]
+    assert "bulk_copy(xl, mb.x8 + swizzle128_word<IMAGE_GROUPS>(0, part * VECS), NG * 8 * KP, rbar);" in wqkv
+    assert "copy16_async(xl + " not in wqkv and "= x;" not in wqkv[wqkv.index("MONO_DEVICE void stage_rows("):]
+    # part p's stretch: its first piece's place is p * NG * 8 * KP bytes in, the pieces of a part contiguous
+    off = dc.image_offsets(tokens, 5120, groups)
+    kp = 5120 // 4
+    for p in range(4):
+        part = off[:, p * kp:(p + 1) * kp]
+        assert int(part.min()) == p * groups * 8 * kp and int(part.max()) < (p + 1) * groups * 8 * kp
+    # TP2: halves on mma.sync, padded row-major LDS rows from the image's places
+    tp2 = ir_of(tokens=tokens, tp=2, tune=on)
+    w2 = next(s for s in tp2.stages if s.name == "wqkv_a").values
+    assert w2["image_groups"] == groups and not w2["tma_rows"] and not w2["swizzle"]
+    assert "swizzle128_word<IMAGE_GROUPS>(tok0 + i / VECS, part * VECS + i % VECS)" in render(tp2)
+    spec = ir_of(tokens=tokens)
+    assert next(s for s in spec.stages if s.name == "xq").values["image_groups"] == 0
+    assert spec.region("x8").count == tokens * 5120 // 4
+    with pytest.raises(SpecError, match=r"stages\.\d+\.image: \[gfx942 .*\] the image is sm90 wgmma.s swizzled"):
+        ir_of("gfx942", tokens=tokens, tune=on)
 
 
 def test_wq_b_l2_prefetch():

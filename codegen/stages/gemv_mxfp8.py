@@ -46,7 +46,7 @@ from typing import Literal
 from pydantic import field_validator
 
 from ..spec.models import Expr, Name, PerTarget, StageBase, per_target
-from . import mla_norm_rope
+from . import mla_norm_rope, mxfp8_quant
 from .gemv_fp8 import K_CHUNK, part_row, row_batch
 from .mxfp8_quant import MX_BLOCK, check_rows, mx_fp8_max
 
@@ -330,12 +330,13 @@ def lower(stage: Model, ctx) -> dict:
     else:
         ctx.lds(stage.name, "x", "u32", tile * xstride)
     ctx.lds(stage.name, "xs", "float", tile * sstride)
-    # a source that stores its rows as the swizzled LDS image (mla_norm_rope image): one TMA bulk
-    # copy where this build's rows are that image (else 16-byte loads from the image's places)
+    # a source that stores its rows as the swizzled LDS image (its image): one TMA bulk copy of
+    # the K part's stretch where this build's rows are that image (else 16-byte loads from the
+    # image's places)
     image_groups = 0
-    if src.kind == "mla_norm_rope" and not (inline or q_inline) and mla_norm_rope.writes_image(src, ctx):
-        image_groups = mla_norm_rope.image_groups(tokens)
-    tma_rows = bool(image_groups) and swizzle and tile == tokens and parts == 1
+    if not (inline or q_inline) and mxfp8_quant.writes_image(src, ctx):
+        image_groups = mxfp8_quant.image_groups(tokens)
+    tma_rows = bool(image_groups) and swizzle and tile == tokens
     if tma_rows:
         ctx.lds(stage.name, "rbar", "u64", 1)  # the rows' bulk copy's mbarrier
     part_waves = groups if wgmma else waves  # partial tiles a unit: one a warpgroup (wgmma), else one a wave

@@ -41,7 +41,7 @@ from typing import Literal
 from pydantic import field_validator
 
 from ..spec.models import Expr, Name, PerTarget, StageBase, per_target
-from .mxfp8_quant import MX_BLOCK, check_copies, mx_fp8_max
+from .mxfp8_quant import MX_BLOCK, check_copies, image_groups, mx_fp8_max, writes_image
 
 KIND = "mla_norm_rope"
 NORM_THREADS = 256
@@ -102,23 +102,6 @@ class Model(StageBase):
         """What a consumer reads: QX8 regions, one flag a token."""
         return {"words": self.out, "codes": self.codes, "ready": self.ready, "parts": 1,
                 "copies": self.copies, "flag_stride": self.flag_stride}
-
-
-def writes_image(stage: Model, ctx) -> bool:
-    """Whether the build stores QX8 as the consumer's LDS image (``image``); errors at the
-    stage's own line whoever asks."""
-    here, ctx.loc = ctx.loc, ("stages", [s.name for s in ctx.loaded.spec.stages].index(stage.name))
-    on = ctx.switch(stage.image.for_target(ctx.target.name), ("image",))
-    if on and ctx.target.name != "sm90":
-        ctx.fail(("image",), f"the image is sm90 wgmma's swizzled layout; target {ctx.target.name} has no wgmma",
-                 "turn image on for sm90 only")
-    ctx.loc = here
-    return on
-
-
-def image_groups(tokens: int) -> int:
-    """8-token groups of the QX8 image (its byte count: 8 x this x q_rank)."""
-    return -(-tokens // 8)
 
 
 def check_producer(stage: Model, ctx, width: int, parts: int) -> None:

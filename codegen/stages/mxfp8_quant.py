@@ -18,13 +18,20 @@ to word ``t * K / 4 + part * KP / 4`` (KP = K / PARTS), its codes to word
 ``t * K / 32 + part * KP / 32``; once the CTA's stores are drained, flag pair
 ``copy * FLAG_STRIDE + u`` is raised for every copy (tuned builds keep
 ``COPIES`` copies, each in its own 256-byte stretch, so that pollers spread
-over several lines: CTA b polls copy ``b % COPIES``)."""
+over several lines: CTA b polls copy ``b % COPIES``).
+
+``image`` (sm90): the words go where the consuming wgmma GEMV keeps them in LDS instead, its
+128-byte-swizzled K-major layout of ``ceil(S / 8)`` 8-token groups (``swizzle128_word``, the
+layout of mla_norm_rope's QX8 image). A K part of whole 128-byte segments is then one
+contiguous stretch of it, so each consumer CTA takes its part's rows with one TMA bulk copy."""
 
 from __future__ import annotations
 
 from typing import Literal
 
-from ..spec.models import Expr, Name, StageBase
+from pydantic import field_validator
+
+from ..spec.models import Expr, Name, PerTarget, StageBase, per_target
 
 KIND = "mxfp8_quant"
 MX_BLOCK = 32  # values per E8M0 code
@@ -50,6 +57,12 @@ class Model(StageBase):
     ready: Name  # flags region: unit u's flag (per copy)
     copies: Expr = 1  # copies of every flag
     flag_stride: Expr  # pairs between two copies of the flags (>= units)
+    # the words stored as the consumer's LDS image per target (1 = on; sm90): wgmma's 128-byte-
+    # swizzled K-major layout of ceil(S / 8) 8-token groups (swizzle128_word, pad tokens never
+    # written), so that a gemv_mxfp8 CTA takes its K part's rows with one TMA bulk copy
+    image: PerTarget = PerTarget(default=0)
+
+    _image = field_validator("image", mode="before")(classmethod(lambda cls, v: per_target(v)))
 
     def published(self) -> dict:
         """What a consumer reads: regions, flag layout (``index = t * parts + part``)."""
@@ -72,6 +85,23 @@ def check_copies(stage, ctx, units: int) -> tuple[int, int]:
         ctx.fail(("ready",), f"flags region {stage.ready!r} holds {count} pairs, {copies} copies need {copies * stride}",
                  "size it copies * flag_stride")
     return copies, stride
+
+
+def writes_image(stage, ctx) -> bool:
+    """Whether the build stores a publishing stage's words as the consumer's LDS image (its
+    ``image``: this kind's and mla_norm_rope's); errors at the stage's own line whoever asks."""
+    here, ctx.loc = ctx.loc, ("stages", [s.name for s in ctx.loaded.spec.stages].index(stage.name))
+    on = ctx.switch(stage.image.for_target(ctx.target.name), ("image",))
+    if on and ctx.target.name != "sm90":
+        ctx.fail(("image",), f"the image is sm90 wgmma's swizzled layout; target {ctx.target.name} has no wgmma",
+                 "turn image on for sm90 only")
+    ctx.loc = here
+    return on
+
+
+def image_groups(tokens: int) -> int:
+    """8-token groups of an image (a K part's byte count: 8 x this x the part's values)."""
+    return -(-tokens // 8)
 
 
 def check_rows(stage, ctx, k: int) -> None:
@@ -100,7 +130,12 @@ def lower(stage: Model, ctx) -> dict:
         ctx.fail(("placement",), f"{upc} units a CTA: a CTA holds all its units' loads at once (at most "
                  f"{MAX_UNITS_PER_CTA}, 4 registers each)", "place the stage on more CTAs")
     check_rows(stage, ctx, k)
-    ctx.region(stage.out, ("out",), kind="words", min_count=ctx.tokens * k // 4)
+    image = writes_image(stage, ctx)
+    if image and kp % 128:
+        ctx.fail(("parts",), f"a K part of {kp} values: the image's rows are whole 128-byte segments",
+                 "turn image off, or use parts of a multiple of 128 values")
+    groups = image_groups(ctx.tokens) if image else 0
+    ctx.region(stage.out, ("out",), kind="words", min_count=(8 * groups if image else ctx.tokens) * k // 4)
     ctx.region(stage.codes, ("codes",), kind="words", min_count=ctx.tokens * k // MX_BLOCK)
     ctx.region(stage.ready, ("ready",), kind="pairs")
     copies, stride = check_copies(stage, ctx, units)
@@ -109,6 +144,7 @@ def lower(stage: Model, ctx) -> dict:
         "kp": kp,
         "parts": parts,
         "n_items": items,
+        "image_groups": groups,  # 0: row-major words (token t at word t * K / 4)
         "copies": copies,
         "flag_stride": stride,
         "mx_fp8_max": mx_fp8_max(ctx.target),

@@ -42,7 +42,7 @@
 //   29 tl         i64   [256, 10]          out   timeline stamps (timeline builds)
 //
 // scratch (1723136 bytes; regions 256-byte aligned; tag = epoch[0] * 2 + 1):
-//   x8       @        0    245760 B  61440 words: xq's e4m3 rows: token t at word t * 1280, K part p at + 1280 p / K_PARTS
+//   x8       @        0    245760 B  61440 words: xq's e4m3 rows: token t at word t * 1280, K part p at + 1280 p / K_PARTS; X8_IMAGE: wqkv's LDS image, 8-token groups of the 128-byte-swizzled layout
 //   x8s      @   245760     30720 B  7680 words: xq's E8M0 codes (int32): token t at t * 160
 //   xrdy     @   276480       768 B  96 flags: ready flag of (token t, K part p) at K_PARTS t + p (copy c: + c * XRDY_STRIDE)
 //   qkvp     @   277248   1376256 B  172032 pairs: wqkv fp32 partials: (p * S + t) * 1792 + row
@@ -107,6 +107,8 @@ constexpr int INLINE_Q_TOKENS = 2;
 constexpr bool Q_INLINE = false;  // this build's wq_b CTAs norm q themselves
 constexpr int QX8_IMAGE = 0;
 constexpr int QX8_TOKENS = 48;
+constexpr int X8_IMAGE = 0;
+constexpr int X8_TOKENS = 48;
 constexpr int WQB_CTAS = 256;
 constexpr int QKV_PER_TASK = 1;
 constexpr int QKV_TASKS = 48;
@@ -558,9 +560,11 @@ constexpr int FLAG_STRIDE = 96;      // pairs between two copies
 constexpr int UPC = (TASKS + CTAS - 1) / CTAS;  // units of one CTA
 constexpr float MX_FP8_MAX = 448.0f;  // the MX maximum of this target's e4m3 flavour
 static_assert(ITEMS % 4 == 0 && ITEMS <= THREADS, "whole 32-blocks of 4 lanes");
+// Token t's 8-value item `it` of K part `part` in x8: row-major
+MONO_DEVICE u32* out_item(const Mailbox& mb, int t, int part, int it) { return mb.x8 + t * (K / 4) + part * (KP / 4) + 2 * it; }
 
 // The CTA's units (token, K part): x's values -> MXFP8 (contract B.4) -> words
-// x8[t * K / 4 + part * KP / 4 ..], codes x8s[t * K / 32 + part * KP / 32 ..]; once all
+// out_item(mb, t, part, ..), codes x8s[t * K / 32 + part * KP / 32 ..]; once all
 // stores are drained, each unit's flag in every copy: xrdy[copy * FLAG_STRIDE + u]. Every
 // unit's load is issued before any is quantized: one round trip a CTA, not one a unit.
 MONO_DEVICE void run(const Args& a, const Mailbox& mb, u8* lds) {
@@ -581,7 +585,7 @@ MONO_DEVICE void run(const Args& a, const Mailbox& mb, u8* lds) {
         u32 w0, w1;
         const int code = mx_quant8(raw[i], MX_FP8_MAX, w0, w1);
         if (tid < ITEMS) {
-            st8(mb.x8 + t * (K / 4) + part * (KP / 4) + 2 * item, w0, w1);
+            st8(out_item(mb, t, part, item), w0, w1);
             if (item % 4 == 0) st4(mb.x8s + t * (K / 32) + part * (KP / 32) + item / 4, u32(code));
         }
     }

@@ -42,7 +42,7 @@
 //   29 tl         i64   [132, 10]          out   timeline stamps (timeline builds)
 //
 // scratch (65280 bytes; regions 256-byte aligned; tag = epoch[0] * 2 + 1):
-//   x8       @        0      5120 B  1280 words: xq's e4m3 rows: token t at word t * 1280, K part p at + 1280 p / K_PARTS
+//   x8       @        0      5120 B  1280 words: xq's e4m3 rows: token t at word t * 1280, K part p at + 1280 p / K_PARTS; X8_IMAGE: wqkv's LDS image, 8-token groups of the 128-byte-swizzled layout
 //   x8s      @     5120       640 B  160 words: xq's E8M0 codes (int32): token t at t * 160
 //   xrdy     @     5888        32 B  4 flags: ready flag of (token t, K part p) at K_PARTS t + p (copy c: + c * XRDY_STRIDE)
 //   qkvp     @     6144     57344 B  7168 pairs: wqkv fp32 partials: (p * S + t) * 1792 + row
@@ -106,6 +106,8 @@ constexpr int INLINE_Q_TOKENS = 0;
 constexpr bool Q_INLINE = false;  // this build's wq_b CTAs norm q themselves
 constexpr bool QX8_IMAGE = false;
 constexpr int QX8_TOKENS = 1;
+constexpr int X8_IMAGE = 0;
+constexpr int X8_TOKENS = 1;
 constexpr int WQB_CTAS = 128;
 constexpr int QKV_PER_TASK = 1;
 constexpr int QKV_TASKS = 1;

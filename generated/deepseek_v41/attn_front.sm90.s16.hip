@@ -42,7 +42,7 @@
 //   29 tl         i64   [132, 10]          out   timeline stamps (timeline builds)
 //
 // scratch (1033472 bytes; regions 256-byte aligned; tag = epoch[0] * 2 + 1):
-//   x8       @        0     81920 B  20480 words: xq's e4m3 rows: token t at word t * 1280, K part p at + 1280 p / K_PARTS
+//   x8       @        0     81920 B  20480 words: xq's e4m3 rows: token t at word t * 1280, K part p at + 1280 p / K_PARTS; X8_IMAGE: wqkv's LDS image, 8-token groups of the 128-byte-swizzled layout
 //   x8s      @    81920     10240 B  2560 words: xq's E8M0 codes (int32): token t at t * 160
 //   xrdy     @    92160       512 B  64 flags: ready flag of (token t, K part p) at K_PARTS t + p (copy c: + c * XRDY_STRIDE)
 //   qkvp     @    92672    917504 B  114688 pairs: wqkv fp32 partials: (p * S + t) * 1792 + row
@@ -108,6 +108,8 @@ constexpr int INLINE_Q_TOKENS = 0;
 constexpr bool Q_INLINE = false;  // this build's wq_b CTAs norm q themselves
 constexpr bool QX8_IMAGE = true;
 constexpr int QX8_TOKENS = 16;
+constexpr int X8_IMAGE = 0;
+constexpr int X8_TOKENS = 16;
 constexpr int WQB_CTAS = 128;
 constexpr int QKV_PER_TASK = 1;
 constexpr int QKV_TASKS = 16;
@@ -917,9 +919,11 @@ constexpr int FLAG_STRIDE = 64;      // pairs between two copies
 constexpr int UPC = (TASKS + CTAS - 1) / CTAS;  // units of one CTA
 constexpr float MX_FP8_MAX = 448.0f;  // the MX maximum of this target's e4m3 flavour
 static_assert(ITEMS % 4 == 0 && ITEMS <= THREADS, "whole 32-blocks of 4 lanes");
+// Token t's 8-value item `it` of K part `part` in x8: row-major
+MONO_DEVICE u32* out_item(const Mailbox& mb, int t, int part, int it) { return mb.x8 + t * (K / 4) + part * (KP / 4) + 2 * it; }
 
 // The CTA's units (token, K part): x's values -> MXFP8 (contract B.4) -> words
-// x8[t * K / 4 + part * KP / 4 ..], codes x8s[t * K / 32 + part * KP / 32 ..]; once all
+// out_item(mb, t, part, ..), codes x8s[t * K / 32 + part * KP / 32 ..]; once all
 // stores are drained, each unit's flag in every copy: xrdy[copy * FLAG_STRIDE + u]. Every
 // unit's load is issued before any is quantized: one round trip a CTA, not one a unit.
 MONO_DEVICE void run(const Args& a, const Mailbox& mb, u8* lds) {
@@ -940,7 +944,7 @@ MONO_DEVICE void run(const Args& a, const Mailbox& mb, u8* lds) {
         u32 w0, w1;
         const int code = mx_quant8(raw[i], MX_FP8_MAX, w0, w1);
         if (tid < ITEMS) {
-            st8(mb.x8 + t * (K / 4) + part * (KP / 4) + 2 * item, w0, w1);
+            st8(out_item(mb, t, part, item), w0, w1);
             if (item % 4 == 0) st4(mb.x8s + t * (K / 32) + part * (KP / 32) + item / 4, u32(code));
         }
     }
@@ -1579,13 +1583,14 @@ MONO_DEVICE void stage_rows(const Args&, const Mailbox& mb, u8* lds, int part, i
     auto codes = [&](int i) { return mb.qx8s + (tok0 + i / SVECS) * (K / 32) + part * (KP / 32) + 4 * (i % SVECS); };
     // the source's rows: this stage's LDS image (IMAGE_GROUPS 8-token groups, swizzle128_word)
     constexpr int IMAGE_GROUPS = 2;
-    // ... all of it, pad tokens too, with one TMA bulk copy (no register, one request stream)
+    // ... K part `part` of it (whole 128-byte segments: one stretch), pad tokens too, with one TMA
+    // bulk copy (no register, one request stream)
     u64* rbar = reinterpret_cast<u64*>(lds + LDS_RBAR);  // set up in run()
-    static_assert(IMAGE_GROUPS == NG && K_PARTS == 1, "the image is this LDS tile");
+    static_assert(IMAGE_GROUPS == NG, "the image's groups are this LDS tile's");
     if (thread_id() == 0) {
         fence_proxy_async();  // the rows, acquired through the generic proxy, read by the async one
         bulk_expect(rbar, NG * 8 * KP);
-        bulk_copy(xl, mb.qx8, NG * 8 * KP, rbar);
+        bulk_copy(xl, mb.qx8 + swizzle128_word<IMAGE_GROUPS>(0, part * VECS), NG * 8 * KP, rbar);
     }
     // the codes first, raw into xs by cp.async: no register and no round trip of their own (they
     // land while the rows' loads are out); made scales in place below
