@@ -1,7 +1,8 @@
 """The sm90 probe scripts (scripts/probe_*.py, broadcast_probe.py, run on the lent H200): their CUDA sources
 compile with nvrtc here, and the wgmma probe's fragment layouts are the mma.sync
 m16n8k32 ones it claims (checked element by element on the CPU); the scoreboard and timeline
-scripts' arithmetic on made-up listings and stamps; the no-MMA probe build (--no-mma)."""
+scripts' arithmetic on made-up listings and stamps; the no-MMA probe build (--no-mma); the wgmma
+precision model's arithmetic (scripts/precision_model.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ import torch
 
 from codegen.jit import cuda
 from codegen.targets import get_target
-from scripts import broadcast_probe, no_mma, probe_fp8_convert, probe_wgmma_fp8, sass_scoreboards
+from codegen.reference import minimax_m3
+from scripts import broadcast_probe, no_mma, precision_model, probe_fp8_convert, probe_wgmma_fp8, sass_scoreboards
 
 
 def test_probe_sources_compile():
@@ -125,3 +127,19 @@ def test_no_mma_probe_build():
         assert {op: n for op, n in after.mfma.items() if "bf16" in op} == {op: n for op, n in before.mfma.items() if "bf16" in op}
     with pytest.raises(ValueError, match="not an sm90 build"):
         no_mma.without_fp8_mma_source(source("deepseek_v41/attn_front", "gfx942", tokens=1)[1])
+
+
+def test_precision_model():
+    """With no block error the modelled wgmma GEMV writes the reference's exact qkv bit for bit;
+    with the probe's bound it moves values, each block's error within that bound of its sum |w x|."""
+    g = torch.Generator().manual_seed(5)
+    x8 = (torch.randn(3, 6144, generator=g) * 40).clamp(-448, 448).to(torch.float8_e4m3fn)
+    w = (torch.randn(64, 6144, generator=g) * 0.3).to(torch.float8_e4m3fn)
+    xs, sw = torch.rand(3, generator=g) * 0.01 + 0.001, torch.rand(64, generator=g) * 0.02 + 0.005
+    exact = minimax_m3.qkv_gemv(x8, xs, w, sw)
+    assert torch.equal(precision_model.modelled_qkv(x8, xs, w, sw, 0.0, g), exact)
+    moved = precision_model.modelled_qkv(x8, xs, w, sw, 1.0, g)
+    assert not torch.equal(moved, exact) and int(minimax_m3.bf16_ulp_diff(moved, exact).median()) <= 1
+    sums, absdot = torch.ones(4, 8, dtype=torch.float64), torch.full((4, 8), 3.0, dtype=torch.float64)
+    err = precision_model.block_errors(sums, absdot, 0.5, g)
+    assert bool((err.abs() <= 0.5 * precision_model.PROBE_BOUND * 3.0).all()) and bool((err != 0).any())
