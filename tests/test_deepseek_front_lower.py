@@ -674,7 +674,9 @@ def test_qkv_token_pairs():
     text = render(ir)
     ns = text[text.index("namespace stage_qkv {"):text.index("}  // namespace stage_qkv")]
     assert "constexpr int TOKENS_PER_TASK = 2;" in ns and "constexpr int TASKS = 3;" in ns
-    assert "float* red = red_all + h * 32;" in ns and "float* vals = vals_all + h * QKV;" in ns
+    assert "float* red = red_all + h * RED_FLOATS;" in ns and "float* vals = vals_all + h * QKV;" in ns
+    red = next(b for b in ir.lds if b.qualified_name == "stage_qkv::LDS_RED")
+    assert "constexpr int RED_FLOATS = 32;" in ns and red.nbytes == 2 * 32 * 4  # both tokens' red[]
     assert "const bool mine = tid < TOKENS_PER_TASK * NORM_THREADS && t0 + h < TOKENS" in ns
     assert "if (h < TOKENS_PER_TASK && t0 + h < TOKENS && c < COPIES) mailbox_put(" in ns
     assert "(NT > 1 ? min_i(t0 + r, TOKENS - 1) : t0 + r)" in ns

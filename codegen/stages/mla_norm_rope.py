@@ -51,6 +51,7 @@ GROUP = 32  # lanes of a butterfly group, and of a record's 64-dim block
 RECORD_BLOCK = 64
 RECORD_SCALE_BYTES = 8  # 7 UE8M0 codes + a pad byte
 RECORD_FLOOR = 1e-4  # amax floor of a record block
+RED_FLOATS = 32  # a token's red[]: q group sums 0..7, kv group sums 8..15, record codes 16..
 
 
 class Model(StageBase):
@@ -176,13 +177,14 @@ def lower(stage: Model, ctx) -> dict:
     ctx.abi_arg(stage.swa_stride, ("swa_stride",), dtype="i64", scalar=True)
     ctx.abi_arg(stage.swa_block, ("swa_block",), dtype="i32", scalar=True, within=(1, None))  # a divisor
     ctx.abi_arg(stage.qr_out, ("qr_out",), dtype="bf16", shape=(s, q_rank), written=True)
-    ctx.lds(stage.name, "red", "float", 32 * per_task)  # a token's group sums (q 0..7, kv 8..15), record codes 16..
+    ctx.lds(stage.name, "red", "float", RED_FLOATS * per_task)  # (the 7 codes at most: the nope check above)
     ctx.lds(stage.name, "vals", "float", per_task * (q_rank + kv_dim))  # a token's bf16 qkv (partials summed), as f32
     rope = kv_dim - nope
     return {
         "q_math": qm,
         "nope": nope,
         "per_task": per_task,
+        "red_floats": RED_FLOATS,
         "rope": rope,
         "record_data": nope + 2 * rope,
         "record_blocks": nope // RECORD_BLOCK,

@@ -944,6 +944,7 @@ constexpr bool PUBLISH = true;          // QX8 and QRDY (false: its GEMV norms q
 constexpr int TOKENS_PER_TASK = 1;      // tokens a task normalizes at once, NORM_THREADS threads each
 // The QX8 word of token t's values 8tt ..: row-major
 MONO_DEVICE int qx8_word(int t, int tt) { return t * (Q_RANK / 4) + 2 * tt; }
+constexpr int RED_FLOATS = 32;           // a token's red[] (the lowering sizes LDS_RED by it)
 constexpr int RED_Q = 0, RED_KV = 8, RED_CODES = 16;  // red[]: q group sums, kv group sums, record codes
 
 // The task's tokens t0 .. (those below TOKENS) have their QX8 published: this CTA's stores
@@ -962,7 +963,7 @@ MONO_DEVICE void token(const Args& a, const Mailbox& mb, u8* lds, float* red_all
     const int tid = thread_id(), h = min_i(tid / NORM_THREADS, TOKENS_PER_TASK - 1);
     const int t0 = u * TOKENS_PER_TASK, t = min_i(t0 + h, TOKENS - 1), tt = min_i(tid - h * NORM_THREADS, NORM_THREADS - 1);
     const bool mine = tid < TOKENS_PER_TASK * NORM_THREADS && t0 + h < TOKENS, has_q = mine && tt < Q_THREADS;
-    float* red = red_all + h * 32;      // this token's group sums and record codes
+    float* red = red_all + h * RED_FLOATS;  // this token's group sums and record codes
     float* vals = vals_all + h * QKV;   // this token's bf16 qkv
     const int qc = min_i(tt, Q_THREADS - 1) * 8;
     // The independent loads first, kept raw, so that they overlap the partials' wait: using
