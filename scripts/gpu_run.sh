@@ -11,14 +11,10 @@
 #   probes    the DeepSeek timeline with each of DS_PROBES ("a=1 b=2;c=3"; default: the spare points
 #             on the qkv stage, on wq_b, on wqkv_a: where each stage's time goes; an entry may add
 #             --slowest=POINT: the CTAs that stamped POINT last, with all their stamps)
-#   ab        scripts/ab_bench.sh: main's tree (.ab-main, made here first: see that script) against
-#             this one, AB_ROUNDS turns (default 2), AB_ARGS for bench.run (e.g. "--kernels deepseek")
-#   tunes     spec variants of this tree side by side (no compile, 30 replays): the spec's build, then
-#             each of TUNES ("a=1 b=2;c=3": one variant's overrides a group), TUNE_ROUNDS turns
-#             (default 2), TUNE_ARGS for every bench.run (e.g. "--kernels deepseek --tokens 6,16")
 #   branches  each experiment branch copied here by scripts/prep_branches.sh (.br-*): its GPU tests
-#             (TEST_ARGS, default tests/test_deepseek_front_gpu.py), then scripts/ab_bench.sh against
-#             .ab-main (main), AB_ROUNDS turns, AB_ARGS; logs under $OUT/<branch folder>/
+#             (TEST_ARGS, default tests/test_deepseek_front_gpu.py; logs under $OUT/<branch folder>/),
+#             then one scripts/ab_variants.py table: main's tree (.ab-main) and every branch, AB_ROUNDS
+#             turns (default 2), AB_ARGS for bench.run (default "--kernels deepseek")
 #   variants  scripts/ab_variants.py with VARIANT_ARGS (its options, shell-quoted, e.g.
 #             VARIANT_ARGS='--bench "--kernels deepseek --tokens 3,16" --variant main .ab-main
 #             --variant new . --variant new-tp2 . symbols.WQB_CTAS=132'): builds side by side in
@@ -51,30 +47,18 @@ for what in "${@:-tests}"; do
                     # shellcheck disable=SC2086  # a tune is several words
                     python3 scripts/timeline_deepseek_front.py $tune 2>&1
                 done 2>&1 | tee "$OUT/probes.log"; status=$((status | PIPESTATUS[0])) ;;
-        ab) # shellcheck disable=SC2086  # AB_ARGS is several words
-            scripts/ab_bench.sh "${AB_ROUNDS:-2}" ${AB_ARGS:-} 2>&1 | tee "$OUT/ab.log"; status=$((status | PIPESTATUS[0])) ;;
-        tunes) IFS=';' read -ra tunes <<< "${TUNES:?TUNES: the variants, e.g. wq_b.late_weights=0;symbols.QX8_IMAGE=1}"
-                for round in $(seq 1 "${TUNE_ROUNDS:-2}"); do
-                    for tune in "" "${tunes[@]}"; do
-                        args=()
-                        for word in $tune; do args+=(--tune "$word"); done
-                        echo "=== ${tune:-spec} (round $round)"
-                        # shellcheck disable=SC2086  # TUNE_ARGS is several words
-                        timeout 300 python3 -m bench.run --replays 30 --no-jit --no-generate --no-compile --no-plot \
-                            ${TUNE_ARGS:-} "${args[@]}" --results /tmp/tunes.md --out /tmp/tunes 2>&1 | grep -E "^ ?[0-9]+ +[0-9]|rror"
-                    done
-                done 2>&1 | tee "$OUT/tunes.log"; status=$((status | PIPESTATUS[0])) ;;
         branches) [ -d .ab-main ] && compgen -G ".br-*/" >/dev/null || { echo "no .ab-main / .br-*: scripts/prep_branches.sh"; status=1; continue; }
+                variants=(--variant main .ab-main)
                 for dir in .br-*/; do  # (not in a pipe: status is this shell's)
                     dir=${dir%/}; mkdir -p "$OUT/$dir"
                     echo "=== $dir"
-                    rm -rf "$dir/.ab-main" && cp -r .ab-main "$dir/.ab-main"
                     (cd "$dir" && PYTHONPATH=/tmp/site:$PWD timeout 300 python3 -m pytest -q -m gpu -p no:cacheprovider \
                         ${TEST_ARGS:-tests/test_deepseek_front_gpu.py} >"$OUT/$dir/gpu-tests.log" 2>&1)
                     status=$((status | $?)); tail -1 "$OUT/$dir/gpu-tests.log"
-                    # shellcheck disable=SC2086  # AB_ARGS is several words
-                    (cd "$dir" && OUT=$OUT/$dir scripts/ab_bench.sh "${AB_ROUNDS:-2}" ${AB_ARGS:-})
-                done > >(tee "$OUT/branches.log") 2>&1 ;;
+                    variants+=(--variant "${dir#.br-}" "$dir")
+                done > >(tee "$OUT/branches.log") 2>&1
+                python3 scripts/ab_variants.py --rounds "${AB_ROUNDS:-2}" --bench "${AB_ARGS:---kernels deepseek}" "${variants[@]}" 2>&1 \
+                    | tee -a "$OUT/branches.log"; status=$((status | PIPESTATUS[0])) ;;
         variants) eval "python3 scripts/ab_variants.py ${VARIANT_ARGS:?VARIANT_ARGS: scripts/ab_variants.py --help}" 2>&1 \
                 | tee "$OUT/variants.out"; status=$((status | PIPESTATUS[0])) ;;
         tp) NCCL_NVLS_ENABLE=0 python3 -m torch.distributed.run --nproc-per-node "$(nvidia-smi -L | wc -l)" \
