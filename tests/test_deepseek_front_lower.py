@@ -265,7 +265,8 @@ def test_wqb_wgmma_layout(tp, tokens):
         qkv = next(s for s in ir.stages if s.name == "qkv").values
         assert qkv["image_groups"] == v["image_groups"] and ir.region("qx8").count == -(-tokens // 8) * 8 * 320
         assert "st8(mb.qx8 + qx8_word(t, tt), w0, w1);" in text
-        assert "return swizzle128_word<IMAGE_GROUPS>(t, tt / 2) + (tt % 2) * 2;" in text
+        assert "return swizzle128_item_word<IMAGE_GROUPS>(t, tt);" in text
+        assert "return swizzle128_word<NG>(t, it / 2) + (it % 2) * 2;" in text  # the device library's item word
         run = wqb[wqb.index("MONO_DEVICE void run("):]
         assert run.index("bulk_barrier_init(reinterpret_cast<u64*>(lds + LDS_RBAR));") < run.index("await_rows(mb, kpart);")
         assert rows.index("fence_proxy_async();") < rows.index("bulk_copy(xl, mb.qx8 + swizzle128_word<IMAGE_GROUPS>(0, part * VECS), NG * 8 * KP, rbar);") \
@@ -619,7 +620,7 @@ def test_x8_image(tokens):
     assert w["image_groups"] == groups and w["tma_rows"] and not w["rows_async"] and w["swizzle"]
     text = render(ir)
     xq = text[text.index("namespace stage_xq {"):text.index("}  // namespace stage_xq")]
-    assert "return mb.x8 + swizzle128_word<IMAGE_GROUPS>(t, (part * KP / 8 + it) / 2) + (it % 2) * 2;" in xq
+    assert "return mb.x8 + swizzle128_item_word<IMAGE_GROUPS>(t, part * KP / 8 + it);" in xq
     assert "st8(out_item(mb, t, part, item), w0, w1);" in xq
     wqkv = text[text.index("namespace stage_wqkv_a {"):text.index("}  // namespace stage_wqkv_a")]
     assert "bulk_copy(xl, mb.x8 + swizzle128_word<IMAGE_GROUPS>(0, part * VECS), NG * 8 * KP, rbar);" in wqkv

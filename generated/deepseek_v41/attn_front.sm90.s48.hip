@@ -646,6 +646,10 @@ MONO_DEVICE constexpr int swizzle128_word(int t, int piece) {  // the u32 of tok
 // 32 K bytes inside the segment), 8-token groups SBO = 1024 apart (LBO unused: K fits the width).
 // Bytes between a chunk's consecutive 8-token groups in either layout (its SBO)
 MONO_DEVICE constexpr int token_group_bytes(bool swizzle) { return swizzle ? 1024 : 256; }
+// swizzle128_word's u32 of token t's 8-byte item `it` of K (bytes 8it ..: half a 16-byte piece),
+// where the quantizers that write an image store them
+template <int NG>
+MONO_DEVICE constexpr int swizzle128_item_word(int t, int it) { return swizzle128_word<NG>(t, it / 2) + (it % 2) * 2; }
 // this thread's LDS stores visible to the async proxy (wgmma's operand reads), before the barrier
 MONO_DEVICE void fence_proxy_async_lds() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
 MONO_DEVICE void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
@@ -1343,7 +1347,7 @@ constexpr bool PUBLISH = true;          // QX8 and QRDY (false: its GEMV norms q
 constexpr int TOKENS_PER_TASK = 1;      // tokens a task normalizes at once, NORM_THREADS threads each
 constexpr int IMAGE_GROUPS = 6;         // QX8 as wq_b's LDS image: 8-token groups of the swizzled layout
 // The QX8 word of token t's values 8tt ..: bytes 8 (tt % 2) .. of its 16-byte piece tt / 2 in the image
-MONO_DEVICE int qx8_word(int t, int tt) { return swizzle128_word<IMAGE_GROUPS>(t, tt / 2) + (tt % 2) * 2; }
+MONO_DEVICE int qx8_word(int t, int tt) { return swizzle128_item_word<IMAGE_GROUPS>(t, tt); }
 constexpr int RED_FLOATS = 32;           // a token's red[] (the lowering sizes LDS_RED by it)
 constexpr int RED_Q = 0, RED_KV = 8, RED_CODES = 16;  // red[]: q group sums, kv group sums, record codes
 

@@ -633,6 +633,10 @@ MONO_DEVICE constexpr int swizzle128_word(int t, int piece) {  // the u32 of tok
 // 32 K bytes inside the segment), 8-token groups SBO = 1024 apart (LBO unused: K fits the width).
 // Bytes between a chunk's consecutive 8-token groups in either layout (its SBO)
 MONO_DEVICE constexpr int token_group_bytes(bool swizzle) { return swizzle ? 1024 : 256; }
+// swizzle128_word's u32 of token t's 8-byte item `it` of K (bytes 8it ..: half a 16-byte piece),
+// where the quantizers that write an image store them
+template <int NG>
+MONO_DEVICE constexpr int swizzle128_item_word(int t, int it) { return swizzle128_word<NG>(t, it / 2) + (it % 2) * 2; }
 // this thread's LDS stores visible to the async proxy (wgmma's operand reads), before the barrier
 MONO_DEVICE void fence_proxy_async_lds() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
 MONO_DEVICE void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
