@@ -395,17 +395,15 @@ def test_wqkv_quarters(tp, tokens):
         if tokens <= 9:  # x quantized here, straight into core matrices
             assert "xl[item_word(r, it)] = w0;" in rows and "await_rows(" not in wqkv
             assert "constexpr bool SWIZZLE = false;" in wqkv
-        elif tokens <= 16:  # copied from xq's X8 into the swizzled layout, the codes by cp.async
+        elif tokens == 16:  # copied from xq's X8 into the swizzled layout, the codes by cp.async
             assert "await_rows(mb, kpart);" in wqkv and "constexpr bool SWIZZLE = true;" in wqkv
             assert rows.index("copy16_async(xs + ") < rows.index("xl + row_word(i / VECS, i % VECS)) = x;") \
                 < rows.index("copy_async_wait();")
-        else:  # ... rows too by cp.async (spec rows_async): landed, fenced for the wgmma, then the barrier
+        else:  # xq stored X8 as this LDS image (spec X8_IMAGE): the K part's stretch by one bulk copy
             assert "await_rows(mb, kpart);" in wqkv and "constexpr bool SWIZZLE = true;" in wqkv
-            order = ["copy16_async(xs + ", "copy16_async(xl + row_word(i / VECS, i % VECS), row_piece(i));",
-                     "copy_async_wait();", "fence_proxy_async_lds();", "barrier();"]
-            assert [rows.index(o) for o in order] == sorted(rows.index(o) for o in order)
-            assert "xl + row_word(i / VECS, i % VECS)) = x;" not in rows
-        assert rows.index("fence_proxy_async_lds();") > 0
+            assert "bulk_copy(xl, mb.x8 + swizzle128_word<IMAGE_GROUPS>(0, part * VECS), NG * 8 * KP, rbar);" in rows
+            assert "copy16_async(xl + " not in rows and "xl + row_word(i / VECS, i % VECS)) = x;" not in rows
+        assert ("fence_proxy_async_lds();" in rows) is (tokens <= 16)  # generic-proxy stores, read by the wgmma
         assert "if (QKV_PARTS == 4) sum = sum + (u32_as_float(pk[2][e]) + u32_as_float(pk[3][e]));" in text
 
 
@@ -606,11 +604,11 @@ def test_image_offsets(tokens):
 
 @pytest.mark.parametrize("tokens", [10, 16, 17, 48])
 def test_x8_image(tokens):
-    """X8_IMAGE (off in the spec; an sm90 candidate): xq stores X8 as wqkv's LDS image, whole
+    """X8_IMAGE (the spec's at sm90 TP4 from 10 rows, not at 16): xq stores X8 as wqkv's LDS image, whole
     8-token groups of the swizzled layout, and each wqkv CTA takes its K part's stretch of it
     (whole 128-byte segments: contiguous) with one TMA bulk copy instead of copying rows; at TP2
     (mma.sync wqkv, no swizzled rows) the rows come from the image's places by 16-byte loads.
-    The spec's builds store X8 row-major; the image is refused on AMD."""
+    Elsewhere the spec's builds store X8 row-major; the image is refused on AMD."""
     on = {"symbols.X8_IMAGE": 1}
     ir = ir_of(tokens=tokens, tune=on)
     st = {s.name: s for s in ir.stages}
@@ -636,9 +634,11 @@ def test_x8_image(tokens):
     w2 = next(s for s in tp2.stages if s.name == "wqkv_a").values
     assert w2["image_groups"] == groups and not w2["tma_rows"] and not w2["swizzle"]
     assert "swizzle128_word<IMAGE_GROUPS>(tok0 + i / VECS, part * VECS + i % VECS)" in render(tp2)
-    spec = ir_of(tokens=tokens)
-    assert next(s for s in spec.stages if s.name == "xq").values["image_groups"] == 0
-    assert spec.region("x8").count == tokens * 5120 // 4
+    for tp in (2, 4):
+        spec = ir_of(tokens=tokens, tp=tp)
+        image = tp == 4 and tokens != 16
+        assert next(s for s in spec.stages if s.name == "xq").values["image_groups"] == groups * image
+        assert spec.region("x8").count == (groups * 8 if image else tokens) * 5120 // 4
     with pytest.raises(SpecError, match=r"stages\.\d+\.image: \[gfx942 .*\] the image is sm90 wgmma.s swizzled"):
         ir_of("gfx942", tokens=tokens, tune=on)
 
@@ -690,13 +690,22 @@ def test_qkv_token_pairs():
 
 def test_rows_async():
     """rows_async: the token rows from the source's mailbox by cp.async, not through registers
-    (the spec's: wqkv_a at TP4 above 16 rows); wq_b's copied rows (1..15 rows) by tune, with the
-    fence for the wgmma after the copies landed; no effect on q_inline's normed rows or the TMA
-    image copy; refused on AMD."""
+    (the spec's: wqkv_a at TP4 above 16 rows, where X8_IMAGE is tuned off); wq_b's copied rows (1..15
+    rows) by tune, with the fence for the wgmma after the copies landed; no effect on q_inline's
+    normed rows or the TMA image copy; refused on AMD."""
     def values(stage, **kw):
         return next(s for s in ir_of(**kw).stages if s.name == stage).values
-    assert [values("wqkv_a", tokens=s, tp=tp)["rows_async"] for s, tp in ((9, 4), (16, 4), (17, 4), (48, 4), (48, 2))] \
-        == [False, False, True, True, False]
+    no_image = {"symbols.X8_IMAGE": 0}
+    assert [values("wqkv_a", tokens=s, tp=tp, tune=no_image)["rows_async"]
+            for s, tp in ((9, 4), (16, 4), (17, 4), (48, 4), (48, 2))] == [False, False, True, True, False]
+    assert not values("wqkv_a", tokens=17)["rows_async"]  # the spec's X8 image: one bulk copy
+    text = render(ir_of(tokens=17, tune=no_image))
+    rows = text[text.index("namespace stage_wqkv_a {"):text.index("}  // namespace stage_wqkv_a")]
+    rows = rows[rows.index("MONO_DEVICE void stage_rows("):rows.index("MONO_DEVICE void run(")]
+    order = ["copy16_async(xs + ", "copy16_async(xl + row_word(i / VECS, i % VECS), row_piece(i));",
+             "copy_async_wait();", "fence_proxy_async_lds();", "barrier();"]
+    assert [rows.index(o) for o in order] == sorted(rows.index(o) for o in order)
+    assert "xl + row_word(i / VECS, i % VECS)) = x;" not in rows
     on = {"wq_b.rows_async": 1}
     assert [values("wq_b", tokens=s, tune=on)["rows_async"] for s in (1, 2, 6, 15, 16, 48)] \
         == [True, True, True, True, False, False]  # the image from 16

@@ -54,7 +54,8 @@
 //   stage_kt::LDS_WINDOW   @      0  128 x int
 //   stage_wqkv_a::LDS_X    @      0  15360 x u32
 //   stage_wqkv_a::LDS_XS   @  61440  2112 x float
-//   stage_wqkv_a::LDS_PART @  69888  13824 x float
+//   stage_wqkv_a::LDS_RBAR @  69888  1 x u64
+//   stage_wqkv_a::LDS_PART @  69904  13824 x float
 //   stage_qkv::LDS_RED     @      0  32 x float
 //   stage_qkv::LDS_VALS    @    128  1792 x float
 //   stage_wq_b::LDS_X      @      0  15360 x u32
@@ -108,7 +109,7 @@ constexpr int INLINE_Q_TOKENS = 0;
 constexpr bool Q_INLINE = false;  // this build's wq_b CTAs norm q themselves
 constexpr bool QX8_IMAGE = true;
 constexpr int QX8_TOKENS = 48;
-constexpr int X8_IMAGE = 0;
+constexpr bool X8_IMAGE = true;
 constexpr int X8_TOKENS = 48;
 constexpr int WQB_CTAS = 128;
 constexpr int QKV_PER_TASK = 1;
@@ -923,8 +924,12 @@ constexpr int FLAG_STRIDE = 192;      // pairs between two copies
 constexpr int UPC = (TASKS + CTAS - 1) / CTAS;  // units of one CTA
 constexpr float MX_FP8_MAX = 448.0f;  // the MX maximum of this target's e4m3 flavour
 static_assert(ITEMS % 4 == 0 && ITEMS <= THREADS, "whole 32-blocks of 4 lanes");
-// Token t's 8-value item `it` of K part `part` in x8: row-major
-MONO_DEVICE u32* out_item(const Mailbox& mb, int t, int part, int it) { return mb.x8 + t * (K / 4) + part * (KP / 4) + 2 * it; }
+constexpr int IMAGE_GROUPS = 6;          // the words as the consumer's LDS image: 8-token groups
+// Token t's 8-value item `it` of K part `part` in x8: the swizzled image's place (a 16-byte
+// piece is two items; KP a multiple of 128, so a part is whole 128-byte segments)
+MONO_DEVICE u32* out_item(const Mailbox& mb, int t, int part, int it) {
+    return mb.x8 + swizzle128_item_word<IMAGE_GROUPS>(t, part * KP / 8 + it);
+}
 
 // The CTA's units (token, K part): x's values -> MXFP8 (contract B.4) -> words
 // out_item(mb, t, part, ..), codes x8s[t * K / 32 + part * KP / 32 ..]; once all
@@ -1043,7 +1048,8 @@ constexpr int FIRST = 0;
 constexpr int CTAS = 112;
 constexpr int LDS_X = 0;  // LDS: 15360 x u32
 constexpr int LDS_XS = 61440;  // LDS: 2112 x float
-constexpr int LDS_PART = 69888;  // LDS: 13824 x float
+constexpr int LDS_RBAR = 69888;  // LDS: 1 x u64
+constexpr int LDS_PART = 69904;  // LDS: 13824 x float
 
 constexpr int ROWS = 1792;               // rows of wqkv
 constexpr int K = 5120;                   // its columns
@@ -1137,22 +1143,28 @@ MONO_DEVICE void load_unit(const Args& a, int u, u32x4 (&w)[CPW], u32 (&codes)[C
 }
 
 // Tokens tok0 .. tok0 + nt of xq's x8 (K part `part`) and their codes into LDS
-// (through L2: written in this launch, published behind the flags).
+// (through L2: written in this launch, published behind the flags; the rows by one TMA bulk copy).
 MONO_DEVICE void stage_rows(const Args&, const Mailbox& mb, u8* lds, int part, int tok0, int nt, u32* xl, float* xs) {
     constexpr int VECS = KP / 16, SVECS = KP / 128;  // 16-byte pieces of a row part, of its codes
     auto codes = [&](int i) { return mb.x8s + (tok0 + i / SVECS) * (K / 32) + part * (KP / 32) + 4 * (i % SVECS); };
-    (void)lds;
+    // the source's rows: this stage's LDS image (IMAGE_GROUPS 8-token groups, swizzle128_word)
+    constexpr int IMAGE_GROUPS = 6;
+    // ... K part `part` of it (whole 128-byte segments: one stretch), pad tokens too, with one TMA
+    // bulk copy (no register, one request stream)
+    u64* rbar = reinterpret_cast<u64*>(lds + LDS_RBAR);  // set up in run()
+    static_assert(IMAGE_GROUPS == NG, "the image's groups are this LDS tile's");
+    if (thread_id() == 0) {
+        fence_proxy_async();  // the rows, acquired through the generic proxy, read by the async one
+        bulk_expect(rbar, NG * 8 * KP);
+        bulk_copy(xl, mb.x8 + swizzle128_word<IMAGE_GROUPS>(0, part * VECS), NG * 8 * KP, rbar);
+    }
     // the codes first, raw into xs by cp.async: no register and no round trip of their own (they
     // land while the rows' loads are out); made scales in place below
     for (int i = thread_id(); i < nt * SVECS; i += THREADS) copy16_async(xs + (i / SVECS) * SSTRIDE + 4 * (i % SVECS), codes(i));
-    // item i = piece i % VECS of token i / VECS: a warp's load reads 512 bytes of a row (whole lines; 16 tokens'
-    // 32-byte sectors a load made it 3-4 us at 48 rows, scripts/broadcast_probe.py); row_word's layout
-    auto row_piece = [&](int i) { return mb.x8 + (tok0 + i / VECS) * (K / 4) + part * (KP / 4) + 4 * (i % VECS); };
-    // by cp.async too (rows and codes land by the wait below)
-    for (int i = thread_id(); i < nt * VECS; i += THREADS) copy16_async(xl + row_word(i / VECS, i % VECS), row_piece(i));
+    bulk_wait(rbar, 0, mb.tag);  // the rows in LDS (visible to this thread, and to the wgmma after the caller's barrier)
     copy_async_wait();
-    fence_proxy_async_lds();  // this thread's rows, read by the wgmma through the async proxy (after the barrier)
-    barrier();  // every thread's codes and rows in
+    barrier();  // every thread's codes in, every thread past the rows' wait
+    if (thread_id() == 0) bulk_barrier_inval(rbar);  // its LDS may serve the next stage
     for (int i = thread_id(); i < nt * (KP / 32); i += THREADS) {
         float* s = xs + (i / (KP / 32)) * SSTRIDE + i % (KP / 32);
         *s = e8m0_scale(int(float_as_u32(*s)));
@@ -1235,6 +1247,8 @@ MONO_DEVICE void run(const Args& a, const Mailbox& mb, u8* lds) {
         }
     };
     load_group0();
+    if (thread_id() == 0) bulk_barrier_init(reinterpret_cast<u64*>(lds + LDS_RBAR));  // the rows' copy (await_rows's barrier publishes it)
+    fence_proxy_async_lds();  // earlier stages' stores to this LDS before the copy's (async proxy) writes
     await_rows(mb, kpart);
     const int tok0 = 0, nt = TOKENS;
     barrier();
