@@ -5,12 +5,14 @@ replayed from a CUDA graph (bench.timing). Weights cold as in the bench: the
 launches rotate over enough copies of w_qkv to overflow the L2, and the stamps
 are the last launch's.
 
-Usage: python scripts/timeline_probe.py [--cold-keys] [--no-mma] [tokens ...] [flag=value ...]
+Usage: python scripts/timeline_probe.py [--cold-keys] [--no-mma] [--slowest=POINT] [tokens ...] [flag=value ...]
 (flags: build parameters, e.g. timeline-free ones like static_kv_scale=true, or
 spec knobs as stage.field=value, e.g. qkv.bulk_copies=1: codegen.load's tune).
 The index cache is 16 MB with pages drawn with replacement (its keys stay in the L2);
 --cold-keys gives every request its own pages, as the bench does (64K: 134 MB at S=16);
---no-mma times the build without its fp8 MMAs (scripts/no_mma.py: wrong results, what they cost)."""
+--no-mma times the build without its fp8 MMAs (scripts/no_mma.py: wrong results, what they cost);
+--slowest=POINT also lists the 8 CTAs that stamped POINT last, each with all its stamps (a
+straggler's roles show in its other stamps)."""
 
 import sys
 
@@ -26,6 +28,7 @@ from tests.minimax_case import NUM_BLOCKS, context_case, launch_args, make_input
 
 COLD_KEYS = "--cold-keys" in sys.argv
 NO_MMA = "--no-mma" in sys.argv
+SLOWEST = next((a.split("=", 1)[1] for a in sys.argv[1:] if a.startswith("--slowest=")), None)
 
 
 def build(tokens: int, tune: dict | None, **flags):
@@ -66,6 +69,10 @@ def probe(tokens: int, contexts=(4096,), reps: int = 20, tune: dict | None = Non
         col = (col[col > 0] - t0) / 1000.0
         if col.numel():
             print(f"  {p:14s} n={col.numel():4d}  median {col.median().item():7.2f}  max {col.max().item():7.2f}")
+    if SLOWEST is not None:
+        us = (tl - t0) / 1000.0 * (tl > 0)  # 0: not stamped
+        for c in us[:, pts.index(SLOWEST)].argsort(descending=True)[:8].tolist():
+            print(f"  CTA {c:3d}: " + " ".join(f"{n} {us[c, i]:.2f}" for i, n in enumerate(pts) if tl[c, i] > 0))
     plain = build(tokens, tune, **flags)
     args, weights = setup(plain, tokens, contexts)
     calls = [lambda i=i: plain(**dict(args, w_qkv=weights[i], layer=i)) for i in range(len(weights))]
@@ -74,7 +81,7 @@ def probe(tokens: int, contexts=(4096,), reps: int = 20, tune: dict | None = Non
 
 
 if __name__ == "__main__":
-    words = [a for a in sys.argv[1:] if a not in ("--cold-keys", "--no-mma")]
+    words = [a for a in sys.argv[1:] if a not in ("--cold-keys", "--no-mma") and not a.startswith("--slowest=")]
     tokens = [int(a) for a in words if "=" not in a] or [1, 16]
     pairs = name_values([a for a in words if "=" in a])
     flags = {k: v for k, v in pairs.items() if "." not in k}

@@ -496,7 +496,8 @@ def test_lds_buffers_keep_their_alignment():
 def test_scorer_first_keys_prefetch():
     """keys_prefetch (sm90, up to INLINE_NORM_TOKENS rows): the qkv GEMV's last thread, after the
     inline norm and before the staged weights' wait, prefetches the scorer CTA's first item's
-    keys into L2 (its requests from seq_lens, then the item's block-table entry); a forward
+    keys into L2 (its requests from seq_lens, then the item's block-table entry), and the index
+    q's inputs (gamma's two lines, each token's cos / sin row: make_index_q's loads); a forward
     declaration lets the GEMV call the later stage. Refused on AMD and for a GEMV that reads
     its rows from a norm stage (it has no such wait)."""
     from codegen.render import render
@@ -512,6 +513,11 @@ def test_scorer_first_keys_prefetch():
             assert text.index("namespace stage_scores { MONO_DEVICE void prefetch_first_keys(const Args& a); }") \
                 < text.index("namespace stage_qkv {")
             assert "bulk_prefetch_l2(a.index_cache + page_of(a, it, q_len) * BLOCK * DIM, BLOCK * DIM);" in text
+            pre = text[text.index("MONO_DEVICE void prefetch_first_keys(const Args& a) {"):]
+            pre = pre[:pre.index("\n}\n")]
+            assert "for (int i = 0; i < DIM * 2; i += 128) prefetch_line_l2(reinterpret_cast<const u8*>(a.g_iq) + i);" in pre
+            assert "prefetch_line_l2(a.cos_sin + (long long)int(a.positions[tk]) * ROPE);" in pre
+            assert "constexpr int DIM = 128;" in text and "constexpr int ROPE = 64;" in text  # two lines, one
     on = {"scores.keys_prefetch": 1}
     with pytest.raises(SpecError, match="gfx950's device library has no L2 prefetch"):
         lower(loaded := load_spec(SPEC, tune_items(on)), make_build(loaded, "gfx950", tokens=1))

@@ -1515,7 +1515,9 @@ MONO_DEVICE long long page_of(const Args& a, const Item& it, int q_len) {
 
 // The CTA's first item's keys into L2 (one TMA prefetch of its block), by the calling thread:
 // every request's work from seq_lens (loads issued together), then the item's block-table
-// entry. Stage qkv calls it where its CTA waits for its weights.
+// entry; and make_index_q's inputs, gamma and every token's cos / sin row (the stage's start
+// reads them after the GEMV, cold otherwise). Stage qkv calls it where its
+// CTA waits for its weights.
 MONO_DEVICE void prefetch_first_keys(const Args& a) {
     const int c = block_id() - FIRST;
     if (c < 0 || c >= CTAS) return;
@@ -1525,6 +1527,9 @@ MONO_DEVICE void prefetch_first_keys(const Args& a) {
     Request reqs[TOKENS];  // (indexed by unrolled loops only: registers, no local memory)
 #pragma unroll
     for (int r = 0; r < TOKENS; ++r) reqs[r] = request_of(a, min_i(r, requests - 1), q_len);  // past the last: a repeat (unused)
+    for (int i = 0; i < DIM * 2; i += 128) prefetch_line_l2(reinterpret_cast<const u8*>(a.g_iq) + i);
+#pragma unroll
+    for (int tk = 0; tk < TOKENS; ++tk) prefetch_line_l2(a.cos_sin + (long long)int(a.positions[tk]) * ROPE);
     int u = rank_of(c);  // the CTA's first item: u of the work list
     Item it{false, 0, 0, 1, false};
 #pragma unroll
