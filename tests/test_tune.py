@@ -128,8 +128,10 @@ def test_a_diagnostic_stamp_by_override():
 def test_scorer_item_stamps():
     """scores.item_point / dots_point / put_point (analysis stamps, off in the spec): the phases
     of one item on every CTA (tensor cores: warp 0's `stamped_item`-th; CUDA cores: the batch
-    holding the CTA's), in order around the dots and the put; the untuned build has none of
-    it, and the stamped build still compiles for sm90 without spills."""
+    holding the CTA's), in order around the dots and the put; setup_point: the stage's start
+    done (requests and first pages in LDS), before the first keys are asked for; iq_point: thread
+    0's index q rows made, before the barrier that publishes them to the CTA; the untuned
+    build has none of it, and the stamped build still compiles for sm90 without spills."""
     _, plain = source(SPEC, "sm90", tokens=16, timeline=True)
     tune = {"scores.stamped_item": 3, "scores.item_point": "spare", "scores.dots_point": "x8_ready",
             "scores.put_point": "head_got_qkv", "qkv.ready_point": None, "heads.got_point": None}
@@ -148,6 +150,16 @@ def test_scorer_item_stamps():
               for p in ("SPARE", "X8_READY", "HEAD_GOT_QKV")]
     calls = [run.index(c) for c in ("item_dots(iq, seq, bp + i", "item_put(a, mb, bp + i")]
     assert stamps[0] < calls[0] < stamps[1] < calls[1] < stamps[2]
+    _, setup = source(SPEC, "sm90", tokens=1, timeline=True,
+                      tune={"scores.setup_point": "spare", "scores.iq_point": "x8_ready", "qkv.ready_point": None})
+    end = setup.index("}  // namespace stage_scores")
+    run = setup[setup.rindex("MONO_DEVICE void run(", 0, end):end]
+    assert "stamp(lds, TL_SPARE);" not in plain
+    assert run.index("pages[tid] = int(page_of(a, mine, q_len));") < run.index("stamp(lds, TL_SPARE);") \
+        < run.index("score_by_warps(")
+    groups = setup[setup.index("MONO_DEVICE void score_by_groups("):end]
+    made = groups.index("make_index_q(")
+    assert made < groups.index("stamp(lds, TL_X8_READY);") < groups.index("barrier();", made)
     with pytest.raises(SpecError, match="no timeline point 'keys'"):
         source(SPEC, "sm90", tune={"scores.dots_point": "keys"}, tokens=1)
     with pytest.raises(SpecError, match=r"stamped_item: .* must be an integer >= 0, got -1"):

@@ -86,10 +86,11 @@ class Model(StageBase):
     # tensor-core dots: a CTA of n items gives each the fewest warps G (1, 2, 4, 8) with
     # n * G >= busy_waves (above the CTA's warps: more warps an item, in rounds)
     busy_waves: PerTarget = PerTarget(default=16)
-    # the CTA's first item's keys into L2 (1 = on; NVIDIA: one TMA prefetch of the block), issued by
-    # the CTA's last thread where stage keys_prefetch_at (an earlier gemv_fp8 stage that normalizes
-    # its rows itself) waits for its weights: the block comes from HBM while the GEMV runs, not
-    # after it (S = 1: the scores ended ~2.5 us after the GEMV's last row, bench/NOTES.md)
+    # the CTA's first item's keys into L2 (1 = on; NVIDIA: one TMA prefetch of the block), and the
+    # index q's gamma and cos / sin rows, issued by the CTA's last thread where stage
+    # keys_prefetch_at (an earlier gemv_fp8 stage that normalizes its rows itself) waits for its
+    # weights: they come from HBM while the GEMV runs, not after it (S = 1: the scores ended ~2.5 us
+    # after the GEMV's last row, bench/NOTES.md)
     keys_prefetch: PerTarget = PerTarget(default=0)
     keys_prefetch_at: Name | None = None
 
@@ -100,6 +101,8 @@ class Model(StageBase):
     # `stamped_item` (its j-th; a CTA with fewer items stamps none; tensor-core dots: warp 0's
     # `stamped_item`-th)
     stamped_item: Expr = 0
+    setup_point: Name | None = None  # timeline point: the CTA's requests, lengths and first pages in LDS (every CTA)
+    iq_point: Name | None = None  # timeline point: thread 0's index q rows made (its warp's jobs of make_index_q)
     item_point: Name | None = None  # timeline point: its scoring starts (its keys are asked for)
     dots_point: Name | None = None  # timeline point: warp 0's dots and maxima of it are in (its keys had landed)
     put_point: Name | None = None  # timeline point: its scores are put (after the item's barrier)
