@@ -604,8 +604,8 @@ def test_image_offsets(tokens):
 
 @pytest.mark.parametrize("tokens", [10, 16, 17, 48])
 def test_x8_image(tokens):
-    """X8_IMAGE (the spec's at sm90 TP4 from 10 rows, not at 16): xq stores X8 as wqkv's LDS image, whole
-    8-token groups of the swizzled layout, and each wqkv CTA takes its K part's stretch of it
+    """X8_IMAGE (the spec's at sm90 TP4 from 10 rows, not at 16): xq stores X8 as wqkv's LDS
+    image, whole 8-token groups of the swizzled layout, and each wqkv CTA takes its K part's stretch of it
     (whole 128-byte segments: contiguous) with one TMA bulk copy instead of copying rows; at TP2
     (mma.sync wqkv, no swizzled rows) the rows come from the image's places by 16-byte loads.
     Elsewhere the spec's builds store X8 row-major; the image is refused on AMD."""

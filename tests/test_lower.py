@@ -517,7 +517,8 @@ def test_scorer_first_keys_prefetch():
             pre = pre[:pre.index("\n}\n")]
             assert "for (int i = 0; i < DIM * 2; i += 128) prefetch_line_l2(reinterpret_cast<const u8*>(a.g_iq) + i);" in pre
             assert "prefetch_line_l2(a.cos_sin + (long long)int(a.positions[tk]) * ROPE);" in pre
-            assert "constexpr int DIM = 128;" in text and "constexpr int ROPE = 64;" in text  # two lines, one
+            # gamma: 128 bf16, two 128-byte lines; a cos / sin row: 64 bf16, one
+            assert "constexpr int DIM = 128;" in text and "constexpr int ROPE = 64;" in text
     on = {"scores.keys_prefetch": 1}
     with pytest.raises(SpecError, match="gfx950's device library has no L2 prefetch"):
         lower(loaded := load_spec(SPEC, tune_items(on)), make_build(loaded, "gfx950", tokens=1))
