@@ -493,38 +493,6 @@ def test_lds_buffers_keep_their_alignment():
     assert ctx.lds_aligns == {("s", "x"): 256}
 
 
-def test_scorer_iq_pairs():
-    """iq_pairs (off in the spec; not measured on the GPU yet): make_index_q takes a lane group's
-    jobs two at a time (jobs n and n + GROUPS): both jobs' inputs asked for, one wait over both
-    heads' qkv pairs, then each valid job's norm and LDS row; off, a job at a time as before (the
-    spec's builds are unchanged). On, it compiles without spills for sm90 (tensor-core and
-    CUDA-core dots) and gfx942, index_heads 4 too."""
-    from codegen.jit import resource_report
-    from codegen.render import render
-    loaded = load_spec(SPEC, tune_items({"scores.iq_pairs": 1}))
-    plain = render(build_ir("sm90", 16))
-    assert "iq_job(" not in plain and "head_values(pair, mb.tag, e);" not in plain
-    for target, params in (("sm90", {}), ("sm90", {"index_heads": 4}), ("gfx942", {})):
-        for tokens in (1, 16):
-            ir = lower(loaded, make_build(loaded, target, tokens=tokens, **params))
-            text = render(ir)
-            make = text[text.index("MONO_DEVICE void make_index_q("):]
-            make = make[:make.index("\n}\n")]
-            order = ["iq_job(reqs, requests, q_len, n), iq_job(reqs, requests, q_len, n + GROUPS)",
-                     "head_inputs(", "head_values(pair, mb.tag, e);", "norm_rope(e[k], g, c[k], sn[k], d0, out);",
-                     "put_index_q(iq, job[k].row, d0, out);"]
-            assert [make.index(o) for o in order] == sorted(make.index(o) for o in order)
-            assert "for (int n = group;; n += 2 * GROUPS) {" in make
-            (report,) = resource_report(text, ir.name, ir.target)
-            assert report.spills == 0 and report.scratch_bytes == 0, (target, params, tokens)
-    both = load_spec(SPEC, tune_items({"scores.iq_pairs": 1, "scores.mma_dots": 0}))
-    cores = lower(both, make_build(both, "sm90", tokens=16))
-    text = render(cores)
-    assert "put_index_q(iq, job[k].row, d0, out);" in text and "float* q = iq + row * ROW_STRIDE;" in text
-    (report,) = resource_report(text, cores.name, cores.target)
-    assert report.spills == 0 and report.scratch_bytes == 0
-
-
 def test_scorer_first_keys_prefetch():
     """keys_prefetch (sm90, up to INLINE_NORM_TOKENS rows): the qkv GEMV's last thread, after the
     inline norm and before the staged weights' wait, prefetches the scorer CTA's first item's

@@ -93,14 +93,9 @@ class Model(StageBase):
     # after the GEMV's last row, bench/NOTES.md)
     keys_prefetch: PerTarget = PerTarget(default=0)
     keys_prefetch_at: Name | None = None
-    # make_index_q's jobs (a token's index-q head each, 32 lanes) two at a time on each lane group:
-    # both jobs' loads and qkv waits in flight together, not one job's round trips after the
-    # other's (1 = on). S = 16 / 4K: the head CTAs' index q took 4.5-5 us, two jobs a group, and
-    # was the launch's tail (bench/NOTES.md MiniMax session 19); not measured on the GPU yet
-    iq_pairs: PerTarget = PerTarget(default=0)
 
     _per_target = field_validator("lead_cta", "mma_dots", "batch_items", "tiles_ahead", "busy_waves", "keys_prefetch",
-                                  "iq_pairs", mode="before")(
+                                  mode="before")(
         classmethod(lambda cls, v: per_target(v)))
     # analysis stamps (timeline builds; off in the spec): the phases of each CTA's item
     # `stamped_item` (its j-th; a CTA with fewer items stamps none; tensor-core dots: warp 0's
@@ -235,7 +230,6 @@ def lower(stage: Model, ctx) -> dict:
         "request_words": REQUEST_WORDS,
         "stamped_item": ctx.integer(stage.stamped_item, ("stamped_item",), minimum=0),
         "keys_prefetch_at": keys_at,  # the gemv_fp8 stage that calls prefetch_first_keys() (None: off)
-        "iq_pairs": ctx.switch(stage.iq_pairs.for_target(ctx.target.name), ("iq_pairs",)),
         "done": src.done,
         "src": src,
         "start_point": stage.start_point,  # checked by the lowering for every stage

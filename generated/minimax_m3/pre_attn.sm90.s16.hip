@@ -1232,23 +1232,15 @@ MONO_DEVICE void head_inputs(const bf16_t* gamma, const bf16_t* cs_row, int d0, 
     }
 }
 
-// This lane's ELEMS values of J heads: the qkv pairs from each `pair[k]` (its dims d0 ..),
-// waited for together (one round trip, not J * ELEMS).
-template <int J, typename TagT>
-MONO_DEVICE void head_values(const u64* const (&pair)[J], const TagT& tag, float (&e)[J][ELEMS]) {
-    const u64* p[J * ELEMS];
-    for (int k = 0; k < J; ++k)
-        for (int j = 0; j < ELEMS; ++j) p[k * ELEMS + j] = pair[k] + j;
-    u32 v[J * ELEMS];
-    mailbox_wait_all(p, tag, v);
-    for (int k = 0; k < J; ++k)
-        for (int j = 0; j < ELEMS; ++j) e[k][j] = u32_as_float(v[k * ELEMS + j]);
-}
-// ... of one head
+// This lane's ELEMS values of a head: the qkv pairs from `pair` (its dims d0 ..), waited
+// for together (one round trip, not ELEMS).
 template <typename TagT>
 MONO_DEVICE void head_values(const u64* pair, const TagT& tag, float (&e)[ELEMS]) {
-    const u64* const one[1] = {pair};
-    head_values(one, tag, reinterpret_cast<float (&)[1][ELEMS]>(e));
+    const u64* p[ELEMS];
+    for (int j = 0; j < ELEMS; ++j) p[j] = pair + j;
+    u32 v[ELEMS];
+    mailbox_wait_all(p, tag, v);
+    for (int j = 0; j < ELEMS; ++j) e[j] = u32_as_float(v[j]);
 }
 
 // Gemma RMSNorm + partial NeoX RoPE of one head on a token's 32 lanes (contract A.5.4):
@@ -1381,23 +1373,15 @@ MONO_DEVICE void head_inputs(const bf16_t* gamma, const bf16_t* cs_row, int d0, 
     }
 }
 
-// This lane's ELEMS values of J heads: the qkv pairs from each `pair[k]` (its dims d0 ..),
-// waited for together (one round trip, not J * ELEMS).
-template <int J, typename TagT>
-MONO_DEVICE void head_values(const u64* const (&pair)[J], const TagT& tag, float (&e)[J][ELEMS]) {
-    const u64* p[J * ELEMS];
-    for (int k = 0; k < J; ++k)
-        for (int j = 0; j < ELEMS; ++j) p[k * ELEMS + j] = pair[k] + j;
-    u32 v[J * ELEMS];
-    mailbox_wait_all(p, tag, v);
-    for (int k = 0; k < J; ++k)
-        for (int j = 0; j < ELEMS; ++j) e[k][j] = u32_as_float(v[k * ELEMS + j]);
-}
-// ... of one head
+// This lane's ELEMS values of a head: the qkv pairs from `pair` (its dims d0 ..), waited
+// for together (one round trip, not ELEMS).
 template <typename TagT>
 MONO_DEVICE void head_values(const u64* pair, const TagT& tag, float (&e)[ELEMS]) {
-    const u64* const one[1] = {pair};
-    head_values(one, tag, reinterpret_cast<float (&)[1][ELEMS]>(e));
+    const u64* p[ELEMS];
+    for (int j = 0; j < ELEMS; ++j) p[j] = pair + j;
+    u32 v[ELEMS];
+    mailbox_wait_all(p, tag, v);
+    for (int j = 0; j < ELEMS; ++j) e[j] = u32_as_float(v[j]);
 }
 
 // Gemma RMSNorm + partial NeoX RoPE of one head on a token's 32 lanes (contract A.5.4):
@@ -1472,17 +1456,10 @@ MONO_DEVICE Request request_of(const Args& a, int r, int q_len) {
 }
 static_assert(sizeof(Request) == 5 * 4, "LDS_REQS holds 5 words a request");
 
-// Index q row `row` in LDS, this lane's dims d0 .. of it, bf16-rounded.
-MONO_DEVICE void put_index_q(float* iq, int row, int d0, const float (&out)[ELEMS]) {
-    u32* words = reinterpret_cast<u32*>(iq) + row * IQ_WORDS;
-    for (int i = 0; i < ELEMS; i += 2)  // bf16 pairs, times IQ_UP (exact)
-        words[(d0 + i) / 2] = u32(f32_to_bf16(bf16_round(out[i]) * IQ_UP)) | u32(f32_to_bf16(bf16_round(out[i + 1]) * IQ_UP)) << 16;
-}
-
-// The index q of every scored request into LDS: request r's (row i, head j) at row r * q_len *
-// HEADS + i * heads + j, as its scoring walks them. The head stage's math on the qkv mailbox, one
-// 32-lane group a job (token, head), the requests' jobs numbered in order, job n on group n %
-// GROUPS.
+// The index q of every scored request, bf16-rounded, into LDS: request r's (row i, head j) at
+// row r * q_len * HEADS + i * heads + j (bf16 pairs times IQ_UP), as its scoring walks them. The head
+// stage's math on the qkv mailbox, one 32-lane group a (token, head), the requests' jobs
+// numbered in order and dealt to the groups.
 MONO_DEVICE void make_index_q(const Args& a, const Mailbox& mb, const Request* reqs, float* iq, int requests, int q_len) {
     const int tid = thread_id(), group = tid / LANES, l32 = tid % LANES, d0 = ELEMS * l32;
     constexpr int GROUPS = THREADS / LANES;
@@ -1496,7 +1473,9 @@ MONO_DEVICE void make_index_q(const Args& a, const Mailbox& mb, const Request* r
             head_inputs(a.g_iq, a.cos_sin + (long long)int(a.positions[tk]) * ROPE, d0, g, c, sn);
             head_values(mb.qkv + tk * QKV_ROWS + IQ_BASE + head * DIM + d0, mb.tag, e);
             norm_rope(e, g, c, sn, d0, out);
-            put_index_q(iq, r * q_len * HEADS + n - base, d0, out);
+            u32* row = reinterpret_cast<u32*>(iq) + (r * q_len * HEADS + n - base) * IQ_WORDS;
+            for (int i = 0; i < ELEMS; i += 2)  // bf16 pairs, times IQ_UP (exact)
+                row[(d0 + i) / 2] = u32(f32_to_bf16(bf16_round(out[i]) * IQ_UP)) | u32(f32_to_bf16(bf16_round(out[i + 1]) * IQ_UP)) << 16;
         }
         base += jobs;
     }
