@@ -494,12 +494,14 @@ def test_lds_buffers_keep_their_alignment():
 
 
 def test_scorer_first_keys_prefetch():
-    """keys_prefetch (sm90, up to INLINE_NORM_TOKENS rows): the qkv GEMV's last thread, after the
-    inline norm and before the staged weights' wait, prefetches the scorer CTA's first item's
-    keys into L2 (its requests from seq_lens, then the item's block-table entry), and the index
-    q's inputs (gamma's two lines, each token's cos / sin row: make_index_q's loads); a forward
-    declaration lets the GEMV call the later stage. Refused on AMD and for a GEMV that reads
-    its rows from a norm stage (it has no such wait)."""
+    """keys_prefetch (sm90; the spec's up to INLINE_NORM_TOKENS rows): the qkv GEMV's last thread,
+    after the inline norm and before the staged weights' wait, prefetches the scorer CTA's first
+    item's keys into L2 (its requests from seq_lens, then the item's block-table entry), and the
+    index q's inputs (gamma's two lines, each token's cos / sin row: make_index_q's loads); a
+    forward declaration lets the GEMV call the later stage. Tuned on where the GEMV reads its rows
+    from the norm stage: before the wait for them, after the weights are asked for; with
+    keys_prefetch_items n, the CTA's first n items. Refused on AMD and at a stage that is not an
+    earlier gemv_fp8."""
     from codegen.render import render
     for tokens, on in ((1, True), (2, True), (3, False), (16, False)):
         ir = build_ir("sm90", tokens)
@@ -515,14 +517,28 @@ def test_scorer_first_keys_prefetch():
             assert "bulk_prefetch_l2(a.index_cache + page_of(a, it, q_len) * BLOCK * DIM, BLOCK * DIM);" in text
             pre = text[text.index("MONO_DEVICE void prefetch_first_keys(const Args& a) {"):]
             pre = pre[:pre.index("\n}\n")]
+            assert "constexpr int PREFETCH_ITEMS = 1;" in pre and "int u = rank_of(c) + j * CTAS;" in pre
             assert "for (int i = 0; i < DIM * 2; i += 128) prefetch_line_l2(reinterpret_cast<const u8*>(a.g_iq) + i);" in pre
             assert "prefetch_line_l2(a.cos_sin + (long long)int(a.positions[tk]) * ROPE);" in pre
             # gamma: 128 bf16, two 128-byte lines; a cos / sin row: 64 bf16, one
             assert "constexpr int DIM = 128;" in text and "constexpr int ROPE = 64;" in text
+    # rows from the norm stage: the call goes before their wait, the CTA's first 4 items
+    tuned = load_spec(SPEC, tune_items({"scores.keys_prefetch": 1, "scores.keys_prefetch_items": 4}))
+    for tokens in (4, 16):
+        text = render(lower(tuned, make_build(tuned, "sm90", tokens=tokens)))
+        gemv = text[text.index("namespace stage_qkv {"):text.index("}  // namespace stage_qkv")]
+        order = ["if (WEIGHTS_FIRST) issue_weights();", "if (tid == THREADS - 1) stage_scores::prefetch_first_keys(a);",
+                 "mailbox_wait<true>(mb.x8s + tid, mb.tag)", "stamp(lds, TL_X8_READY);"]
+        assert [gemv.index(o) for o in order] == sorted(gemv.index(o) for o in order)
+        assert gemv.count("prefetch_first_keys(a);") == 1 and "constexpr int PREFETCH_ITEMS = 4;" in text
     on = {"scores.keys_prefetch": 1}
     with pytest.raises(SpecError, match="gfx950's device library has no L2 prefetch"):
         lower(loaded := load_spec(SPEC, tune_items(on)), make_build(loaded, "gfx950", tokens=1))
     with pytest.raises(SpecError, match="keys_prefetch needs an earlier gemv_fp8 stage of this build that "
-                                        "normalizes its rows itself, got 'qkv'") as e:
-        lower(loaded := load_spec(SPEC, tune_items(on)), make_build(loaded, "sm90", tokens=4))
+                                        "normalizes its rows or waits for them, got 'heads'") as e:
+        lower(loaded := load_spec(SPEC, tune_items({**on, "scores.keys_prefetch_at": "heads"})),
+              make_build(loaded, "sm90", tokens=4))
     assert "pre_attn.yaml:" in str(e.value)
+    with pytest.raises(SpecError, match=r"keys_prefetch_items: .* must be an integer >= 1, got 0"):
+        lower(loaded := load_spec(SPEC, tune_items({**on, "scores.keys_prefetch_items": 0})),
+              make_build(loaded, "sm90", tokens=1))

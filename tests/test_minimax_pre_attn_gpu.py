@@ -229,7 +229,9 @@ SCORER_TUNES = {"spec": None,  # sm90: tensor cores, each item the fewest warps 
                 "warp-owned": {"scores.busy_waves": 1},  # one warp an item, whatever the CTA's items
                 "one-tile-ahead": {"scores.tiles_ahead": 1},  # a ring of two tiles: the slot reused the soonest
                 "cuda-cores-batch2": {"scores.mma_dots": 0, "scores.batch_items": 2},
-                "cuda-cores-batch1": {"scores.mma_dots": 0}}
+                "cuda-cores-batch1": {"scores.mma_dots": 0},
+                # the first 4 items' keys into L2 during the GEMV at every S (not GPU-run yet, session 19)
+                "keys-prefetch-4": {"scores.keys_prefetch": 1, "scores.keys_prefetch_items": 4}}
 
 
 def scorer_kernel(tune_id: str, tokens: int, **params):

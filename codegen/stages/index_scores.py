@@ -86,13 +86,15 @@ class Model(StageBase):
     # tensor-core dots: a CTA of n items gives each the fewest warps G (1, 2, 4, 8) with
     # n * G >= busy_waves (above the CTA's warps: more warps an item, in rounds)
     busy_waves: PerTarget = PerTarget(default=16)
-    # the CTA's first item's keys into L2 (1 = on; NVIDIA: one TMA prefetch of the block), and the
-    # index q's gamma and cos / sin rows, issued by the CTA's last thread where stage
-    # keys_prefetch_at (an earlier gemv_fp8 stage that normalizes its rows itself) waits for its
-    # weights: they come from HBM while the GEMV runs, not after it (S = 1: the scores ended ~2.5 us
-    # after the GEMV's last row, bench/NOTES.md)
+    # the CTA's first keys_prefetch_items items' keys into L2 (1 = on; NVIDIA: one TMA prefetch a
+    # block), and the index q's gamma and cos / sin rows, issued by the CTA's last thread in stage
+    # keys_prefetch_at (an earlier gemv_fp8 stage) where it waits: after its inline norm for its
+    # weights, or (rows from a norm stage) before the wait for the rows. They come from HBM while
+    # the GEMV runs, not after it (S = 1: the scores ended ~2.5 us after the GEMV's last row; S = 16:
+    # the keys streamed only after the GEMV, bench/NOTES.md MiniMax sessions 17 and 19)
     keys_prefetch: PerTarget = PerTarget(default=0)
     keys_prefetch_at: Name | None = None
+    keys_prefetch_items: Expr = 1  # keys_prefetch: the CTA's first n items (their blocks)
 
     _per_target = field_validator("lead_cta", "mma_dots", "batch_items", "tiles_ahead", "busy_waves", "keys_prefetch",
                                   mode="before")(
@@ -120,17 +122,18 @@ def score_scale(sm_scale: float) -> float:
 
 
 def _keys_prefetch_at(stage: Model, ctx) -> str:
-    """keys_prefetch's stage: an earlier gemv_fp8 stage of the build that normalizes its rows itself
-    (its CTAs wait for their weights after the norm: gemv_fp8.j2 calls prefetch_first_keys there)."""
+    """keys_prefetch's stage: an earlier gemv_fp8 stage of the build (gemv_fp8.j2 calls
+    prefetch_first_keys where its CTAs wait: for their weights after an inline norm, or for the
+    rows of its norm stage)."""
     ctx.nvidia_only(("keys_prefetch",), "L2 prefetch")
     names = [s.name for s in ctx.loaded.spec.stages]
     at = stage.keys_prefetch_at
     gemv = next((s for s in ctx.loaded.spec.stages if s.name == at), None)
     ok = (gemv is not None and gemv.kind == "gemv_fp8" and names.index(at) < names.index(stage.name)
-          and ctx.stage_active(at) and not ctx.stage_active(gemv.x_from) and gemv.norm_inline)
+          and ctx.stage_active(at) and (ctx.stage_active(gemv.x_from) or gemv.norm_inline))
     if not ok:
         ctx.fail(("keys_prefetch_at",), f"keys_prefetch needs an earlier gemv_fp8 stage of this build that "
-                 f"normalizes its rows itself, got {at!r}", "name it, or turn keys_prefetch off for this build")
+                 f"normalizes its rows or waits for them, got {at!r}", "name it, or turn keys_prefetch off for this build")
     return at
 
 
@@ -230,6 +233,7 @@ def lower(stage: Model, ctx) -> dict:
         "request_words": REQUEST_WORDS,
         "stamped_item": ctx.integer(stage.stamped_item, ("stamped_item",), minimum=0),
         "keys_prefetch_at": keys_at,  # the gemv_fp8 stage that calls prefetch_first_keys() (None: off)
+        "keys_prefetch_items": ctx.integer(stage.keys_prefetch_items, ("keys_prefetch_items",), minimum=1),
         "done": src.done,
         "src": src,
         "start_point": stage.start_point,  # checked by the lowering for every stage

@@ -1513,12 +1513,13 @@ MONO_DEVICE long long page_of(const Args& a, const Item& it, int q_len) {
     return a.block_table[(long long)(it.r * q_len + q_len - 1) * a.bt_width + it.b];
 }
 
-// The CTA's first item's keys into L2 (one TMA prefetch of its block), by the calling thread:
-// every request's work from seq_lens (loads issued together), then the item's block-table
-// entry; and make_index_q's inputs, gamma and every token's cos / sin row (the stage's start
-// reads them after the GEMV, cold otherwise). Stage qkv calls it where its
-// CTA waits for its weights.
+// The CTA's first PREFETCH_ITEMS items' keys into L2 (one TMA prefetch a block), by the calling
+// thread: every request's work from seq_lens (loads issued together), then each item's
+// block-table entry; and make_index_q's inputs, gamma and every token's cos / sin row (the
+// stage's start reads them after the GEMV, cold otherwise). Stage qkv calls it
+// where its CTA waits.
 MONO_DEVICE void prefetch_first_keys(const Args& a) {
+    constexpr int PREFETCH_ITEMS = 1;  // (spec keys_prefetch_items)
     const int c = block_id() - FIRST;
     if (c < 0 || c >= CTAS) return;
     const int q_len = a.q_len;
@@ -1530,15 +1531,18 @@ MONO_DEVICE void prefetch_first_keys(const Args& a) {
     for (int i = 0; i < DIM * 2; i += 128) prefetch_line_l2(reinterpret_cast<const u8*>(a.g_iq) + i);
 #pragma unroll
     for (int tk = 0; tk < TOKENS; ++tk) prefetch_line_l2(a.cos_sin + (long long)int(a.positions[tk]) * ROPE);
-    int u = rank_of(c);  // the CTA's first item: u of the work list
-    Item it{false, 0, 0, 1, false};
 #pragma unroll
-    for (int r = 0; r < TOKENS; ++r) {
-        if (r >= requests || it.valid) continue;
-        if (u < reqs[r].count) it = Item{true, r, reqs[r].first + reqs[r].step * u, reqs[r].heads, false};
-        else u -= reqs[r].count;
+    for (int j = 0; j < PREFETCH_ITEMS; ++j) {
+        int u = rank_of(c) + j * CTAS;  // the CTA's j-th item: u of the work list
+        Item it{false, 0, 0, 1, false};
+#pragma unroll
+        for (int r = 0; r < TOKENS; ++r) {
+            if (r >= requests || it.valid) continue;
+            if (u < reqs[r].count) it = Item{true, r, reqs[r].first + reqs[r].step * u, reqs[r].heads, false};
+            else u -= reqs[r].count;
+        }
+        if (it.valid) bulk_prefetch_l2(a.index_cache + page_of(a, it, q_len) * BLOCK * DIM, BLOCK * DIM);
     }
-    if (it.valid) bulk_prefetch_l2(a.index_cache + page_of(a, it, q_len) * BLOCK * DIM, BLOCK * DIM);
 }
 
 // The iscore pair of (row, head) `row` of an item whose request's rows start at row0, nh
