@@ -107,6 +107,7 @@ constexpr int INLINE_QUANT_TOKENS = 8;
 constexpr int INLINE_Q_TOKENS = 2;
 constexpr bool Q_INLINE = true;  // this build's wq_b CTAs norm q themselves
 constexpr int QX8_IMAGE = 0;
+constexpr int IMAGE_TOKENS = 8;  // token rows of an LDS image: whole 8-token groups
 constexpr int QX8_TOKENS = 1;
 constexpr int X8_IMAGE = 0;
 constexpr int X8_TOKENS = 1;

@@ -106,6 +106,7 @@ constexpr int INLINE_QUANT_TOKENS = 8;
 constexpr int INLINE_Q_TOKENS = 2;
 constexpr bool Q_INLINE = false;  // this build's wq_b CTAs norm q themselves
 constexpr int QX8_IMAGE = 0;
+constexpr int IMAGE_TOKENS = 16;  // token rows of an LDS image: whole 8-token groups
 constexpr int QX8_TOKENS = 16;
 constexpr int X8_IMAGE = 0;
 constexpr int X8_TOKENS = 16;

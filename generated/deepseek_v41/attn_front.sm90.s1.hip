@@ -105,6 +105,7 @@ constexpr int INLINE_QUANT_TOKENS = 9;
 constexpr int INLINE_Q_TOKENS = 0;
 constexpr bool Q_INLINE = false;  // this build's wq_b CTAs norm q themselves
 constexpr bool QX8_IMAGE = false;
+constexpr int IMAGE_TOKENS = 8;  // token rows of an LDS image: whole 8-token groups
 constexpr int QX8_TOKENS = 1;
 constexpr bool X8_IMAGE = false;
 constexpr int X8_TOKENS = 1;

@@ -108,6 +108,7 @@ constexpr int INLINE_QUANT_TOKENS = 9;
 constexpr int INLINE_Q_TOKENS = 0;
 constexpr bool Q_INLINE = false;  // this build's wq_b CTAs norm q themselves
 constexpr bool QX8_IMAGE = true;
+constexpr int IMAGE_TOKENS = 48;  // token rows of an LDS image: whole 8-token groups
 constexpr int QX8_TOKENS = 48;
 constexpr bool X8_IMAGE = true;
 constexpr int X8_TOKENS = 48;
