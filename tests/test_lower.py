@@ -121,7 +121,7 @@ def test_lowering(target, tokens):
     assert scores.kind == "index_scores" and scores.tasks == ir.blocks and (scores.first, scores.ctas) == (0, ir.blocks)
     assert scores.waits_on == ("heads",)  # qkv_cp is not in the build: its wait is dropped
     sv = scores.values
-    assert sv["lead"] == (28 if target == "sm90" else 180) and sv["done"] == "hdone"
+    assert sv["lead"] == ((12 if tokens > 8 else 28) if target == "sm90" else 180) and sv["done"] == "hdone"
     assert (sv["start_point"], sv["done_point"]) == ("pre_attn_done", "scores_done")
     assert (sv["heads"], sv["own"], sv["iq_base"], sv["qkv_rows"]) == (1, 0, 2304, QKV_ROWS)
     assert (sv["head_dim"], sv["rotary_dim"], sv["lanes"], sv["elems"]) == (HEAD_DIM, ROTARY_DIM, 32, 4)
@@ -229,20 +229,20 @@ def test_scorer_tables_and_batches(target, tokens):
     warp (tensor cores) or two batches' per-item maxima of every wave (CUDA cores), the
     requests, the rows' context lengths, a block-table entry per thread and, on the tensor
     cores, each warp's ring of tiles_ahead + 1 tiles of 2 KB. mma_dots, tiles_ahead and
-    busy_waves come from the spec (sm90: on, 3, 8; else off) and a tune overrides them."""
+    busy_waves come from the spec (sm90: on, 1, 8; else off) and a tune overrides them."""
     ir = build_ir(target, tokens)
     scores = stage_named(ir, "scores")
     own = {b.name: b for b in ir.lds if b.stage == "scores"}
     waves = ir.threads // ir.target.wave_size
     mma = target == "sm90"
     iq = ("u32", (tokens + 8) * 66) if mma else ("float", tokens * 4 * 36)
-    ring = {"ring": ("u32", waves * 4 * 2048 // 4)} if mma else {}
+    ring = {"ring": ("u32", waves * 2 * 2048 // 4)} if mma else {}
     assert {n: (b.ctype, b.count) for n, b in own.items()} == {
         "iq": iq, "best": ("float", 2 * tokens * waves),
         "reqs": ("u32", 5 * tokens), "seq": ("u32", tokens), "pages": ("u32", ir.threads), **ring}
     assert (scores.values["batch"], scores.values["mma"]) == (1, mma)
     if mma:
-        assert (scores.values["ring"], scores.values["busy"]) == (4, 8)
+        assert (scores.values["ring"], scores.values["busy"]) == (2, 8)
     tuned = load_spec(SPEC, tune_items({"scores.batch_items": 3, "scores.mma_dots": 0}))
     ir = lower(tuned, make_build(tuned, target, tokens=tokens))
     assert (stage_named(ir, "scores").values["batch"], stage_named(ir, "scores").values["mma"]) == (3, False)
@@ -368,18 +368,20 @@ REFUSALS = [
     ("scores-need-head-flags", [("    done: hdone\n", "")], "sm90", 1, "iq_from: heads", "stage 'heads' publishes no done flags"),
     ("scores-unknown-timeline-point", [("start_point: pre_attn_done", "start_point: pre_attn_dome")], "gfx942", 1,
      "start_point: pre_attn_dome", "no timeline point 'pre_attn_dome'"),
-    ("scores-batch-too-large", [("    tiles_ahead: 3 ", "    batch_items: {default: 5, sm90: 1}\n    tiles_ahead: 3 ")],
+    ("scores-batch-too-large", [("    tiles_ahead: {default: 3, sm90: 1}\n", "    batch_items: {default: 5, sm90: 1}\n    tiles_ahead: {default: 3, sm90: 1}\n")],
      "gfx950", 4, "batch_items: {default: 5, sm90: 1}", "batches of 5 keep 80 key registers a thread, more than the 64"),
     ("scores-mma-on-amd", [("mma_dots: {default: 0, sm90: 1}", "mma_dots: {default: 1, sm90: 1}")], "gfx942", 1,
      "mma_dots: {default: 1, sm90: 1}", "gfx942's device library has no bf16 m16n8k16 MMA"),
-    ("scores-mma-batch", [("    tiles_ahead: 3 ", "    batch_items: {default: 1, sm90: 2}\n    tiles_ahead: 3 ")], "sm90", 1,
+    ("scores-mma-batch", [("    tiles_ahead: {default: 3, sm90: 1}\n", "    batch_items: {default: 1, sm90: 2}\n    tiles_ahead: {default: 3, sm90: 1}\n")], "sm90", 1,
      "batch_items: {default: 1, sm90: 2}", "the tensor-core dots take items by warp groups, not in batches of 2"),
     ("scores-mma-shape", [("mma_dots: {default: 0, sm90: 1}", "mma_dots: {default: 0, sm90: 1}\n    block: 64")], "sm90", 1,
      "mma_dots: {default: 0, sm90: 1}", "the tensor-core dots take 128-dim keys in blocks of 8 tiles of 16"),
-    ("scores-ahead-too-deep", [("tiles_ahead: 3 ", "tiles_ahead: {default: 3, sm90: 8} ")], "sm90", 1,
+    ("scores-ahead-too-deep", [("tiles_ahead: {default: 3, sm90: 1}", "tiles_ahead: {default: 3, sm90: 8}")], "sm90", 1,
      "tiles_ahead: {default: 3, sm90: 8}", "8 tiles ahead: at most 7"),
-    ("scores-ring-too-large", [("tiles_ahead: 3 ", "tiles_ahead: {default: 3, sm90: 6} ")], "sm90", 1,
+    ("scores-ring-too-large", [("tiles_ahead: {default: 3, sm90: 1}", "tiles_ahead: {default: 3, sm90: 6}")], "sm90", 1,
      "tiles_ahead: {default: 3, sm90: 6}", "16 rings of 7 tiles (229376 bytes) do not fit the"),
+    ("scores-iq-first-cuda-cores", [("    tiles_ahead: {default: 3, sm90: 1}\n", "    tiles_ahead: {default: 3, sm90: 1}\n    iq_first: 1\n")],
+     "gfx950", 1, "iq_first: 1", "iq_first orders the tensor-core dots' start"),
     ("scores-too-busy", [("busy_waves: 8 ", "busy_waves: {default: 8, sm90: 200} ")], "sm90", 16,
      "busy_waves: {default: 8, sm90: 200}", "200 busy waves: at most 128 (16 waves, 8 an item)"),
     # the head tasks: one per q head, then k, v, index q, index k

@@ -227,11 +227,12 @@ SCORE_CASES = [  # (tokens, q_len, contexts of the requests' last rows[, init_bl
 SCORER_TUNES = {"spec": None,  # sm90: tensor cores, each item the fewest warps that keep 8 of a CTA busy (8 .. 1)
                 "busy-16": {"scores.busy_waves": 16},  # more warps an item: 8 .. 1
                 "warp-owned": {"scores.busy_waves": 1},  # one warp an item, whatever the CTA's items
-                "one-tile-ahead": {"scores.tiles_ahead": 1},  # a ring of two tiles: the slot reused the soonest
+                "three-tiles-ahead": {"scores.tiles_ahead": 3},  # a ring of four tiles (the spec's: sm90 1, two tiles)
                 "cuda-cores-batch2": {"scores.mma_dots": 0, "scores.batch_items": 2},
                 "cuda-cores-batch1": {"scores.mma_dots": 0},
-                # the first 4 items' keys into L2 during the GEMV at every S (not GPU-run yet, session 19)
-                "keys-prefetch-4": {"scores.keys_prefetch": 1, "scores.keys_prefetch_items": 4}}
+                # the first 4 items' keys into L2 during the GEMV at every S
+                "keys-prefetch-4": {"scores.keys_prefetch": 1, "scores.keys_prefetch_items": 4},
+                "iq-first": {"scores.iq_first": 1}}  # the index q made before the first key tiles are asked for
 
 
 def scorer_kernel(tune_id: str, tokens: int, **params):

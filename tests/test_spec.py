@@ -142,7 +142,7 @@ CASES = [
     ("unsupported-name-call", (QKV_TASKS, "    tasks: abs(QKV_HEADS + 2) * HEAD_DIM // 16\n"), "abs(QKV_HEADS + 2)",
      "unknown symbol 'abs'"),
     ("default-outside-values", ("    values: 1..16\n    default: 1\n", "    values: 1..16\n    default: 99\n"), "default: 99", "not among values"),
-    ("default-wrong-type", ("    default: false\n    doc: stamp", "    default: 3\n    doc: stamp"), "default: 3", "not of type bool"),
+    ("default-wrong-type", ("    default: false\n    doc: stamp", "    default: 4\n    doc: stamp"), "default: 4", "not of type bool"),
     ("bad-range", ("values: 1..16", "values: 16..1"), "values: 16..1", "'16..1' is empty"),
     ("malformed-range", ("values: 1..16", "values: 1-16"), "values: 1-16", "must look like 'lo..hi'"),
     ("abi-name-twice", ("{name: res, dtype", "{name: ar, dtype"), "{name: ar, dtype: bf16, shape: [tokens, HIDDEN], doc: residual in}", "ABI name 'ar' used twice"),

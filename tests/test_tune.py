@@ -189,14 +189,14 @@ def test_scorer_warp_groups():
     _, text = source(SPEC, "sm90", tokens=16)
     assert "mma_bf16_16x8x16(c[s & 1], f.a[s], b0, b1)" in text and "e4m3x2_lo_bf16x2_scaled(wg[s])" in text
     scores = text[text.index("namespace stage_scores {"):]
-    assert "constexpr int BUSY_WAVES = 8;" in scores and "constexpr int RING = 4;" in scores
+    assert "constexpr int BUSY_WAVES = 8;" in scores and "constexpr int RING = 2;" in scores
     assert all(f"case {g}: score_by_groups<{g}>(" in scores for g in (1, 2, 4))
     assert "default: score_by_groups<TILES>(" in scores
     loop = scores[scores.index("MONO_DEVICE void score_warp_items("):scores.index("MONO_DEVICE void score_by_groups(")]
     assert "barrier()" not in loop and "gr.sync();" in loop
     assert "else barrier_of(1 + id, G * WAVE);" in scores and "wait_new_keys<WAVE>(mb" in scores
     assert 'asm volatile("bar.sync %0, %1;"' in text
-    for tune, ring in (({}, 4), ({"scores.busy_waves": 1, "scores.tiles_ahead": 2}, 3)):
+    for tune, ring in (({}, 2), ({"scores.busy_waves": 1, "scores.tiles_ahead": 2}, 3), ({"scores.iq_first": 1}, 2)):
         _, built = source(SPEC, "sm90", tokens=16, tune=tune)
         assert f"constexpr int RING = {ring};" in built
         (report,) = jit.resource_report(built, "groups.hip", get_target("sm90"))

@@ -95,8 +95,14 @@ class Model(StageBase):
     keys_prefetch: PerTarget = PerTarget(default=0)
     keys_prefetch_at: Name | None = None
     keys_prefetch_items: Expr = 1  # keys_prefetch: the CTA's first n items (their blocks)
+    # tensor-core dots: make the index q before the warps ask for their first key tiles (0: after,
+    # so that the tiles load meanwhile). At many rows the first tiles of every warp are most of the
+    # launch's keys, and make_index_q's few loads queued behind them (S = 16 / 4K: 4.3 us from the
+    # stage's setup to its index q, bench/NOTES.md MiniMax session 19)
+    iq_first: PerTarget = PerTarget(default=0)
 
     _per_target = field_validator("lead_cta", "mma_dots", "batch_items", "tiles_ahead", "busy_waves", "keys_prefetch",
+                                  "iq_first",
                                   mode="before")(
         classmethod(lambda cls, v: per_target(v)))
     # analysis stamps (timeline builds; off in the spec): the phases of each CTA's item
@@ -187,6 +193,10 @@ def lower(stage: Model, ctx) -> dict:
     else:
         ctx.lds(stage.name, "iq", "float", rows * quarters * (head_dim // quarters + IQ_PAD))  # index q, quarters padded
         ctx.lds(stage.name, "best", "float", 2 * batch * rows * waves)  # per-wave maxima, two batches
+    iq_first = ctx.switch(stage.iq_first.for_target(ctx.target.name), ("iq_first",))
+    if iq_first and not mma:
+        ctx.fail(("iq_first",), "iq_first orders the tensor-core dots' start; the CUDA-core dots load their first "
+                 "batch's keys into registers before the index q", "give iq_first 0 where mma_dots is off")
     keys_at = _keys_prefetch_at(stage, ctx) if ctx.switch(stage.keys_prefetch.for_target(ctx.target.name),
                                                           ("keys_prefetch",)) else None
     ctx.lds(stage.name, "reqs", "u32", REQUEST_WORDS * ctx.tokens)  # each request's work (the template's Request)
@@ -222,6 +232,7 @@ def lower(stage: Model, ctx) -> dict:
         "batch": batch,
         "mma": mma,
         "ring": ahead + 1,
+        "iq_first": iq_first,
         "busy": busy,
         "mma_iq_pad": MMA_IQ_PAD,
         "tile_keys": MMA_TILE_KEYS,

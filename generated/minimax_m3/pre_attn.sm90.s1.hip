@@ -61,7 +61,7 @@
 //   stage_scores::LDS_REQS @   2512  5 x u32
 //   stage_scores::LDS_SEQ  @   2544  1 x u32
 //   stage_scores::LDS_PAGES @   2560  512 x u32
-//   stage_scores::LDS_RING @   4608  32768 x u32
+//   stage_scores::LDS_RING @   4608  16384 x u32
 //
 // stages (every CTA runs them in this order; a stage waits only on earlier ones):
 //   1. qkv    gemv_fp8     160 tasks on CTAs 0..131 (round_robin)
@@ -1360,7 +1360,7 @@ constexpr int LDS_BEST = 2384;  // LDS: 32 x float
 constexpr int LDS_REQS = 2512;  // LDS: 5 x u32
 constexpr int LDS_SEQ = 2544;  // LDS: 1 x u32
 constexpr int LDS_PAGES = 2560;  // LDS: 512 x u32
-constexpr int LDS_RING = 4608;  // LDS: 32768 x u32
+constexpr int LDS_RING = 4608;  // LDS: 16384 x u32
 
 constexpr int DIM = 128;
 constexpr int ROPE = 64;        // partial NeoX RoPE over dims 0 .. ROPE - 1
@@ -1438,7 +1438,7 @@ constexpr float DOT_UNSCALE = 72057594037927936.0f;  // 2^56 = 2^120 / IQ_UP
 // n * G >= BUSY_WAVES; its j-th item goes to group j % (WAVES / G), whose G warps take TILES / G
 // of its tiles each, streamed through their own rings (RING - 1 tiles of keys in flight).
 constexpr int BUSY_WAVES = 8;
-constexpr int RING = 4;
+constexpr int RING = 2;
 constexpr int NBLOCKS = (MAX_ROWS + 7) / 8;    // 8-row column blocks of a request, at most
 static_assert(DIM == 128 && WAVE == 32 && TILES == 8 && WAVES % TILES == 0, "a tile: 16 keys x 128 dims, one warp; groups of 1, 2, 4, 8");
 
@@ -1755,7 +1755,7 @@ MONO_DEVICE void score_warp_items(const Args& a, const Mailbox& mb, const float*
 }
 
 // The CTA's items by groups of G warps: the first tiles' keys asked for while the index q is
-// made, then each warp scores its share of its group's items.
+// made (before it), then each warp scores its share of its group's items.
 template <int G>
 MONO_DEVICE void score_by_groups(const Args& a, const Mailbox& mb, float* iq, const int* seq, const Request* reqs,
                                  const int* pages, int rank, int requests, int q_len, u8* lds) {

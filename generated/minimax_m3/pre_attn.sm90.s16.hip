@@ -61,7 +61,7 @@
 //   stage_scores::LDS_REQS @   8384  80 x u32
 //   stage_scores::LDS_SEQ  @   8704  16 x u32
 //   stage_scores::LDS_PAGES @   8768  512 x u32
-//   stage_scores::LDS_RING @  10816  32768 x u32
+//   stage_scores::LDS_RING @  10816  16384 x u32
 //
 // stages (every CTA runs them in this order; a stage waits only on earlier ones):
 //   0. norm   rmsnorm_fp8  16 tasks on CTAs 0..131 (round_robin)
@@ -1354,7 +1354,7 @@ constexpr int LDS_BEST = 6336;  // LDS: 512 x float
 constexpr int LDS_REQS = 8384;  // LDS: 80 x u32
 constexpr int LDS_SEQ = 8704;  // LDS: 16 x u32
 constexpr int LDS_PAGES = 8768;  // LDS: 512 x u32
-constexpr int LDS_RING = 10816;  // LDS: 32768 x u32
+constexpr int LDS_RING = 10816;  // LDS: 16384 x u32
 
 constexpr int DIM = 128;
 constexpr int ROPE = 64;        // partial NeoX RoPE over dims 0 .. ROPE - 1
@@ -1408,7 +1408,7 @@ constexpr int LOCAL = 1;       // pinned trailing blocks
 constexpr int BLOCK = 128;       // keys per block: one key per thread column
 constexpr int STRIDE = 8192;     // iscore pairs per row
 constexpr int NEW_KEYS = 16;  // a row's keys inserted by this launch lie in its last NEW_KEYS
-constexpr int LEAD = 28;         // the stage CTA that takes work item 0
+constexpr int LEAD = 12;         // the stage CTA that takes work item 0
 constexpr int HEAD_TASKS = 20, TASK_IK = 19;  // the head stage's flags
 constexpr int QKV_ROWS = 2560;  // pair stride of a token in qkv
 constexpr int IQ_BASE = 2304;    // first index-q head's row in a token's qkv
@@ -1432,7 +1432,7 @@ constexpr float DOT_UNSCALE = 72057594037927936.0f;  // 2^56 = 2^120 / IQ_UP
 // n * G >= BUSY_WAVES; its j-th item goes to group j % (WAVES / G), whose G warps take TILES / G
 // of its tiles each, streamed through their own rings (RING - 1 tiles of keys in flight).
 constexpr int BUSY_WAVES = 8;
-constexpr int RING = 4;
+constexpr int RING = 2;
 constexpr int NBLOCKS = (MAX_ROWS + 7) / 8;    // 8-row column blocks of a request, at most
 static_assert(DIM == 128 && WAVE == 32 && TILES == 8 && WAVES % TILES == 0, "a tile: 16 keys x 128 dims, one warp; groups of 1, 2, 4, 8");
 
@@ -1717,7 +1717,7 @@ MONO_DEVICE void score_warp_items(const Args& a, const Mailbox& mb, const float*
 }
 
 // The CTA's items by groups of G warps: the first tiles' keys asked for while the index q is
-// made, then each warp scores its share of its group's items.
+// made (before it), then each warp scores its share of its group's items.
 template <int G>
 MONO_DEVICE void score_by_groups(const Args& a, const Mailbox& mb, float* iq, const int* seq, const Request* reqs,
                                  const int* pages, int rank, int requests, int q_len, u8* lds) {
