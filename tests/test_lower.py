@@ -229,20 +229,22 @@ def test_scorer_tables_and_batches(target, tokens):
     warp (tensor cores) or two batches' per-item maxima of every wave (CUDA cores), the
     requests, the rows' context lengths, a block-table entry per thread and, on the tensor
     cores, each warp's ring of tiles_ahead + 1 tiles of 2 KB. mma_dots, tiles_ahead and
-    busy_waves come from the spec (sm90: on, 1, 8; else off) and a tune overrides them."""
+    busy_waves come from the spec (sm90: on, 1 at S <= 2 and above 8 rows else 3, 8; else off)
+    and a tune overrides them."""
     ir = build_ir(target, tokens)
     scores = stage_named(ir, "scores")
     own = {b.name: b for b in ir.lds if b.stage == "scores"}
     waves = ir.threads // ir.target.wave_size
     mma = target == "sm90"
     iq = ("u32", (tokens + 8) * 66) if mma else ("float", tokens * 4 * 36)
-    ring = {"ring": ("u32", waves * 2 * 2048 // 4)} if mma else {}
+    slots = 4 if 2 < tokens <= 8 else 2  # tiles_ahead + 1
+    ring = {"ring": ("u32", waves * slots * 2048 // 4)} if mma else {}
     assert {n: (b.ctype, b.count) for n, b in own.items()} == {
         "iq": iq, "best": ("float", 2 * tokens * waves),
         "reqs": ("u32", 5 * tokens), "seq": ("u32", tokens), "pages": ("u32", ir.threads), **ring}
     assert (scores.values["batch"], scores.values["mma"]) == (1, mma)
     if mma:
-        assert (scores.values["ring"], scores.values["busy"]) == (2, 8)
+        assert (scores.values["ring"], scores.values["busy"]) == (slots, 8)
     tuned = load_spec(SPEC, tune_items({"scores.batch_items": 3, "scores.mma_dots": 0}))
     ir = lower(tuned, make_build(tuned, target, tokens=tokens))
     assert (stage_named(ir, "scores").values["batch"], stage_named(ir, "scores").values["mma"]) == (3, False)
@@ -313,6 +315,7 @@ def test_build_key_and_defaults():
 
 # (id, edits [(old, new)], target, tokens (or the build's values), mark of the line the error
 # names, message fragment)
+AHEAD = 'tiles_ahead: {default: 3, sm90: "3 - 2 * (tokens <= INLINE_NORM_TOKENS or tokens > 8)"}'  # the spec's line
 REFUSALS = [
     ("lds-token-tile", [(QKV_TILE, QKV_TILE.replace("gfx942: 8}", "gfx942: 16}"))], "gfx942", 16, "- name: qkv\n",
      "exceeds gfx942's 65536 B"),
@@ -368,19 +371,19 @@ REFUSALS = [
     ("scores-need-head-flags", [("    done: hdone\n", "")], "sm90", 1, "iq_from: heads", "stage 'heads' publishes no done flags"),
     ("scores-unknown-timeline-point", [("start_point: pre_attn_done", "start_point: pre_attn_dome")], "gfx942", 1,
      "start_point: pre_attn_dome", "no timeline point 'pre_attn_dome'"),
-    ("scores-batch-too-large", [("    tiles_ahead: {default: 3, sm90: 1}\n", "    batch_items: {default: 5, sm90: 1}\n    tiles_ahead: {default: 3, sm90: 1}\n")],
+    ("scores-batch-too-large", [("    " + AHEAD + "\n", "    batch_items: {default: 5, sm90: 1}\n    " + AHEAD + "\n")],
      "gfx950", 4, "batch_items: {default: 5, sm90: 1}", "batches of 5 keep 80 key registers a thread, more than the 64"),
     ("scores-mma-on-amd", [("mma_dots: {default: 0, sm90: 1}", "mma_dots: {default: 1, sm90: 1}")], "gfx942", 1,
      "mma_dots: {default: 1, sm90: 1}", "gfx942's device library has no bf16 m16n8k16 MMA"),
-    ("scores-mma-batch", [("    tiles_ahead: {default: 3, sm90: 1}\n", "    batch_items: {default: 1, sm90: 2}\n    tiles_ahead: {default: 3, sm90: 1}\n")], "sm90", 1,
+    ("scores-mma-batch", [("    " + AHEAD + "\n", "    batch_items: {default: 1, sm90: 2}\n    " + AHEAD + "\n")], "sm90", 1,
      "batch_items: {default: 1, sm90: 2}", "the tensor-core dots take items by warp groups, not in batches of 2"),
     ("scores-mma-shape", [("mma_dots: {default: 0, sm90: 1}", "mma_dots: {default: 0, sm90: 1}\n    block: 64")], "sm90", 1,
      "mma_dots: {default: 0, sm90: 1}", "the tensor-core dots take 128-dim keys in blocks of 8 tiles of 16"),
-    ("scores-ahead-too-deep", [("tiles_ahead: {default: 3, sm90: 1}", "tiles_ahead: {default: 3, sm90: 8}")], "sm90", 1,
+    ("scores-ahead-too-deep", [(AHEAD, "tiles_ahead: {default: 3, sm90: 8}")], "sm90", 1,
      "tiles_ahead: {default: 3, sm90: 8}", "8 tiles ahead: at most 7"),
-    ("scores-ring-too-large", [("tiles_ahead: {default: 3, sm90: 1}", "tiles_ahead: {default: 3, sm90: 6}")], "sm90", 1,
+    ("scores-ring-too-large", [(AHEAD, "tiles_ahead: {default: 3, sm90: 6}")], "sm90", 1,
      "tiles_ahead: {default: 3, sm90: 6}", "16 rings of 7 tiles (229376 bytes) do not fit the"),
-    ("scores-iq-first-cuda-cores", [("    tiles_ahead: {default: 3, sm90: 1}\n", "    tiles_ahead: {default: 3, sm90: 1}\n    iq_first: 1\n")],
+    ("scores-iq-first-cuda-cores", [("    " + AHEAD + "\n", "    " + AHEAD + "\n    iq_first: 1\n")],
      "gfx950", 1, "iq_first: 1", "iq_first orders the tensor-core dots' start"),
     ("scores-too-busy", [("busy_waves: 8 ", "busy_waves: {default: 8, sm90: 200} ")], "sm90", 16,
      "busy_waves: {default: 8, sm90: 200}", "200 busy waves: at most 128 (16 waves, 8 an item)"),

@@ -49,7 +49,7 @@
 //   rdone    @   753920       128 B  16 flags: token t's residual (h_out) written: signal builds
 //   hdone    @   754176      2560 B  320 flags: head task h of token t done: pair t * N_HEAD_TASKS + h
 //
-// LDS (102736 bytes; stages reuse the same bytes, one after another):
+// LDS (136896 bytes; stages reuse the same bytes, one after another):
 //   stage_norm::LDS_RED    @      0  64 x float
 //   stage_qkv::LDS_X8      @      0  6160 x u32
 //   stage_qkv::LDS_PART    @  24640  4608 x float
@@ -61,7 +61,7 @@
 //   stage_scores::LDS_REQS @   3680  20 x u32
 //   stage_scores::LDS_SEQ  @   3760  4 x u32
 //   stage_scores::LDS_PAGES @   3776  512 x u32
-//   stage_scores::LDS_RING @   5824  16384 x u32
+//   stage_scores::LDS_RING @   5824  32768 x u32
 //
 // stages (every CTA runs them in this order; a stage waits only on earlier ones):
 //   0. norm   rmsnorm_fp8  4 tasks on CTAs 0..131 (round_robin)
@@ -879,7 +879,7 @@ struct Mailbox {
 };
 MONO_DEVICE void bulk_wait(u64* bar, u32 phase, u32) { bulk_wait(bar, phase); }  // (debug builds: bounded)
 
-constexpr int LDS_BYTES = 102736;  // the union of the stages' LDS, plus the stamps
+constexpr int LDS_BYTES = 136896;  // the union of the stages' LDS, plus the stamps
 
 // ---- timeline ---------------------------------------------------------------------------
 constexpr int TL_START = 0;
@@ -1354,7 +1354,7 @@ constexpr int LDS_BEST = 3168;  // LDS: 128 x float
 constexpr int LDS_REQS = 3680;  // LDS: 20 x u32
 constexpr int LDS_SEQ = 3760;  // LDS: 4 x u32
 constexpr int LDS_PAGES = 3776;  // LDS: 512 x u32
-constexpr int LDS_RING = 5824;  // LDS: 16384 x u32
+constexpr int LDS_RING = 5824;  // LDS: 32768 x u32
 
 constexpr int DIM = 128;
 constexpr int ROPE = 64;        // partial NeoX RoPE over dims 0 .. ROPE - 1
@@ -1432,7 +1432,7 @@ constexpr float DOT_UNSCALE = 72057594037927936.0f;  // 2^56 = 2^120 / IQ_UP
 // n * G >= BUSY_WAVES; its j-th item goes to group j % (WAVES / G), whose G warps take TILES / G
 // of its tiles each, streamed through their own rings (RING - 1 tiles of keys in flight).
 constexpr int BUSY_WAVES = 8;
-constexpr int RING = 2;
+constexpr int RING = 4;
 constexpr int NBLOCKS = (MAX_ROWS + 7) / 8;    // 8-row column blocks of a request, at most
 static_assert(DIM == 128 && WAVE == 32 && TILES == 8 && WAVES % TILES == 0, "a tile: 16 keys x 128 dims, one warp; groups of 1, 2, 4, 8");
 
