@@ -100,9 +100,14 @@ class Model(StageBase):
     # launch's keys, and make_index_q's few loads queued behind them (S = 16 / 4K: 4.3 us from the
     # stage's setup to its index q, bench/NOTES.md MiniMax session 19)
     iq_first: PerTarget = PerTarget(default=0)
+    # the index q read from the head task's iq_out once its done flag is in (1), instead of made
+    # from the qkv mailbox by every CTA (0: no wait for the head task). The head CTA loads its
+    # inputs while it waits for the rows; a scorer starts its loads only at the stage's start
+    # (S = 16: ~3 us from there to the index q, bench/NOTES.md MiniMax session 20). One index head
+    iq_from_out: PerTarget = PerTarget(default=0)
 
     _per_target = field_validator("lead_cta", "mma_dots", "batch_items", "tiles_ahead", "busy_waves", "keys_prefetch",
-                                  "iq_first",
+                                  "iq_first", "iq_from_out",
                                   mode="before")(
         classmethod(lambda cls, v: per_target(v)))
     # analysis stamps (timeline builds; off in the spec): the phases of each CTA's item
@@ -197,6 +202,13 @@ def lower(stage: Model, ctx) -> dict:
     if iq_first and not mma:
         ctx.fail(("iq_first",), "iq_first orders the tensor-core dots' start; the CUDA-core dots load their first "
                  "batch's keys into registers before the index q", "give iq_first 0 where mma_dots is off")
+    iq_from_out = ctx.switch(stage.iq_from_out.for_target(ctx.target.name), ("iq_from_out",))
+    if iq_from_out and heads != 1:
+        ctx.fail(("iq_from_out",), f"the head tasks write only the own index-q head to iq_out, not all {heads}",
+                 "give iq_from_out 'index_heads == 1' (or 0)")
+    if iq_from_out and head_dim // 32 % 4:
+        ctx.fail(("iq_from_out",), f"iq_from_out reads 4 values a lane at a time ({head_dim // 32} a lane here)",
+                 "give iq_from_out 0 for this head size")
     keys_at = _keys_prefetch_at(stage, ctx) if ctx.switch(stage.keys_prefetch.for_target(ctx.target.name),
                                                           ("keys_prefetch",)) else None
     ctx.lds(stage.name, "reqs", "u32", REQUEST_WORDS * ctx.tokens)  # each request's work (the template's Request)
@@ -233,6 +245,7 @@ def lower(stage: Model, ctx) -> dict:
         "mma": mma,
         "ring": ahead + 1,
         "iq_first": iq_first,
+        "iq_from_out": iq_from_out,
         "busy": busy,
         "mma_iq_pad": MMA_IQ_PAD,
         "tile_keys": MMA_TILE_KEYS,

@@ -210,6 +210,10 @@ MONO_DEVICE u32x4 ld16(const void* p) { return *static_cast<const u32x4*>(p); }
 // 16 bytes another CTA of this launch wrote: a plain load is coherent once
 // fence_acquire() (agent scope) has invalidated this CU's vector L1
 MONO_DEVICE u32x4 ld16_coherent(const void* p) { return *static_cast<const u32x4*>(p); }
+MONO_DEVICE void ld8_coherent(const void* p, u32& x, u32& y) {  // 8 bytes, as ld16_coherent
+    const u64 v = *static_cast<const u64*>(p);
+    x = u32(v), y = u32(v >> 32);
+}
 MONO_DEVICE void st16(void* p, u32x4 v) { *static_cast<u32x4*>(p) = v; }
 MONO_DEVICE u32x4 ld16_lds(const void* p) { return *static_cast<const u32x4*>(p); }  // 16 bytes of LDS
 MONO_DEVICE void st8(void* p, u32 a, u32 b) { *static_cast<u64*>(p) = u64(a) | (u64(b) << 32); }

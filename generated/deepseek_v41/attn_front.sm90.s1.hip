@@ -216,6 +216,10 @@ MONO_DEVICE u32x4 ld16_coherent(const void* p) {
                  : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p) : "memory");
     return v;
 }
+// 8 bytes another CTA of this launch wrote (as ld16_coherent)
+MONO_DEVICE void ld8_coherent(const void* p, u32& x, u32& y) {
+    asm volatile("ld.relaxed.gpu.global.v2.u32 {%0, %1}, [%2];" : "=r"(x), "=r"(y) : "l"(p) : "memory");
+}
 MONO_DEVICE void st16(void* p, u32x4 v) {
     asm volatile("st.global.v4.u32 [%0], {%1, %2, %3, %4};"
                  :: "l"(p), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w) : "memory");

@@ -194,6 +194,10 @@ MONO_DEVICE u32x4 ld16(const void* p) { return *static_cast<const u32x4*>(p); }
 // 16 bytes another CTA of this launch wrote: a plain load is coherent once
 // fence_acquire() (agent scope) has invalidated this CU's vector L1
 MONO_DEVICE u32x4 ld16_coherent(const void* p) { return *static_cast<const u32x4*>(p); }
+MONO_DEVICE void ld8_coherent(const void* p, u32& x, u32& y) {  // 8 bytes, as ld16_coherent
+    const u64 v = *static_cast<const u64*>(p);
+    x = u32(v), y = u32(v >> 32);
+}
 MONO_DEVICE void st16(void* p, u32x4 v) { *static_cast<u32x4*>(p) = v; }
 MONO_DEVICE u32x4 ld16_lds(const void* p) { return *static_cast<const u32x4*>(p); }  // 16 bytes of LDS
 MONO_DEVICE void st8(void* p, u32 a, u32 b) { *static_cast<u64*>(p) = u64(a) | (u64(b) << 32); }
@@ -947,7 +951,7 @@ constexpr int BLOCK = 128;       // keys per block: one key per thread column
 constexpr int STRIDE = 8192;     // iscore pairs per row
 constexpr int NEW_KEYS = 16;  // a row's keys inserted by this launch lie in its last NEW_KEYS
 constexpr int LEAD = 180;         // the stage CTA that takes work item 0
-constexpr int HEAD_TASKS = 20, TASK_IK = 19;  // the head stage's flags
+constexpr int HEAD_TASKS = 20, TASK_IQ = 18, TASK_IK = 19;  // the head stage's flags
 constexpr int QKV_ROWS = 2560;  // pair stride of a token in qkv
 constexpr int IQ_BASE = 2304;    // first index-q head's row in a token's qkv
 constexpr int HEADS = 1;        // index-q heads; 4: long requests are scored head-parallel

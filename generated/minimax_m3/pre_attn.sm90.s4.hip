@@ -205,6 +205,10 @@ MONO_DEVICE u32x4 ld16_coherent(const void* p) {
                  : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p) : "memory");
     return v;
 }
+// 8 bytes another CTA of this launch wrote (as ld16_coherent)
+MONO_DEVICE void ld8_coherent(const void* p, u32& x, u32& y) {
+    asm volatile("ld.relaxed.gpu.global.v2.u32 {%0, %1}, [%2];" : "=r"(x), "=r"(y) : "l"(p) : "memory");
+}
 MONO_DEVICE void st16(void* p, u32x4 v) {
     asm volatile("st.global.v4.u32 [%0], {%1, %2, %3, %4};"
                  :: "l"(p), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w) : "memory");
@@ -1409,7 +1413,7 @@ constexpr int BLOCK = 128;       // keys per block: one key per thread column
 constexpr int STRIDE = 8192;     // iscore pairs per row
 constexpr int NEW_KEYS = 16;  // a row's keys inserted by this launch lie in its last NEW_KEYS
 constexpr int LEAD = 28;         // the stage CTA that takes work item 0
-constexpr int HEAD_TASKS = 20, TASK_IK = 19;  // the head stage's flags
+constexpr int HEAD_TASKS = 20, TASK_IQ = 18, TASK_IK = 19;  // the head stage's flags
 constexpr int QKV_ROWS = 2560;  // pair stride of a token in qkv
 constexpr int IQ_BASE = 2304;    // first index-q head's row in a token's qkv
 constexpr int HEADS = 1;        // index-q heads; 4: long requests are scored head-parallel
