@@ -546,3 +546,38 @@ def test_scorer_first_keys_prefetch():
     with pytest.raises(SpecError, match=r"keys_prefetch_items: .* must be an integer >= 1, got 0"):
         lower(loaded := load_spec(SPEC, tune_items({**on, "scores.keys_prefetch_items": 0})),
               make_build(loaded, "sm90", tokens=1))
+
+
+def test_scorer_index_q_knobs():
+    """iq_first (tensor-core dots): make_index_q before the first key tiles are asked for, not
+    after; refused on the CUDA-core dots (their first batch's keys go into registers first).
+    iq_from_out: make_index_q takes each row from the head task's iq_out once that task's done
+    flag (hdone, task TASK_IQ = q heads + 2) is in, acquired, by an 8-byte L2 load, instead of
+    the norm + RoPE of the qkv rows; on the AMD builds too; refused with four index heads (iq_out
+    holds only the own head). Both off in the spec (bench/NOTES.md, MiniMax session 20)."""
+    from codegen.render import render
+
+    def scores_of(tune, target="sm90", tokens=16, **params):
+        loaded = load_spec(SPEC, tune_items(tune))
+        text = render(lower(loaded, make_build(loaded, target, tokens=tokens, **params)))
+        return text[text.index("namespace stage_scores {"):]
+
+    ask = "for (int s = 0; s < RING - 1; ++s) ask_next_tile("
+    for tune, first in (({}, False), ({"scores.iq_first": 1}, True)):
+        groups = scores_of(tune)
+        groups = groups[groups.index("MONO_DEVICE void score_by_groups("):]
+        assert (groups.index("make_index_q(a, mb, reqs, iq, requests, q_len);") < groups.index(ask)) is first
+        assert groups.count(ask) == 1
+    with pytest.raises(SpecError, match="iq_first orders the tensor-core dots' start"):
+        scores_of({"scores.iq_first": 1, "scores.mma_dots": 0})
+
+    made = "norm_rope(e, g, c, sn, d0, out);"
+    read = ["mailbox_wait<true>(mb.hdone + tk * HEAD_TASKS + TASK_IQ, mb.tag);", "ld8_coherent(a.iq_out + tk * DIM + d0 + i, lo, hi);"]
+    for target in ("sm90", "gfx950"):
+        plain, tuned = scores_of({}, target), scores_of({"scores.iq_from_out": 1}, target)
+        iq = lambda text: text[text.index("MONO_DEVICE void make_index_q("):text.index("struct Cursor {")]
+        assert made in iq(plain) and not any(r in iq(plain) for r in read)
+        assert made not in iq(tuned) and all(r in iq(tuned) for r in read)
+        assert "HEAD_TASKS = 20, TASK_IQ = 18, TASK_IK = 19;" in tuned
+    with pytest.raises(SpecError, match="the head tasks write only the own index-q head to iq_out, not all 4"):
+        scores_of({"scores.iq_from_out": 1}, tokens=4, index_heads=4)
