@@ -75,6 +75,35 @@ def test_bad_overrides_are_located_errors(tune, line, fragment):
         assert spec_lines[where - 1].strip().startswith(f"{line}:"), spec_lines[where - 1]
 
 
+def test_gemv_segment_waits():
+    """qkv.segment_waits (sm90, off in the spec): each staged weight segment is waited for just
+    before its MMAs, in processing order: with bulk copies (S <= 2) one mbarrier a segment (three
+    in LDS, each initialized, told its bytes and invalidated by thread 0); with cp.async (S > 2)
+    a commit group a segment and a wait that leaves the later ones in flight. The spec's builds
+    wait once for all. Every build compiles without spills; refused without lds_prefetch. The
+    GPU test compares its qkv with the spec build's bit for bit."""
+    for tokens, bulk in ((1, True), (4, False), (16, False)):
+        _, plain = source(SPEC, "sm90", tokens=tokens)
+        _, tuned = source(SPEC, "sm90", tune={"qkv.segment_waits": 1}, tokens=tokens)
+        gemv = tuned[tuned.index("namespace stage_qkv {"):tuned.index("}  // namespace stage_qkv")]
+        loop = gemv[gemv.index("for (int g = g_last; g >= g_first; --g) {"):]
+        assert "const int n_staged = staged_segments(lo, hi, g_reg);" in gemv
+        if bulk:
+            assert "bulk_wait(wbar, 0, mb.tag);" in plain and "bulk_wait(wbar, 0, mb.tag);" not in gemv
+            assert "bulk_wait(wbar + staged, 0, mb.tag);" in loop and "bulk_expect(bar + i, bytes);" in gemv
+            assert "constexpr int LDS_WBAR" in tuned and "stage_qkv::LDS_WBAR    @" in tuned
+            assert [l for l in tuned.splitlines() if "stage_qkv::LDS_WBAR" in l][0].endswith("3 x u64")
+            assert "for (int i = 0; i < n_staged; ++i) bulk_barrier_inval(wbar + i);" in gemv
+        else:
+            assert "copy_async_wait();  // this lane's staged chunks have landed" in plain
+            assert "copy_async_wait();" not in gemv and "wait_staged_segment(staged, n_staged);" in loop
+            assert gemv.count("copy_async_commit();") == 1  # in stage_weights, after each segment's copies
+        (report,) = jit.resource_report(tuned, "segment_waits.hip", get_target("sm90"))
+        assert report.spills == 0 and report.scratch_bytes == 0
+    with pytest.raises(SpecError, match="segment_waits waits for the segments lds_prefetch stages"):
+        source(SPEC, "sm90", tune={"qkv.segment_waits": 1, "qkv.lds_prefetch": 0, "qkv.bulk_copies": 0}, tokens=4)
+
+
 def test_symbol_override():
     """symbols.NAME replaces a spec symbol for the build (named in the header like a stage
     knob): INLINE_NORM_TOKENS 4 makes S = 4's GEMV CTAs normalize the rows themselves (no

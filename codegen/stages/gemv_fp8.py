@@ -96,7 +96,13 @@ class Model(StageBase):
     # TMA bulk copy each, issued by one thread (no warp waits to issue 16-byte loads, no
     # per-SM limit of outstanding loads); the whole share goes to LDS when it fits
     bulk_copies: PerTarget = PerTarget(default=0)
-    _tile = field_validator("token_tile", "stream_k", "lds_prefetch", "early_weights", "bulk_copies",
+    # per-segment waits per target (1 = on; with lds_prefetch): each staged segment is waited for
+    # just before its MMAs (its own mbarrier with bulk copies, its own cp.async group else), so
+    # that the CTA's first segment (the head piece the next CTA waits for) is summed while the
+    # rest still lands; 0 = all of the CTA's staged weights at once (MiniMax S = 1: weights landed
+    # 4.9 us, GEMV done 7.7, bench/NOTES.md MiniMax session 13)
+    segment_waits: PerTarget = PerTarget(default=0)
+    _tile = field_validator("token_tile", "stream_k", "lds_prefetch", "early_weights", "bulk_copies", "segment_waits",
                             mode="before")(classmethod(lambda cls, v: per_target(v)))
 
 
@@ -185,13 +191,17 @@ def stream_k(stage: Model, ctx, nchunk: int, tasks: int, tokens: int, tile: int)
     if bulk and not prefetch:
         ctx.fail(("bulk_copies",), "bulk_copies is how lds_prefetch moves the staged segments",
                  "turn lds_prefetch on for this target, or bulk_copies off")
+    segment_waits = ctx.switch(stage.segment_waits.for_target(ctx.target.name), ("segment_waits",))
+    if segment_waits and not prefetch:
+        ctx.fail(("segment_waits",), "segment_waits waits for the segments lds_prefetch stages",
+                 "turn lds_prefetch on for this target, or segment_waits off")
     early = ctx.switch(stage.early_weights.for_target(ctx.target.name), ("early_weights",))
     if not early and not on:
         ctx.fail(("early_weights",), "a late weight stream is built for stream-K CTAs only",
                  "turn stream_k on for this target, or early_weights back to 1")
     if not on:
         return {"split": False, "partials": None, "prefetch": False, "early_weights": True, "bulk": False,
-                "all_staged": False}
+                "all_staged": False, "segment_waits": False}
     if stage.partials is None:
         ctx.fail(("partials",), "stream_k needs a pairs region for the partial tiles", "add 'partials: <region>'")
     ctx.region(stage.partials, ("partials",), kind="pairs", min_count=tasks * 16 * 16)
@@ -199,7 +209,7 @@ def stream_k(stage: Model, ctx, nchunk: int, tasks: int, tokens: int, tile: int)
         ctx.fail(("stream_k",), f"stream_k needs every token in one tile ({tile} < {tokens})", "raise token_tile")
     ctas = ctx.stage_ctas
     units = tasks * nchunk
-    staged = whole = 0  # most chunks one CTA stages in LDS (lds_prefetch); most chunks of one CTA
+    staged = whole = segments = 0  # most chunks one CTA stages in LDS (lds_prefetch); most chunks, segments of one CTA
     for c in range(ctas):
         lo, hi = c * units // ctas, (c + 1) * units // ctas
         lengths = []
@@ -213,14 +223,17 @@ def stream_k(stage: Model, ctx, nchunk: int, tasks: int, tokens: int, tile: int)
                      "turn stream_k off for this target: fewer CTAs than a third of the row groups")
         staged = max(staged, sum(lengths) - max(lengths))  # the largest segment stays in registers
         whole = max(whole, sum(lengths))
-    # bulk copies: everything in LDS if it fits beside the stage's other buffers and the mbarrier
-    all_staged = bulk and whole * CHUNK_BYTES + 16 <= ctx.lds_left(stage.name)
+        segments = max(segments, len(lengths))
+    # bulk copies: everything in LDS if it fits beside the stage's other buffers and the mbarriers
+    # (one, or one a segment with segment_waits)
+    bars = segments if segment_waits else 1
+    all_staged = bulk and whole * CHUNK_BYTES + 16 * ((bars + 1) // 2) <= ctx.lds_left(stage.name)
     if all_staged:
         staged = whole
     if prefetch:
         ctx.lds(stage.name, "wstage", "u32", staged * CHUNK_BYTES // 4)
     if bulk:
-        ctx.lds(stage.name, "wbar", "u64", 1)  # the bulk copies' mbarrier
+        ctx.lds(stage.name, "wbar", "u64", bars)  # the bulk copies' mbarrier(s)
     return {"split": True, "partials": stage.partials, "tasks": tasks, "ctas": ctas, "nchunk": nchunk,
             "prefetch": prefetch, "staged_chunks": staged, "early_weights": early,
-            "bulk": bulk, "all_staged": all_staged}
+            "bulk": bulk, "all_staged": all_staged, "segment_waits": segment_waits}
