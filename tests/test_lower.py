@@ -552,7 +552,8 @@ def test_scorer_index_q_knobs():
     """iq_first (tensor-core dots): make_index_q before the first key tiles are asked for, not
     after; refused on the CUDA-core dots (their first batch's keys go into registers first).
     iq_from_out: make_index_q takes each row from the head task's iq_out once that task's done
-    flag (hdone, task TASK_IQ = q heads + 2) is in, acquired, by an 8-byte L2 load, instead of
+    flag (hdone, task TASK_IQ = q heads + 2) is in, acquired by the polling lane itself (AMD: a
+    fence; the lanes of a wave64 may run apart), by an 8-byte L2 load, instead of
     the norm + RoPE of the qkv rows; on the AMD builds too; refused with four index heads (iq_out
     holds only the own head). Both off in the spec (bench/NOTES.md, MiniMax session 20)."""
     from codegen.render import render
@@ -572,7 +573,8 @@ def test_scorer_index_q_knobs():
         scores_of({"scores.iq_first": 1, "scores.mma_dots": 0})
 
     made = "norm_rope(e, g, c, sn, d0, out);"
-    read = ["mailbox_wait<true>(mb.hdone + tk * HEAD_TASKS + TASK_IQ, mb.tag);", "ld8_coherent(a.iq_out + tk * DIM + d0 + i, lo, hi);"]
+    read = ["mailbox_wait<true>(mb.hdone + tk * HEAD_TASKS + TASK_IQ, mb.tag);", "lane_acquire();",
+            "ld8_coherent(a.iq_out + tk * DIM + d0 + i, lo, hi);"]
     for target in ("sm90", "gfx950"):
         plain, tuned = scores_of({}, target), scores_of({"scores.iq_from_out": 1}, target)
         iq = lambda text: text[text.index("MONO_DEVICE void make_index_q("):text.index("struct Cursor {")]

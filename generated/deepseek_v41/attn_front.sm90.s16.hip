@@ -255,6 +255,8 @@ MONO_DEVICE void mailbox_load_acquire(const u64* pair, u32& value, u32& tag) {
 MONO_DEVICE void barrier_acquire() { barrier(); }
 // The same for a warp whose lanes waited (bar.warp.sync orders the lanes' memory accesses)
 MONO_DEVICE void wave_acquire() { wave_sync(); }
+// The same for the polling lane alone: its mailbox_wait<true> acquired already
+MONO_DEVICE void lane_acquire() {}
 // two adjacent pairs (16-byte aligned) in one 16-byte load: two single-copy-atomic u64s
 MONO_DEVICE void mailbox_load2(const u64* pair, u32 (&value)[2], u32 (&tag)[2]) {
     u64 lo, hi;

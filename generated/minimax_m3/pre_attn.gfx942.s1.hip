@@ -229,6 +229,9 @@ MONO_DEVICE void wave_acquire() {
     wave_sync();
     fence_acquire();
 }
+// The same for the polling lane alone (its own mailbox_wait<true>; no wave sync: its wave's
+// lanes may be apart)
+MONO_DEVICE void lane_acquire() { fence_acquire(); }
 // two adjacent pairs: two 8-byte atomic loads (the wave's adjacent lanes coalesce them)
 MONO_DEVICE void mailbox_load2(const u64* pair, u32 (&value)[2], u32 (&tag)[2]) {
     mailbox_load(pair, value[0], tag[0]);
