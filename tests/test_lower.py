@@ -583,3 +583,29 @@ def test_scorer_index_q_knobs():
         assert "HEAD_TASKS = 20, TASK_IQ = 18, TASK_IK = 19;" in tuned
     with pytest.raises(SpecError, match="the head tasks write only the own index-q head to iq_out, not all 4"):
         scores_of({"scores.iq_from_out": 1}, tokens=4, index_heads=4)
+
+
+def test_scorer_next_item_prefetch():
+    """next_item_prefetch (sm90 tensor-core dots, off in the spec): where a warp's stream enters
+    an item, lane 0 prefetches the warp's share of its next item (j + the CTA's group count) into
+    L2 with one TMA prefetch of PER tiles of keys, the page from LDS for the CTA's first items;
+    blocks this launch may write are skipped. Refused on AMD and on the CUDA-core dots."""
+    from codegen.render import render
+
+    def scores_of(tune, target="sm90", tokens=16):
+        loaded = load_spec(SPEC, tune_items(tune))
+        text = render(lower(loaded, make_build(loaded, target, tokens=tokens)))
+        return text[text.index("namespace stage_scores {"):]
+
+    call = "prefetch_share(a, reqs, pages, gr, st.cur, rank, j + gr.COUNT, requests, q_len);"
+    assert call not in scores_of({}) and "prefetch_share" not in scores_of({})
+    tuned = scores_of({"scores.next_item_prefetch": 1})
+    ask = tuned[tuned.index("MONO_DEVICE void ask_next_tile("):tuned.index("MONO_DEVICE void score_warp_items(")]
+    assert ask.count(call) == 1 and ask.index("st.page = j < PAGES ? pages[j] : page_of(a, st.it, q_len);") < ask.index(call)
+    share = tuned[tuned.index("MONO_DEVICE void prefetch_share("):tuned.index("MONO_DEVICE void ask_next_tile(")]
+    assert "if (!it.valid || it.new_keys || lane_id() != 0) return;" in share
+    assert "bulk_prefetch_l2(a.index_cache + (page * BLOCK + gr.member * KEYS) * DIM, KEYS * DIM);" in share
+    with pytest.raises(SpecError, match="gfx950's device library has no L2 prefetch"):
+        scores_of({"scores.next_item_prefetch": 1}, "gfx950")
+    with pytest.raises(SpecError, match="next_item_prefetch feeds the tensor-core dots' key rings"):
+        scores_of({"scores.next_item_prefetch": 1, "scores.mma_dots": 0})

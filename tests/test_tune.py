@@ -225,7 +225,8 @@ def test_scorer_warp_groups():
     assert "barrier()" not in loop and "gr.sync();" in loop
     assert "else barrier_of(1 + id, G * WAVE);" in scores and "wait_new_keys<WAVE>(mb" in scores
     assert 'asm volatile("bar.sync %0, %1;"' in text
-    for tune, ring in (({}, 2), ({"scores.busy_waves": 1, "scores.tiles_ahead": 2}, 3), ({"scores.iq_first": 1}, 2)):
+    for tune, ring in (({}, 2), ({"scores.busy_waves": 1, "scores.tiles_ahead": 2}, 3), ({"scores.iq_first": 1}, 2),
+                       ({"scores.next_item_prefetch": 1}, 2)):
         _, built = source(SPEC, "sm90", tokens=16, tune=tune)
         assert f"constexpr int RING = {ring};" in built
         (report,) = jit.resource_report(built, "groups.hip", get_target("sm90"))
