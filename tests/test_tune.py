@@ -90,7 +90,8 @@ def test_gemv_segment_waits():
         assert "const int n_staged = staged_segments(lo, hi, g_reg);" in gemv
         if bulk:
             assert "bulk_wait(wbar, 0, mb.tag);" in plain and "bulk_wait(wbar, 0, mb.tag);" not in gemv
-            assert "bulk_wait(wbar + staged, 0, mb.tag);" in loop and "bulk_expect(bar + i, bytes);" in gemv
+            assert "bulk_wait(wbar + staged, 0, mb.tag);" in loop and "++bar;  // the next segment's" in gemv
+            assert "bulk_expect(bar, u32(sg.k1 - sg.k0) * 16 * GEMV_K_CHUNK);" in gemv  # each its own bytes
             assert "constexpr int LDS_WBAR" in tuned and "stage_qkv::LDS_WBAR    @" in tuned
             assert [l for l in tuned.splitlines() if "stage_qkv::LDS_WBAR" in l][0].endswith("3 x u64")
             assert "for (int i = 0; i < n_staged; ++i) bulk_barrier_inval(wbar + i);" in gemv

@@ -246,6 +246,7 @@ def lower(stage: Model, ctx) -> dict:
         "elems": head_dim // 32,
         # the head stage's tasks: q heads, k, v, index q, index k (its done flags)
         "head_tasks": ev(src.q_heads, ("iq_from",)) + 4,
+        "task_iq": ev(src.q_heads, ("iq_from",)) + 2,
         "task_ik": ev(src.q_heads, ("iq_from",)) + 3,
         "qkv_rows": ev(src.rows, ("iq_from",)),
         "iq_base": iq_base,
