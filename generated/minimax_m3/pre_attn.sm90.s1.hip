@@ -49,13 +49,13 @@
 //   rdone    @   753920       128 B  16 flags: token t's residual (h_out) written: signal builds
 //   hdone    @   754176      2560 B  320 flags: head task h of token t done: pair t * N_HEAD_TASKS + h
 //
-// LDS (144176 bytes; stages reuse the same bytes, one after another):
+// LDS (144192 bytes; stages reuse the same bytes, one after another):
 //   stage_qkv::LDS_X8      @      0  1540 x u32
 //   stage_qkv::LDS_PART    @   6160  4608 x float
 //   stage_qkv::LDS_XS      @  24592  1 x float
 //   stage_qkv::LDS_RED     @  24608  64 x float
 //   stage_qkv::LDS_WSTAGE  @  24864  29824 x u32
-//   stage_qkv::LDS_WBAR    @ 144160  1 x u64
+//   stage_qkv::LDS_WBAR    @ 144160  3 x u64
 //   stage_scores::LDS_IQ   @      0  594 x u32
 //   stage_scores::LDS_BEST @   2384  32 x float
 //   stage_scores::LDS_REQS @   2512  5 x u32
@@ -884,7 +884,7 @@ struct Mailbox {
 };
 MONO_DEVICE void bulk_wait(u64* bar, u32 phase, u32) { bulk_wait(bar, phase); }  // (debug builds: bounded)
 
-constexpr int LDS_BYTES = 144176;  // the union of the stages' LDS, plus the stamps
+constexpr int LDS_BYTES = 144192;  // the union of the stages' LDS, plus the stamps
 
 // ---- timeline ---------------------------------------------------------------------------
 constexpr int TL_START = 0;
@@ -909,7 +909,7 @@ constexpr int LDS_PART = 6160;  // LDS: 4608 x float
 constexpr int LDS_XS = 24592;  // LDS: 1 x float
 constexpr int LDS_RED = 24608;  // LDS: 64 x float
 constexpr int LDS_WSTAGE = 24864;  // LDS: 29824 x u32
-constexpr int LDS_WBAR = 144160;  // LDS: 1 x u64
+constexpr int LDS_WBAR = 144160;  // LDS: 3 x u64
 
 constexpr int ROWS = 2560;              // output rows (all tasks)
 constexpr int K = 6144;
@@ -1095,22 +1095,22 @@ MONO_DEVICE int register_group(int lo, int hi) {
     }
     return best;
 }
-// Thread 0: every staged segment as one bulk copy, the mbarrier told the total first.
+// The CTA's staged segments (segment_waits: each waited for by itself, before its MMAs).
+MONO_DEVICE int staged_segments(int lo, int hi, int g_reg) {
+    return (hi - 1) / NCHUNK - lo / NCHUNK + 1 - (g_reg >= 0 ? 1 : 0);
+}
+// Thread 0: every staged segment as one bulk copy, each on its own mbarrier told its bytes (segment_waits).
 MONO_DEVICE void stage_weights_bulk(const Args& a, int lo, int hi, int g_reg, u32* wl, u64* bar) {
-    bulk_barrier_init(bar);
-    u32 bytes = 0;
-    for (int g = (hi - 1) / NCHUNK; g >= lo / NCHUNK; --g) {
-        const Segment sg = segment_of(g, lo, hi);
-        if (g != g_reg) bytes += u32(sg.k1 - sg.k0) * 16 * GEMV_K_CHUNK;
-    }
-    bulk_expect(bar, bytes);
     int slot = 0;
     for (int g = (hi - 1) / NCHUNK; g >= lo / NCHUNK; --g) {
         if (g == g_reg) continue;
         const Segment sg = segment_of(g, lo, hi);
+        bulk_barrier_init(bar);
+        bulk_expect(bar, u32(sg.k1 - sg.k0) * 16 * GEMV_K_CHUNK);
         bulk_copy(wl + slot * CHUNK_WORDS, a.w_qkv + task_row0(g) * K + sg.k0 * 16 * GEMV_K_CHUNK,
                   u32(sg.k1 - sg.k0) * 16 * GEMV_K_CHUNK, bar);
         slot += sg.k1 - sg.k0;
+        ++bar;  // the next segment's
     }
 }
 // A wave's staged chunks as gemv16_partial reads them: [c] = its c-th chunk
@@ -1171,13 +1171,15 @@ MONO_DEVICE void run(const Args& a, const Mailbox& mb, u8* lds) {
     barrier();
     stamp(lds, TL_X8_READY);
     if (tid == THREADS - 1) stage_scores::prefetch_first_keys(a);  // the scores stage's first keys into L2 while the weights land
-    bulk_wait(wbar, 0, mb.tag);  // every staged chunk has landed
-    int slot = 0;        // LDS chunk of the next staged segment
+    const int n_staged = staged_segments(lo, hi, g_reg);
+    int slot = 0, staged = 0;  // LDS chunk and index of the next staged segment (each waited for before its MMAs)
     for (int g = g_last; g >= g_first; --g) {
         seg = segment_of(g, lo, hi);
         wave_share(seg, wave, first_chunk, n);
         const int row0 = task_row0(g);
         if (g != g_reg) {
+            bulk_wait(wbar + staged, 0, mb.tag);  // this segment's chunks have landed
+            ++staged;
             const StagedChunks ws{wl + (slot + first_chunk - seg.k0) * CHUNK_WORDS + 4 * lane};
             gemv16_partial<CHUNKS_PER_WAVE, X8_STRIDE>(ws, n, x8, first_chunk, TOKENS, part + wave * PART_WAVE);
             slot += seg.k1 - seg.k0;
@@ -1200,7 +1202,8 @@ MONO_DEVICE void run(const Args& a, const Mailbox& mb, u8* lds) {
         }
         barrier();  // part[] is reused
     }
-    if (tid == 0) bulk_barrier_inval(wbar);  // its LDS may serve the next stage
+    if (tid == 0)
+        for (int i = 0; i < n_staged; ++i) bulk_barrier_inval(wbar + i);  // their LDS may serve the next stage
     stamp(lds, TL_GEMV_DONE);
     // token t's residual writer also publishes its FP8 row and scale, as the norm tasks
     // do, so the mailbox holds the same state in every build; after the GEMV, since the

@@ -1464,7 +1464,7 @@ static_assert(sizeof(Request) == 5 * 4, "LDS_REQS holds 5 words a request");
 
 // The index q of every scored request, bf16-rounded, into LDS: request r's (row i, head j) at
 // row r * q_len * HEADS + i * heads + j (bf16 pairs times IQ_UP), as its scoring walks them. The head
-// stage's math on the qkv mailbox, one 32-lane group a (token, head), the requests' jobs
+// task's iq_out row once its flag is in (iq_from_out), one 32-lane group a (token, head), the requests' jobs
 // numbered in order and dealt to the groups.
 MONO_DEVICE void make_index_q(const Args& a, const Mailbox& mb, const Request* reqs, float* iq, int requests, int q_len) {
     const int tid = thread_id(), group = tid / LANES, l32 = tid % LANES, d0 = ELEMS * l32;
@@ -1475,10 +1475,15 @@ MONO_DEVICE void make_index_q(const Args& a, const Mailbox& mb, const Request* r
         for (int n = base + (group - base % GROUPS + GROUPS) % GROUPS; n < base + jobs; n += GROUPS) {  // uniform per 32 lanes
             const int tk = r * q_len + (n - base) / req.heads, j = (n - base) % req.heads;
             const int head = req.heads == 1 ? OWN : j;
-            float g[ELEMS], c[ELEMS], sn[ELEMS], e[ELEMS], out[ELEMS];
-            head_inputs(a.g_iq, a.cos_sin + (long long)int(a.positions[tk]) * ROPE, d0, g, c, sn);
-            head_values(mb.qkv + tk * QKV_ROWS + IQ_BASE + head * DIM + d0, mb.tag, e);
-            norm_rope(e, g, c, sn, d0, out);
+            float out[ELEMS];  // the head task's row (its bf16 values are what norm_rope would give)
+            mailbox_wait<true>(mb.hdone + tk * HEAD_TASKS + TASK_IQ, mb.tag);
+            lane_acquire();  // this lane's reads see the row its flag guards (the group's lanes may run apart on AMD's wave64)
+            for (int i = 0; i < ELEMS; i += 4) {
+                u32 lo, hi;
+                ld8_coherent(a.iq_out + tk * DIM + d0 + i, lo, hi);
+                bf16x2_to_f32(lo, out[i], out[i + 1]);
+                bf16x2_to_f32(hi, out[i + 2], out[i + 3]);
+            }
             u32* row = reinterpret_cast<u32*>(iq) + (r * q_len * HEADS + n - base) * IQ_WORDS;
             for (int i = 0; i < ELEMS; i += 2)  // bf16 pairs, times IQ_UP (exact)
                 row[(d0 + i) / 2] = u32(f32_to_bf16(bf16_round(out[i]) * IQ_UP)) | u32(f32_to_bf16(bf16_round(out[i + 1]) * IQ_UP)) << 16;
