@@ -31,7 +31,8 @@ def same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
 # the GEMV's builds besides the spec's: each must write the same qkv bits (the same sums in the
 # same order), the staged weights only waited for differently
 GEMV_TUNES = {"spec": None,
-              "segment-waits": {"qkv.segment_waits": 1}}  # each staged segment waited for before its MMAs
+              "segment-waits": {"qkv.segment_waits": 1},  # each staged segment waited for before its MMAs
+              "bulk-copies": {"qkv.bulk_copies": 1}}  # every staged segment by TMA bulk copies, at every S
 
 
 @pytest.mark.parametrize("tune_id", GEMV_TUNES)

@@ -49,13 +49,14 @@
 //   rdone    @   753920       128 B  16 flags: token t's residual (h_out) written: signal builds
 //   hdone    @   754176      2560 B  320 flags: head task h of token t done: pair t * N_HEAD_TASKS + h
 //
-// LDS (176704 bytes; stages reuse the same bytes, one after another):
+// LDS (176720 bytes; stages reuse the same bytes, one after another):
 //   stage_norm::LDS_RED    @      0  64 x float
 //   stage_qkv::LDS_X8      @      0  24640 x u32
 //   stage_qkv::LDS_PART    @  98560  4608 x float
 //   stage_qkv::LDS_XS      @ 116992  16 x float
 //   stage_qkv::LDS_RED     @ 117056  64 x float
 //   stage_qkv::LDS_WSTAGE  @ 117312  14848 x u32
+//   stage_qkv::LDS_WBAR    @ 176704  1 x u64
 //   stage_scores::LDS_IQ   @      0  1584 x u32
 //   stage_scores::LDS_BEST @   6336  512 x float
 //   stage_scores::LDS_REQS @   8384  80 x u32
@@ -885,7 +886,7 @@ struct Mailbox {
 };
 MONO_DEVICE void bulk_wait(u64* bar, u32 phase, u32) { bulk_wait(bar, phase); }  // (debug builds: bounded)
 
-constexpr int LDS_BYTES = 176704;  // the union of the stages' LDS, plus the stamps
+constexpr int LDS_BYTES = 176720;  // the union of the stages' LDS, plus the stamps
 
 // ---- timeline ---------------------------------------------------------------------------
 constexpr int TL_START = 0;
@@ -1030,6 +1031,7 @@ constexpr int LDS_PART = 98560;  // LDS: 4608 x float
 constexpr int LDS_XS = 116992;  // LDS: 16 x float
 constexpr int LDS_RED = 117056;  // LDS: 64 x float
 constexpr int LDS_WSTAGE = 117312;  // LDS: 14848 x u32
+constexpr int LDS_WBAR = 176704;  // LDS: 1 x u64
 
 constexpr int ROWS = 2560;              // output rows (all tasks)
 constexpr int K = 6144;
@@ -1103,11 +1105,10 @@ MONO_DEVICE void wave_share(const Segment& sg, int wave, int& first, int& n) {
 }
 
 // LDS prefetch: the CTA's largest segment goes to registers (ties: the first processed),
-// its other segments (116 chunks at most) to LDS by asynchronous copies, in processing order (row group g_last down to
+// its other segments (116 chunks at most) to LDS by bulk copies, in processing order (row group g_last down to
 // g_first), chunk k of a segment at LDS chunk `slot + k - k0`, lane l's 16 bytes at word 4l
 // of it: the layout of the preshuffled weight, so a segment is one contiguous copy.
-// Each lane later reads only what it copied itself, so copy_async_wait() is all the
-// synchronization needed.
+// Thread 0 issues one bulk copy a segment; every thread waits on the mbarrier.
 constexpr int CHUNK_WORDS = 16 * WAVE / 4;  // one chunk of a 16-row group
 constexpr bool ALL_STAGED = false;  // no segment in registers
 MONO_DEVICE int register_group(int lo, int hi) {
@@ -1119,16 +1120,21 @@ MONO_DEVICE int register_group(int lo, int hi) {
     }
     return best;
 }
-MONO_DEVICE void stage_weights(const Args& a, int lo, int hi, int g_reg, int wave, int lane, u32* wl) {
+// Thread 0: every staged segment as one bulk copy, the mbarrier told the total first.
+MONO_DEVICE void stage_weights_bulk(const Args& a, int lo, int hi, int g_reg, u32* wl, u64* bar) {
+    bulk_barrier_init(bar);
+    u32 bytes = 0;
+    for (int g = (hi - 1) / NCHUNK; g >= lo / NCHUNK; --g) {
+        const Segment sg = segment_of(g, lo, hi);
+        if (g != g_reg) bytes += u32(sg.k1 - sg.k0) * 16 * GEMV_K_CHUNK;
+    }
+    bulk_expect(bar, bytes);
     int slot = 0;
     for (int g = (hi - 1) / NCHUNK; g >= lo / NCHUNK; --g) {
         if (g == g_reg) continue;
         const Segment sg = segment_of(g, lo, hi);
-        int first, n;
-        wave_share(sg, wave, first, n);
-        const u8* wrow = a.w_qkv + task_row0(g) * K + lane * 16;
-        for (int c = first; c < first + n; ++c)
-            copy16_async(wl + (slot + c - sg.k0) * CHUNK_WORDS + 4 * lane, wrow + c * 16 * GEMV_K_CHUNK);
+        bulk_copy(wl + slot * CHUNK_WORDS, a.w_qkv + task_row0(g) * K + sg.k0 * 16 * GEMV_K_CHUNK,
+                  u32(sg.k1 - sg.k0) * 16 * GEMV_K_CHUNK, bar);
         slot += sg.k1 - sg.k0;
     }
 }
@@ -1159,12 +1165,13 @@ MONO_DEVICE void run(const Args& a, const Mailbox& mb, u8* lds) {
     int first_chunk, n;
     wave_share(seg, wave, first_chunk, n);
     const int FIRST_ROW0 = task_row0(g_reg >= 0 ? g_reg : g_last), FIRST_CHUNK0 = first_chunk, FIRST_N = g_reg >= 0 ? n : 0;
+    u64* wbar = reinterpret_cast<u64*>(lds + LDS_WBAR);
     const WeightScales wsc = weight_scales(a, lo, hi);
     // the weight stream: before the wait (WEIGHTS_FIRST: it streams while the norm
     // tasks run), or once the token rows are in LDS (their loads do not queue behind it)
+    if (tid == 0) stage_weights_bulk(a, lo, hi, g_reg, wl, wbar);  // the staged segments: no warp waits on them
     auto issue_weights = [&] {
         load_weights(a, FIRST_ROW0, FIRST_CHUNK0, FIRST_N, lane, w);
-        stage_weights(a, lo, hi, g_reg, wave, lane, wl);
     };
     if (WEIGHTS_FIRST) issue_weights();
     // the norm tasks' scales (each put after its row's words: the row's flag) ...
@@ -1177,8 +1184,8 @@ MONO_DEVICE void run(const Args& a, const Mailbox& mb, u8* lds) {
         [&](int i, u32x4 x) { *reinterpret_cast<u32x4*>(x8 + (i / VECS) * X8_STRIDE + 4 * (i % VECS)) = x; });
     barrier();
     if (!WEIGHTS_FIRST) issue_weights();
-    copy_async_wait();  // this lane's staged chunks have landed
-    int slot = 0;       // LDS chunk of the next staged segment
+    bulk_wait(wbar, 0, mb.tag);  // every staged chunk has landed
+    int slot = 0;        // LDS chunk of the next staged segment
     for (int g = g_last; g >= g_first; --g) {
         seg = segment_of(g, lo, hi);
         wave_share(seg, wave, first_chunk, n);
@@ -1206,6 +1213,7 @@ MONO_DEVICE void run(const Args& a, const Mailbox& mb, u8* lds) {
         }
         barrier();  // part[] is reused
     }
+    if (tid == 0) bulk_barrier_inval(wbar);  // its LDS may serve the next stage
     stamp(lds, TL_GEMV_DONE);
 }
 
