@@ -516,7 +516,7 @@ def test_scorer_first_keys_prefetch():
         if on:
             gemv = text[text.index("namespace stage_qkv {"):text.index("}  // namespace stage_qkv")]
             call = gemv.index("if (tid == THREADS - 1) stage_scores::prefetch_first_keys(a);")
-            assert gemv.index("stamp(lds, TL_X8_READY);") < call < gemv.index("bulk_wait(wbar, 0, mb.tag);")
+            assert gemv.index("stamp(lds, TL_X8_READY);") < call < gemv.index("bulk_wait(wbar")  # (S = 1: a segment's)
             assert text.index("namespace stage_scores { MONO_DEVICE void prefetch_first_keys(const Args& a); }") \
                 < text.index("namespace stage_qkv {")
             assert "bulk_prefetch_l2(a.index_cache + page_of(a, it, q_len) * BLOCK * DIM, BLOCK * DIM);" in text
@@ -555,7 +555,8 @@ def test_scorer_index_q_knobs():
     flag (hdone, task TASK_IQ = q heads + 2) is in, acquired by the polling lane itself (AMD: a
     fence; the lanes of a wave64 may run apart), by an 8-byte L2 load, instead of
     the norm + RoPE of the qkv rows; on the AMD builds too; refused with four index heads (iq_out
-    holds only the own head). Both off in the spec (bench/NOTES.md, MiniMax session 20)."""
+    holds only the own head). iq_first is off in the spec; iq_from_out is sm90's above one row
+    with one index head (bench/NOTES.md, MiniMax sessions 20 / 21)."""
     from codegen.render import render
 
     def scores_of(tune, target="sm90", tokens=16, **params):
@@ -576,36 +577,15 @@ def test_scorer_index_q_knobs():
     read = ["mailbox_wait<true>(mb.hdone + tk * HEAD_TASKS + TASK_IQ, mb.tag);", "lane_acquire();",
             "ld8_coherent(a.iq_out + tk * DIM + d0 + i, lo, hi);"]
     for target in ("sm90", "gfx950"):
-        plain, tuned = scores_of({}, target), scores_of({"scores.iq_from_out": 1}, target)
+        plain, tuned = scores_of({"scores.iq_from_out": 0}, target), scores_of({"scores.iq_from_out": 1}, target)
         iq = lambda text: text[text.index("MONO_DEVICE void make_index_q("):text.index("struct Cursor {")]
         assert made in iq(plain) and not any(r in iq(plain) for r in read)
         assert made not in iq(tuned) and all(r in iq(tuned) for r in read)
         assert "HEAD_TASKS = 20, TASK_IQ = 18, TASK_IK = 19;" in tuned
+    for tokens, index_heads, on in ((1, 1, False), (2, 1, True), (16, 1, True), (16, 4, False)):  # the spec's, sm90
+        assert (made not in iq(scores_of({}, tokens=tokens, index_heads=index_heads))) is on
+    assert made in iq(scores_of({}, "gfx950", tokens=16))
     with pytest.raises(SpecError, match="the head tasks write only the own index-q head to iq_out, not all 4"):
         scores_of({"scores.iq_from_out": 1}, tokens=4, index_heads=4)
 
 
-def test_scorer_next_item_prefetch():
-    """next_item_prefetch (sm90 tensor-core dots, off in the spec): where a warp's stream enters
-    an item, lane 0 prefetches the warp's share of its next item (j + the CTA's group count) into
-    L2 with one TMA prefetch of PER tiles of keys, the page from LDS for the CTA's first items;
-    blocks this launch may write are skipped. Refused on AMD and on the CUDA-core dots."""
-    from codegen.render import render
-
-    def scores_of(tune, target="sm90", tokens=16):
-        loaded = load_spec(SPEC, tune_items(tune))
-        text = render(lower(loaded, make_build(loaded, target, tokens=tokens)))
-        return text[text.index("namespace stage_scores {"):]
-
-    call = "prefetch_share(a, reqs, pages, gr, st.cur, rank, j + gr.COUNT, requests, q_len);"
-    assert call not in scores_of({}) and "prefetch_share" not in scores_of({})
-    tuned = scores_of({"scores.next_item_prefetch": 1})
-    ask = tuned[tuned.index("MONO_DEVICE void ask_next_tile("):tuned.index("MONO_DEVICE void score_warp_items(")]
-    assert ask.count(call) == 1 and ask.index("st.page = j < PAGES ? pages[j] : page_of(a, st.it, q_len);") < ask.index(call)
-    share = tuned[tuned.index("MONO_DEVICE void prefetch_share("):tuned.index("MONO_DEVICE void ask_next_tile(")]
-    assert "if (!it.valid || it.new_keys || lane_id() != 0) return;" in share
-    assert "bulk_prefetch_l2(a.index_cache + (page * BLOCK + gr.member * KEYS) * DIM, KEYS * DIM);" in share
-    with pytest.raises(SpecError, match="gfx950's device library has no L2 prefetch"):
-        scores_of({"scores.next_item_prefetch": 1}, "gfx950")
-    with pytest.raises(SpecError, match="next_item_prefetch feeds the tensor-core dots' key rings"):
-        scores_of({"scores.next_item_prefetch": 1, "scores.mma_dots": 0})

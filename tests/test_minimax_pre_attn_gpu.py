@@ -250,8 +250,7 @@ SCORER_TUNES = {"spec": None,  # sm90: tensor cores, each item the fewest warps 
                 # the first 4 items' keys into L2 during the GEMV at every S
                 "keys-prefetch-4": {"scores.keys_prefetch": 1, "scores.keys_prefetch_items": 4},
                 "iq-first": {"scores.iq_first": 1},  # the index q made before the first key tiles are asked for
-                "iq-from-out": {"scores.iq_from_out": 1},  # the index q read from the head task's iq_out
-                "next-item-prefetch": {"scores.next_item_prefetch": 1}}  # each warp's next item into L2
+                "iq-from-out": {"scores.iq_from_out": 1}}  # the index q read from the head task's iq_out (the spec's above one row)
 
 
 def scorer_kernel(tune_id: str, tokens: int, **params):

@@ -76,14 +76,17 @@ def test_bad_overrides_are_located_errors(tune, line, fragment):
 
 
 def test_gemv_segment_waits():
-    """qkv.segment_waits (sm90, off in the spec): each staged weight segment is waited for just
-    before its MMAs, in processing order: with bulk copies (S <= 2) one mbarrier a segment (three
-    in LDS, each initialized, told its bytes and invalidated by thread 0); with cp.async (S > 2)
-    a commit group a segment and a wait that leaves the later ones in flight. The spec's builds
-    wait once for all. Every build compiles without spills; refused without lds_prefetch. The
-    GPU test compares its qkv with the spec build's bit for bit."""
-    for tokens, bulk in ((1, True), (4, False), (16, False)):
-        _, plain = source(SPEC, "sm90", tokens=tokens)
+    """qkv.segment_waits (sm90, the spec's at S = 1): each staged weight segment is waited for
+    just before its MMAs, in processing order: with bulk copies (the spec's S <= 2 and >= 8) one
+    mbarrier a segment (three in LDS, each initialized, told its bytes and invalidated by thread
+    0); with cp.async (S = 3..7) a commit group a segment and a wait that leaves the later ones in
+    flight. Off, the builds wait once for all. Every build compiles without spills; refused
+    without lds_prefetch. The GPU test compares its qkv with the spec build's bit for bit."""
+    for tokens, on in ((1, True), (2, False), (16, False)):  # the spec's
+        ir, _ = source(SPEC, "sm90", tokens=tokens)
+        assert [s.values["segment_waits"] for s in ir.stages if s.name == "qkv"] == [on]
+    for tokens, bulk in ((1, True), (4, False), (16, True)):
+        _, plain = source(SPEC, "sm90", tune={"qkv.segment_waits": 0}, tokens=tokens)
         _, tuned = source(SPEC, "sm90", tune={"qkv.segment_waits": 1}, tokens=tokens)
         gemv = tuned[tuned.index("namespace stage_qkv {"):tuned.index("}  // namespace stage_qkv")]
         loop = gemv[gemv.index("for (int g = g_last; g >= g_first; --g) {"):]
@@ -144,13 +147,18 @@ def test_cli_bad_tune_is_a_located_error(capsys):
 
 
 def test_a_diagnostic_stamp_by_override():
-    """qkv.staged_point (off in the spec) stamps the spare point once the staged weights landed."""
+    """qkv.staged_point (off in the spec) stamps the spare point once the staged weights landed:
+    after the one wait for them all, or (segment_waits, the spec's at S = 1) the last segment's."""
     _, plain = source(SPEC, "sm90", tokens=1, timeline=True)
-    _, tuned = source(SPEC, "sm90", tune={"qkv.staged_point": "spare"}, tokens=1, timeline=True)
     assert "stamp(lds, TL_SPARE);" not in plain
+    _, tuned = source(SPEC, "sm90", tune={"qkv.staged_point": "spare", "qkv.segment_waits": 0}, tokens=1, timeline=True)
     lines = tuned.splitlines()
     at = lines.index("    stamp(lds, TL_SPARE);")
     assert "bulk_wait(wbar, 0, mb.tag);" in "\n".join(lines[at - 3:at])  # right after the wait for the bulk copies
+    _, tuned = source(SPEC, "sm90", tune={"qkv.staged_point": "spare"}, tokens=1, timeline=True)
+    lines = tuned.splitlines()
+    at = lines.index("            if (staged == n_staged - 1) stamp(lds, TL_SPARE);  // the last one")
+    assert lines[at - 1].strip().startswith("bulk_wait(wbar + staged, 0, mb.tag);")
     with pytest.raises(SpecError, match="no timeline point 'landed'"):
         source(SPEC, "sm90", tune={"qkv.staged_point": "landed"}, tokens=1)
 
@@ -227,7 +235,7 @@ def test_scorer_warp_groups():
     assert "else barrier_of(1 + id, G * WAVE);" in scores and "wait_new_keys<WAVE>(mb" in scores
     assert 'asm volatile("bar.sync %0, %1;"' in text
     for tune, ring in (({}, 2), ({"scores.busy_waves": 1, "scores.tiles_ahead": 2}, 3), ({"scores.iq_first": 1}, 2),
-                       ({"scores.next_item_prefetch": 1}, 2)):
+                       ({"scores.iq_from_out": 0}, 2)):
         _, built = source(SPEC, "sm90", tokens=16, tune=tune)
         assert f"constexpr int RING = {ring};" in built
         (report,) = jit.resource_report(built, "groups.hip", get_target("sm90"))

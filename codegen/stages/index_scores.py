@@ -105,14 +105,9 @@ class Model(StageBase):
     # inputs while it waits for the rows; a scorer starts its loads only at the stage's start
     # (S = 16: ~3 us from there to the index q, bench/NOTES.md MiniMax session 20). One index head
     iq_from_out: PerTarget = PerTarget(default=0)
-    # tensor-core dots, NVIDIA: as a warp starts an item, its share of its next item goes into L2
-    # (one TMA prefetch, 16 KB a warp at one warp an item), so that the ring's copies of it are L2
-    # hits: more key bytes in flight without more LDS or cp.async groups (S = 16 / 64K, ~4 items a
-    # warp, streams the keys at ~2.9 TB/s, bench/NOTES.md MiniMax session 20)
-    next_item_prefetch: PerTarget = PerTarget(default=0)
 
     _per_target = field_validator("lead_cta", "mma_dots", "batch_items", "tiles_ahead", "busy_waves", "keys_prefetch",
-                                  "iq_first", "iq_from_out", "next_item_prefetch",
+                                  "iq_first", "iq_from_out",
                                   mode="before")(
         classmethod(lambda cls, v: per_target(v)))
     # analysis stamps (timeline builds; off in the spec): the phases of each CTA's item
@@ -214,12 +209,6 @@ def lower(stage: Model, ctx) -> dict:
     if iq_from_out and head_dim // 32 % 4:
         ctx.fail(("iq_from_out",), f"iq_from_out reads 4 values a lane at a time ({head_dim // 32} a lane here)",
                  "give iq_from_out 0 for this head size")
-    next_item = ctx.switch(stage.next_item_prefetch.for_target(ctx.target.name), ("next_item_prefetch",))
-    if next_item:
-        ctx.nvidia_only(("next_item_prefetch",), "L2 prefetch")
-        if not mma:
-            ctx.fail(("next_item_prefetch",), "next_item_prefetch feeds the tensor-core dots' key rings",
-                     "give next_item_prefetch 0 where mma_dots is off")
     keys_at = _keys_prefetch_at(stage, ctx) if ctx.switch(stage.keys_prefetch.for_target(ctx.target.name),
                                                           ("keys_prefetch",)) else None
     ctx.lds(stage.name, "reqs", "u32", REQUEST_WORDS * ctx.tokens)  # each request's work (the template's Request)
@@ -258,7 +247,6 @@ def lower(stage: Model, ctx) -> dict:
         "ring": ahead + 1,
         "iq_first": iq_first,
         "iq_from_out": iq_from_out,
-        "next_item_prefetch": next_item,
         "busy": busy,
         "mma_iq_pad": MMA_IQ_PAD,
         "tile_keys": MMA_TILE_KEYS,
