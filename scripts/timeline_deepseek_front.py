@@ -13,7 +13,10 @@ weights come from HBM, and so does the kernel's code; --rotate: as the bench, th
 through 8 copies of the weights (`layer` = copy), so the stamped launches' weights are cold and their
 code is not: the phases the code's first fetch from HBM slows in a --cold timeline read as in the bench;
 each figure is then the median over the second round's 8 launches; --no-mma: the build without its
-fp8 MMAs, scripts/no_mma.py: wrong results, the time they cost)"""
+fp8 MMAs, scripts/no_mma.py: wrong results, the time they cost). With --rotate it also times the
+stamped build and its twin without stamps from a CUDA graph over the copies, as the bench does: the
+stamped per-call time less the stamped span (first start .. last stamp) is what the launch costs
+outside its CTAs; the twin's time shows whether the stamps move it)"""
 
 from __future__ import annotations
 
@@ -23,7 +26,7 @@ import torch
 
 import codegen
 from bench.deepseek import WEIGHTS  # the tensors the bench copies
-from bench.timing import Watchdog
+from bench.timing import GpuTimer, Watchdog
 from codegen.__main__ import name_values
 from scripts.no_mma import without_fp8_mma
 from tests import deepseek_case as dc
@@ -70,6 +73,8 @@ def main() -> None:
         dc.precompile([dict(b, timeline=True) for b in builds])
     for b in builds:
         k = codegen.load(SPEC, timeline=True, tune=tune, **b)
+        if slowest is not None and slowest not in k.ir.timeline_points:
+            sys.exit(f"--slowest={slowest}: not a timeline point of {SPEC}; give one of {', '.join(k.ir.timeline_points)}")
         k = without_fp8_mma(k) if no_mma else k
         case = dc.make_case(b["tokens"], b["tp"], 1, "sm90", seed=2)
         args = dc.launch_args(case, k.workspace("cuda"))
@@ -100,6 +105,14 @@ def main() -> None:
             us = (tl - t0) / 1e3 * (tl > 0)  # 0: not stamped
             for c in us[:, pts.index(slowest)].argsort(descending=True)[:8].tolist():
                 print(f"  CTA {c:3d}: " + " ".join(f"{n} {us[c, i]:.2f}" for i, n in enumerate(pts) if tl[c, i] > 0), file=out)
+        if rotate:  # timed as the bench times them: this stamped build, and its twin without stamps
+            plain = codegen.load(SPEC, tune=tune, **b)
+            plain = without_fp8_mma(plain) if no_mma else plain
+            for what, kern in (("stamped", k), ("no stamps", plain)):
+                kargs = dc.launch_args(case, kern.workspace("cuda"))
+                calls = [lambda i=i, kern=kern, kargs=kargs: kern(**dict(kargs, **copies[i], layer=i)) for i in range(rotate)]
+                sample = GpuTimer(replays=30).graph(calls)
+                print(f"  graph replay ({what}): {sorted(sample.us)[len(sample.us) // 2]:7.2f} us per call", file=out)
     out.flush()
 
 

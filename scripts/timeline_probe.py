@@ -54,6 +54,8 @@ def setup(kernel, tokens: int, contexts) -> tuple[dict, list]:
 
 def probe(tokens: int, contexts=(4096,), reps: int = 20, tune: dict | None = None, **flags) -> None:
     kernel = build(tokens, tune, timeline=True, **flags)
+    if SLOWEST is not None and SLOWEST not in kernel.ir.timeline_points:
+        sys.exit(f"--slowest={SLOWEST}: not a timeline point; give one of {', '.join(kernel.ir.timeline_points)}")
     args, weights = setup(kernel, tokens, contexts)
     for i in range(max(reps, 2 * len(weights))):  # the last launch's stamps are read; its weights cold
         args["w_qkv"] = weights[i % len(weights)]
