@@ -206,11 +206,28 @@ class KernelIR:
     stages: tuple[StageIR, ...]
     timeline_points: tuple[str, ...]
     scratch_arg: str  # the ABI argument holding the mailboxes
-    counter_arg: str  # i32 [2]: epoch, CTAs done
+    counter_arg: str  # i32 [2]: how the kernel keeps it is epoch_advance's
     layer_arg: str | None  # i32 scalar mixed into the tag
     tag_stride: int
     timeline_arg: str | None  # i64 [BLOCKS, TL_POINTS] stamps
     tune: tuple = ()  # the spec's tuning overrides (LoadedSpec.tune)
+    epoch_advance: str = "last_out"  # the spec's mailbox.advance
+
+    def epoch(self, counter) -> int:
+        """The epoch the next launch takes from the counter's two i32 values (a list or tensor)."""
+        lo, hi = (int(v) for v in counter)
+        if self.epoch_advance == "count":  # one u64, low word first: CTAs finished over all launches
+            return ((lo & 0xFFFFFFFF) | (hi & 0xFFFFFFFF) << 32) // self.blocks
+        return lo
+
+    def advanced(self, counter) -> list[int]:
+        """The counter's two i32 values after one whole launch (host stand-ins of the kernel)."""
+        lo, hi = (int(v) for v in counter)
+        if self.epoch_advance == "count":
+            n = ((lo & 0xFFFFFFFF) | (hi & 0xFFFFFFFF) << 32) + self.blocks
+            as_i32 = lambda w: w - (1 << 32) if w >= 1 << 31 else w  # noqa: E731
+            return [as_i32(n & 0xFFFFFFFF), as_i32(n >> 32 & 0xFFFFFFFF)]
+        return [lo + 1, 0]
 
     @property
     def tune_label(self) -> str:
@@ -600,7 +617,7 @@ def _lower(loaded: LoadedSpec, build: Build) -> KernelIR:
         stages=tuple(stages), timeline_points=tuple(spec.timeline_points),
         scratch_arg=next(a.name for a in spec.abi if a.workspace == "scratch"),
         counter_arg=spec.mailbox.counter, layer_arg=spec.mailbox.layer,
-        tag_stride=tag_stride,
+        tag_stride=tag_stride, epoch_advance=spec.mailbox.advance,
         timeline_arg=next((a.name for a in spec.abi if a.workspace == "timeline"), None),
         tune=loaded.tune,
     )

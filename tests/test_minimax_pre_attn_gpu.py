@@ -32,7 +32,9 @@ def same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
 # same order), the staged weights only waited for differently
 GEMV_TUNES = {"spec": None,
               "segment-waits": {"qkv.segment_waits": 1},  # each staged segment waited for before its MMAs
-              "bulk-copies": {"qkv.bulk_copies": 1}}  # every staged segment by TMA bulk copies, at every S
+              "bulk-copies": {"qkv.bulk_copies": 1},  # every staged segment by TMA bulk copies, at every S
+              # the epoch as the CTAs finished over all launches / BLOCKS (no CTA waits for an atomic)
+              "epoch-count": {"mailbox.advance": "count"}}
 
 
 @pytest.mark.parametrize("tune_id", GEMV_TUNES)
@@ -57,7 +59,8 @@ def test_pre_attn_norm_gemv(tokens, tune_id):
     assert torch.equal(got["x8"].view(torch.uint8), want["x8"].view(torch.uint8))
     assert (got["x8s_tag"] == expected_tag(0)).all()
     assert (got["qkv_tag"] == expected_tag(0)).all(), "some qkv pairs were not written by this launch"
-    assert ws["step"].cpu().tolist() == [1, 0], "the last CTA advances the epoch and resets the count"
+    assert ws["step"].cpu().tolist() == kernel.ir.advanced([0, 0]), "the kernel advanced its counter once"
+    assert kernel.ir.epoch(ws["step"].cpu()) == 1
 
     # GEMV within tolerance, given the kernel's own x8 and scales
     qkv_ref = ref.qkv_gemv(got["x8"], got["x_scale"], inp["w"], inp["s_qkv"])
@@ -88,11 +91,13 @@ def test_pre_attn_norm_gemv(tokens, tune_id):
     assert (again["qkv_tag"] == expected_tag(1)).all()
 
 
+@pytest.mark.parametrize("advance", ("last_out", "count"))
 @pytest.mark.parametrize("tokens", (1, 16))
-def test_pre_attn_graph_replays(tokens):
+def test_pre_attn_graph_replays(tokens, advance):
     """100 replays of a captured launch, nothing cleared in between: identical
-    outputs, and the epoch advanced once per replay on the device."""
-    kernel = codegen.load("minimax_m3/pre_attn", tokens=tokens)
+    outputs, and the epoch advanced once per replay on the device (both ways of
+    keeping the counter: mailbox.advance)."""
+    kernel = codegen.load("minimax_m3/pre_attn", tokens=tokens, tune={"mailbox.advance": advance})
     inp = make_inputs(tokens, kernel.target.name, seed=7 + tokens)
     ws = kernel.workspace("cuda")
     args = launch_args(inp, ws)
@@ -103,11 +108,13 @@ def test_pre_attn_graph_replays(tokens):
 
     graph = capture(lambda: kernel(**args))
     torch.cuda.synchronize()
-    step_before = ws["step"][0].item()
+    step_before = kernel.ir.epoch(ws["step"].cpu())
+    want = ws["step"].cpu().tolist()
     for _ in range(100):
         graph.replay()
+        want = kernel.ir.advanced(want)
     torch.cuda.synchronize()
-    assert ws["step"][0].item() == step_before + 100
+    assert kernel.ir.epoch(ws["step"].cpu()) == step_before + 100 and ws["step"].cpu().tolist() == want
     got = read_mailbox(kernel, ws["scratch"], tokens)
     assert torch.equal(got["qkv"], single["qkv"])
     assert torch.equal(args["h_out"], h_single)

@@ -108,6 +108,40 @@ def test_gemv_segment_waits():
         source(SPEC, "sm90", tune={"qkv.segment_waits": 1, "qkv.lds_prefetch": 0, "qkv.bulk_copies": 0}, tokens=4)
 
 
+def test_epoch_by_count():
+    """mailbox.advance=count (off in both specs): every thread takes the epoch as the u64 counter
+    / BLOCKS at its start, thread 0 counts the CTA out after the last barrier with a reduction
+    (sm90 REDG, AMD an atomic without return), and no CTA waits for the last-out atomic or its
+    release; builds for every target compile without spills. The IR's host view of the counter
+    follows: the epoch, and the counter after a launch, across the low word's wrap."""
+    for spec, params in (("minimax_m3/pre_attn", dict(tokens=1)), ("deepseek_v41/attn_front", dict(tokens=16, tp=4))):
+        for target in ("sm90", "gfx942"):
+            ir, plain = source(spec, target, **params)
+            _, tuned = source(spec, target, tune={"mailbox.advance": "count"}, **params)
+            c = ir.counter_arg
+            assert ir.epoch_advance == "last_out" and "atomic_add_u32(done, 1) == BLOCKS - 1" in plain
+            assert "red_add_u64" not in plain[plain.index(f"MONO_KERNEL {ir.name}("):]
+            kernel = tuned[tuned.index(f"MONO_KERNEL {ir.name}("):]
+            assert f"const u32 epoch_now = u32(*reinterpret_cast<const u64*>({c}) / BLOCKS);" in kernel
+            end = kernel[kernel.rindex("barrier();"):]
+            assert f"if (thread_id() == 0) red_add_u64(reinterpret_cast<u64*>({c}), 1);" in end
+            assert "atomic_add_u32" not in kernel and "store_relaxed_u32" not in kernel
+            (report,) = jit.resource_report(tuned, "count.hip", get_target(target))
+            assert report.spills == 0 and report.scratch_bytes == 0
+    ir, _ = source("minimax_m3/pre_attn", "sm90", tokens=1)
+    assert ir.epoch([5, 0]) == 5 and ir.advanced([5, 0]) == [6, 0]
+    ir, _ = source("minimax_m3/pre_attn", "sm90", tune={"mailbox.advance": "count"}, tokens=1)
+    assert ir.blocks == 132 and ir.epoch([0, 0]) == 0 and ir.advanced([0, 0]) == [132, 0]
+    assert ir.epoch([132 * 7 + 131, 0]) == 7  # this launch's other CTAs already counted out: still 7
+    low = (1 << 32) - 10  # the low word about to wrap: an i32 of -10
+    assert ir.advanced([-10, 0]) == [122, 1] and ir.epoch([122, 1]) == ((1 << 32) + 122) // 132
+    assert ir.epoch([-10, 0]) == low // 132
+    with pytest.raises(SpecError, match="mailbox.advance is the only mailbox field a tune may set"):
+        source("minimax_m3/pre_attn", "sm90", tune={"mailbox.tag_stride": 2}, tokens=1)
+    with pytest.raises(SpecError, match="advance"):
+        source("minimax_m3/pre_attn", "sm90", tune={"mailbox.advance": "first_in"}, tokens=1)
+
+
 def test_symbol_override():
     """symbols.NAME replaces a spec symbol for the build (named in the header like a stage
     knob): INLINE_NORM_TOKENS 4 makes S = 4's GEMV CTAs normalize the rows themselves (no

@@ -107,7 +107,15 @@ def _apply_tune(data: dict, tune: tuple, path: str, pos: Positions) -> None:
         stage, dot, field = str(key).partition(".")
         if not dot or not field or "." in field:
             raise SpecError([SpecIssue(path, pos.line_of(("stages",)), ("stages",), f"tune key {key!r} is not STAGE.FIELD",
-                                       "name a stage and one of its fields, e.g. qkv.bulk_copies (or symbols.NAME)")])
+                                       "name a stage and one of its fields, e.g. qkv.bulk_copies (or symbols.NAME, mailbox.advance)")])
+        if stage == "mailbox" and stage not in names:  # mailbox.FIELD: how the epoch is made
+            mailbox = data.get("mailbox") if isinstance(data.get("mailbox"), dict) else {}
+            if field not in ("advance",):
+                raise SpecError([SpecIssue(path, pos.line_of(("mailbox",)), ("mailbox",),
+                                           f"tune {key!r}: mailbox.advance is the only mailbox field a tune may set",
+                                           "use mailbox.advance=last_out or mailbox.advance=count")])
+            mailbox[field] = value
+            continue
         if stage == "symbols" and stage not in names:  # symbols.NAME: a spec symbol's value
             symbols = data.get("symbols") if isinstance(data.get("symbols"), dict) else {}
             if field not in symbols:

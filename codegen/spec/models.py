@@ -178,13 +178,22 @@ class ScratchRegion(Model):
 
 class MailboxSpec(Model):
     """Where the epoch comes from and how it makes the tag of this launch's
-    mailbox values: ``tag = counter[0] * tag_stride + layer + 1``. The counter is
-    an i32 [2] ABI tensor (epoch, CTAs done); the last CTA out advances the epoch,
-    so repeated launches and graph replays need no host action."""
+    mailbox values: ``tag = epoch * tag_stride + layer + 1``. The counter is an
+    i32 [2] ABI tensor that the kernel advances itself, so repeated launches and
+    graph replays need no host action; ``advance`` says how."""
 
     counter: Name
     layer: Name | None = None  # i32 scalar ABI argument mixed into the tag (or none)
     tag_stride: Expr = 1
+    # last_out: the counter is (epoch, CTAs done); each CTA counts itself out at its end with an
+    #   atomic add whose result it waits for, and the last one out advances the epoch and resets
+    #   the count: (epoch + 1, 0) after a launch.
+    # count: the counter is one u64 (low word first), the CTAs finished over all launches, and the
+    #   epoch is count / BLOCKS; each CTA adds itself at its end with a reduction whose result
+    #   nobody waits for. A CTA reads the count at its start: after every CTA of the earlier
+    #   launches added itself, before its own addition, so it sees at most BLOCKS - 1 of this
+    #   launch's (BLOCKS * launches after them).
+    advance: Literal["last_out", "count"] = "last_out"
 
     _stride = field_validator("tag_stride")(classmethod(lambda cls, v: _check_expr(v)))
 

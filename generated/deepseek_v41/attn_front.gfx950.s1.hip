@@ -278,6 +278,9 @@ MONO_DEVICE u32 load_acquire_u32(const u32* p) {
 MONO_DEVICE void store_relaxed_u32(u32* p, u32 v) {
     __hip_atomic_store(p, v, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_AGENT);
 }
+MONO_DEVICE void red_add_u64(u64* p, u64 v) {  // result unused: an atomic without return
+    (void)__hip_atomic_fetch_add(p, v, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_AGENT);
+}
 
 MONO_DEVICE int min_i(int a, int b) { return a < b ? a : b; }
 

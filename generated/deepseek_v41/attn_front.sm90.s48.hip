@@ -409,6 +409,9 @@ MONO_DEVICE u32 load_acquire_u32(const u32* p) {
 MONO_DEVICE void store_relaxed_u32(u32* p, u32 v) {
     asm volatile("st.relaxed.gpu.global.u32 [%0], %1;" :: "l"(p), "r"(v) : "memory");
 }
+MONO_DEVICE void red_add_u64(u64* p, u64 v) {  // no result: nothing waits for it
+    asm volatile("red.relaxed.gpu.global.add.u64 [%0], %1;" :: "l"(p), "l"(v) : "memory");
+}
 
 MONO_DEVICE int min_i(int a, int b) { return a < b ? a : b; }
 // A warp's 16-row tile of two m16n8 accumulators (acc[j]: token columns 8j ..) into part:
