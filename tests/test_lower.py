@@ -522,7 +522,7 @@ def test_scorer_first_keys_prefetch():
             assert "bulk_prefetch_l2(a.index_cache + page_of(a, it, q_len) * BLOCK * DIM, BLOCK * DIM);" in text
             pre = text[text.index("MONO_DEVICE void prefetch_first_keys(const Args& a) {"):]
             pre = pre[:pre.index("\n}\n")]
-            assert "constexpr int PREFETCH_ITEMS = 1;" in pre and "int u = rank_of(c) + j * CTAS;" in pre
+            assert "constexpr int PREFETCH_ITEMS = 1;" in pre and "int u = item_of(rank_of(c), j);" in pre
             assert "for (int i = 0; i < DIM * 2; i += 128) prefetch_line_l2(reinterpret_cast<const u8*>(a.g_iq) + i);" in pre
             assert "prefetch_line_l2(a.cos_sin + (long long)int(a.positions[tk]) * ROPE);" in pre
             # gamma: 128 bf16, two 128-byte lines; a cos / sin row: 64 bf16, one
@@ -546,6 +546,77 @@ def test_scorer_first_keys_prefetch():
     with pytest.raises(SpecError, match=r"keys_prefetch_items: .* must be an integer >= 1, got 0"):
         lower(loaded := load_spec(SPEC, tune_items({**on, "scores.keys_prefetch_items": 0})),
               make_build(loaded, "sm90", tokens=1))
+
+
+def test_scorer_late_ctas(tmp_path):
+    """late_ctas / late_items (off in the spec): the last late_ctas ranks take late_items items
+    fewer. The rendered item_of and cta_items, compiled for the host (zig's clang) with the
+    build's constants, deal every work list (0 .. 9 rounds of 132 CTAs, the last 20 late, 4 early
+    rounds) to the CTAs exactly once, each CTA's items in increasing order and none past its
+    count; at 9 rounds each late rank holds at least late_items - 1 fewer than any other. Off: the
+    plain rounds, dealt the same way.
+    Refused with every CTA late."""
+    import subprocess
+    import sys
+    from codegen.render import render
+
+    def scores_of(tune):
+        loaded = load_spec(SPEC, tune_items(tune))
+        text = render(lower(loaded, make_build(loaded, "sm90", tokens=16)))
+        return text[text.index("namespace stage_scores {"):]
+
+    plain = scores_of({})
+    assert "LATE_ITEMS" not in plain and "MONO_DEVICE int item_of(int rank, int j) { return rank + j * CTAS; }" in plain
+    tuned = scores_of({"scores.late_ctas": 20, "scores.late_items": 4, "scores.lead_cta": 0})
+    assert "constexpr int LATE_CTAS = 20, LATE_ITEMS = 4, EARLY = CTAS - LATE_CTAS;" in tuned
+    for call in ("advance(reqs, st.cur, item_of(rank, j), requests)", "advance(reqs, own, item_of(rank, tid), requests)",
+                 "advance(reqs, cur, item_of(rank, gr.id + k * gr.COUNT), requests)"):
+        assert call in tuned and call in plain
+    assert "* CTAS, requests)" not in tuned  # every item index through item_of
+
+    def functions(text):
+        a = text.index("constexpr int LATE_CTAS") if "LATE_CTAS" in text else text.index("MONO_DEVICE int item_of(")
+        b = text.index("// An item's block in the index cache")
+        c = text.index("MONO_DEVICE int cta_items(")
+        return text[a:b] + text[c:text.index("\n}\n", c) + 3]
+
+    for text, late, early_rounds in ((tuned, 20, 4), (plain, 0, 0)):
+        harness = ("#include <cstdio>\n#define MONO_DEVICE\nstruct Request { int count; };\n"
+                   "constexpr int CTAS = 132;\n" + functions(text) + """
+int main() {
+    for (int total = 0; total <= 132 * 9; ++total) {
+        static int seen[132 * 9 + 1];
+        for (int u = 0; u < total; ++u) seen[u] = 0;
+        Request req{total};
+        int min_early = 1 << 30, max_late = 0;
+        for (int rank = 0; rank < CTAS; ++rank) {
+            const int n = cta_items(&req, rank, 1);
+            if (item_of(rank, n) < total) { printf("rank %d: item %d past its count\\n", rank, n); return 1; }
+            for (int j = 0; j < n; ++j) {
+                const int u = item_of(rank, j);
+                if (u < 0 || u >= total || (j && u <= item_of(rank, j - 1))) { printf("rank %d item %d: %d\\n", rank, j, u); return 1; }
+                ++seen[u];
+            }
+            if (rank < CTAS - @LATE@) min_early = n < min_early ? n : min_early;
+            else max_late = n > max_late ? n : max_late;
+        }
+        if (@LATE@ && total == 132 * 9 && min_early - max_late < @ROUNDS@ - 1) {  // 9 rounds: the late ranks fewer
+            printf("early ranks %d items or more, late %d\\n", min_early, max_late);
+            return 1;
+        }
+        for (int u = 0; u < total; ++u)
+            if (seen[u] != 1) { printf("total %d: item %d dealt %d times\\n", total, u, seen[u]); return 1; }
+    }
+    printf("ok\\n");
+    return 0;
+}
+""".replace("@LATE@", str(late)).replace("@ROUNDS@", str(early_rounds)))
+        cpp, exe = tmp_path / "deal.cpp", tmp_path / "deal"
+        cpp.write_text(harness)
+        subprocess.run([sys.executable, "-m", "ziglang", "c++", "-O1", "-std=c++17", str(cpp), "-o", str(exe)], check=True)
+        assert subprocess.run([str(exe)], capture_output=True, text=True).stdout.strip() == "ok"
+    with pytest.raises(SpecError, match="132 late CTAs of the stage's 132"):
+        scores_of({"scores.late_ctas": 132, "scores.late_items": 1})
 
 
 def test_scorer_index_q_knobs():

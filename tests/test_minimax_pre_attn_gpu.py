@@ -257,7 +257,9 @@ SCORER_TUNES = {"spec": None,  # sm90: tensor cores, each item the fewest warps 
                 # the first 4 items' keys into L2 during the GEMV at every S
                 "keys-prefetch-4": {"scores.keys_prefetch": 1, "scores.keys_prefetch_items": 4},
                 "iq-first": {"scores.iq_first": 1},  # the index q made before the first key tiles are asked for
-                "iq-from-out": {"scores.iq_from_out": 1}}  # the index q read from the head task's iq_out (the spec's above one row)
+                "iq-from-out": {"scores.iq_from_out": 1},  # the index q read from the head task's iq_out (the spec's above one row)
+                # the head CTAs (ranks 112..131 from CTA 0) 4 items fewer: the first 4 rounds on CTAs 0..111
+                "late-ctas": {"scores.late_ctas": 20, "scores.late_items": 4, "scores.lead_cta": 0}}
 
 
 def scorer_kernel(tune_id: str, tokens: int, **params):

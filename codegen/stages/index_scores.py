@@ -73,6 +73,11 @@ class Model(StageBase):
     stride: Expr = "MAX_INDEX_BLOCKS"  # iscore pairs per row
     max_tokens: Expr = "MAX_TOKENS"  # new keys lie in a row's last max_tokens positions
     lead_cta: PerTarget = PerTarget(default=0)  # the stage CTA that takes work item 0
+    # the last late_ctas ranks (from lead_cta: CTAs that enter the stage late, after their head
+    # tasks) take late_items items fewer: the work list's first late_items rounds go to the other
+    # ranks alone (0: every rank takes a round of the list in turn)
+    late_ctas: PerTarget = PerTarget(default=0)
+    late_items: PerTarget = PerTarget(default=0)
     index_heads: Expr = "index_heads"  # index-q heads in the projection (1, or 4 with context parallelism)
     index_own: Expr = "index_own"  # this rank's index-q head
     cp_from_blocks: Expr = "INDEX_CP_FROM_BLOCKS"  # longer requests are scored head-parallel
@@ -106,7 +111,7 @@ class Model(StageBase):
     # (S = 16: ~3 us from there to the index q, bench/NOTES.md MiniMax session 20). One index head
     iq_from_out: PerTarget = PerTarget(default=0)
 
-    _per_target = field_validator("lead_cta", "mma_dots", "batch_items", "tiles_ahead", "busy_waves", "keys_prefetch",
+    _per_target = field_validator("lead_cta", "late_ctas", "late_items", "mma_dots", "batch_items", "tiles_ahead", "busy_waves", "keys_prefetch",
                                   "iq_first", "iq_from_out",
                                   mode="before")(
         classmethod(lambda cls, v: per_target(v)))
@@ -209,6 +214,13 @@ def lower(stage: Model, ctx) -> dict:
     if iq_from_out and head_dim // 32 % 4:
         ctx.fail(("iq_from_out",), f"iq_from_out reads 4 values a lane at a time ({head_dim // 32} a lane here)",
                  "give iq_from_out 0 for this head size")
+    late_ctas = ctx.integer(stage.late_ctas.for_target(ctx.target.name), ("late_ctas",), minimum=0)
+    late_items = ctx.integer(stage.late_items.for_target(ctx.target.name), ("late_items",), minimum=0)
+    if late_ctas >= ctx.stage_ctas:
+        ctx.fail(("late_ctas",), f"{late_ctas} late CTAs of the stage's {ctx.stage_ctas}: none would take the early rounds",
+                 f"give late_ctas 0 .. {ctx.stage_ctas - 1}")
+    if not late_ctas:
+        late_items = 0  # no late rank: the plain rounds
     keys_at = _keys_prefetch_at(stage, ctx) if ctx.switch(stage.keys_prefetch.for_target(ctx.target.name),
                                                           ("keys_prefetch",)) else None
     ctx.lds(stage.name, "reqs", "u32", REQUEST_WORDS * ctx.tokens)  # each request's work (the template's Request)
@@ -229,6 +241,8 @@ def lower(stage: Model, ctx) -> dict:
         "stride": ev(stage.stride, ("stride",)),
         "max_tokens": ev(stage.max_tokens, ("max_tokens",)),
         "lead": ev(stage.lead_cta.for_target(ctx.target.name), ("lead_cta",)),
+        "late_ctas": late_ctas,
+        "late_items": late_items,
         "head_dim": head_dim,
         "rotary_dim": ev(src.rotary_dim, ("iq_from",)),
         "lanes": 32,

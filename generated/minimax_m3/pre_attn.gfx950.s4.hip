@@ -1044,8 +1044,9 @@ MONO_DEVICE Item advance(const Request* reqs, Cursor& cur, int u, int requests) 
     return Item{true, cur.r, b, req.heads, (b + 1) * BLOCK > req.new_from};
 }
 
-// Stage CTA c's rank from LEAD: its items are u = rank + j * CTAS of the work list.
+// Stage CTA c's rank from LEAD: its items are u = item_of(rank, j) of the work list.
 MONO_DEVICE int rank_of(int c) { return (c - LEAD % CTAS + CTAS) % CTAS; }
+MONO_DEVICE int item_of(int rank, int j) { return rank + j * CTAS; }  // the work-list index of the CTA's j-th item
 
 // An item's block in the index cache: the block-table entry of its request's last row.
 MONO_DEVICE long long page_of(const Args& a, const Item& it, int q_len) {
@@ -1093,7 +1094,7 @@ MONO_DEVICE void fetch_batch(const Args& a, const Mailbox& mb, const Request* re
                              Item (&its)[BATCH], Keys& keys) {
 #pragma unroll
     for (int i = 0; i < BATCH; ++i) {
-        its[i] = advance(reqs, cur, rank + (j + i) * CTAS, requests);
+        its[i] = advance(reqs, cur, item_of(rank, j + i), requests);
         if (!its[i].valid) continue;
         if (its[i].new_keys) wait_new_keys<THREADS>(mb, new_keys_seen);  // uniform over the CTA
         const long long page = j + i < PAGES ? pages[j + i] : page_of(a, its[i], q_len);
@@ -1209,8 +1210,8 @@ MONO_DEVICE void score_by_batches(const Args& a, const Mailbox& mb, float* iq, c
     }
 }
 
-// Work item u = (request r, its item i), requests in order; CTA c takes the items u with
-// u % CTAS == its rank from LEAD, its j-th being u = rank + j * CTAS. The stage's start puts
+// Work item u = (request r, its item i), requests in order; CTA c's j-th item is u =
+// item_of(rank, j), its rank counted from LEAD. The stage's start puts
 // the requests, the rows' context lengths and the cache pages of the CTA's first PAGES items
 // in LDS; then the items go in batches, every index q put in LDS while their first keys load.
 MONO_DEVICE void run(const Args& a, const Mailbox& mb, u8* lds) {
@@ -1230,7 +1231,7 @@ MONO_DEVICE void run(const Args& a, const Mailbox& mb, u8* lds) {
     barrier();
     {  // item j = tid's block-table entry: one round trip a stage, not one an item
         Cursor own{0, 0};
-        const Item mine = advance(reqs, own, rank + tid * CTAS, requests);
+        const Item mine = advance(reqs, own, item_of(rank, tid), requests);
         if (mine.valid && tid < PAGES) pages[tid] = int(page_of(a, mine, q_len));
     }
     barrier();

@@ -1521,8 +1521,9 @@ MONO_DEVICE Item advance(const Request* reqs, Cursor& cur, int u, int requests) 
     return Item{true, cur.r, b, req.heads, (b + 1) * BLOCK > req.new_from};
 }
 
-// Stage CTA c's rank from LEAD: its items are u = rank + j * CTAS of the work list.
+// Stage CTA c's rank from LEAD: its items are u = item_of(rank, j) of the work list.
 MONO_DEVICE int rank_of(int c) { return (c - LEAD % CTAS + CTAS) % CTAS; }
+MONO_DEVICE int item_of(int rank, int j) { return rank + j * CTAS; }  // the work-list index of the CTA's j-th item
 
 // An item's block in the index cache: the block-table entry of its request's last row.
 MONO_DEVICE long long page_of(const Args& a, const Item& it, int q_len) {
@@ -1603,7 +1604,7 @@ MONO_DEVICE void copy_key_pieces(u32x4* dst, int stride, const u8* kp) {
     copy16_async(dst + 3 * stride, kp + 8 * DIM + 64);
 }
 
-// The CTA's items: u = rank, rank + CTAS, ... of the work list.
+// The CTA's items: u = item_of(rank, 0), item_of(rank, 1), ... of the work list.
 MONO_DEVICE int cta_items(const Request* reqs, int rank, int requests) {
     int total = 0;
     for (int r = 0; r < requests; ++r) total += reqs[r].count;
@@ -1652,7 +1653,7 @@ MONO_DEVICE void ask_next_tile(const Args& a, const Mailbox& mb, const Request* 
     constexpr int PER = Group<G>::PER;
     if (st.s % PER == 0) {  // the warp's next item
         const int j = gr.id + st.s / PER * gr.COUNT;  // the CTA's item
-        st.it = advance(reqs, st.cur, rank + j * CTAS, requests);
+        st.it = advance(reqs, st.cur, item_of(rank, j), requests);
         if (st.it.valid) {
             if (st.it.new_keys) wait_new_keys<WAVE>(mb, st.new_keys_seen);
             st.page = j < PAGES ? pages[j] : page_of(a, st.it, q_len);
@@ -1681,7 +1682,7 @@ MONO_DEVICE void score_warp_items(const Args& a, const Mailbox& mb, const float*
     u64* iscore = reinterpret_cast<u64*>(a.iscore);
     Cursor cur{0, 0};
     for (int k = 0;; ++k) {
-        const Item it = advance(reqs, cur, rank + (gr.id + k * gr.COUNT) * CTAS, requests);
+        const Item it = advance(reqs, cur, item_of(rank, gr.id + k * gr.COUNT), requests);
         if (!it.valid) break;  // uniform over the group
         const int row0 = it.r * q_len, nh = HEADS == 1 ? 1 : it.heads, rows = q_len * nh;
         const u32* iq_r = reinterpret_cast<const u32*>(iq) + (row0 * HEADS + g) * IQ_WORDS + 8 * t;  // B: row g of a block
@@ -1766,8 +1767,8 @@ MONO_DEVICE void score_by_warps(const Args& a, const Mailbox& mb, float* iq, con
     }
 }
 
-// Work item u = (request r, its item i), requests in order; CTA c takes the items u with
-// u % CTAS == its rank from LEAD, its j-th being u = rank + j * CTAS. The stage's start puts
+// Work item u = (request r, its item i), requests in order; CTA c's j-th item is u =
+// item_of(rank, j), its rank counted from LEAD. The stage's start puts
 // the requests, the rows' context lengths and the cache pages of the CTA's first PAGES items
 // in LDS; then the items go by warp groups, every index q put in LDS while their first keys load.
 MONO_DEVICE void run(const Args& a, const Mailbox& mb, u8* lds) {
@@ -1787,7 +1788,7 @@ MONO_DEVICE void run(const Args& a, const Mailbox& mb, u8* lds) {
     barrier();
     {  // item j = tid's block-table entry: one round trip a stage, not one an item
         Cursor own{0, 0};
-        const Item mine = advance(reqs, own, rank + tid * CTAS, requests);
+        const Item mine = advance(reqs, own, item_of(rank, tid), requests);
         if (mine.valid && tid < PAGES) pages[tid] = int(page_of(a, mine, q_len));
     }
     barrier();
