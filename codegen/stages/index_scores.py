@@ -111,9 +111,8 @@ class Model(StageBase):
     # (S = 16: ~3 us from there to the index q, bench/NOTES.md MiniMax session 20). One index head
     iq_from_out: PerTarget = PerTarget(default=0)
 
-    _per_target = field_validator("lead_cta", "late_ctas", "late_items", "mma_dots", "batch_items", "tiles_ahead", "busy_waves", "keys_prefetch",
-                                  "iq_first", "iq_from_out",
-                                  mode="before")(
+    _per_target = field_validator("lead_cta", "late_ctas", "late_items", "mma_dots", "batch_items", "tiles_ahead",
+                                  "busy_waves", "keys_prefetch", "iq_first", "iq_from_out", mode="before")(
         classmethod(lambda cls, v: per_target(v)))
     # analysis stamps (timeline builds; off in the spec): the phases of each CTA's item
     # `stamped_item` (its j-th; a CTA with fewer items stamps none; tensor-core dots: warp 0's
