@@ -619,6 +619,43 @@ int main() {
         scores_of({"scores.late_ctas": 132, "scores.late_items": 1})
 
 
+def test_scorer_early_setup():
+    """early_setup (off in the spec; early_setup_at: qkv): the scorer's setup (requests, context
+    lengths, first pages) is a function that the qkv GEMV calls with every thread where its CTAs
+    wait (S <= 2: after the inline norm's rows, before the staged weights' wait; above: before the
+    wait for the norm stage's rows), into LDS after the union; run() sets up only on CTAs outside
+    the qkv stage; they compile without spills. The spec's builds inline the setup at the scorer's
+    start, as before. Refused where early_setup_at is not an earlier gemv_fp8 stage."""
+    from codegen.render import render
+
+    def build(tune, tokens, target="sm90"):
+        loaded = load_spec(SPEC, tune_items(tune))
+        ir = lower(loaded, make_build(loaded, target, tokens=tokens))
+        return ir, render(ir)
+
+    call = "stage_scores::setup(a, lds);  // the scores stage's requests and first pages into LDS while "
+    for tokens, before in ((1, "bulk_wait(wbar + staged"), (16, "if (tid < TOKENS) xs[tid] = u32_as_float(mailbox_wait<true>(")):
+        ir, plain = build({}, tokens)
+        assert stage_named(ir, "scores").values["early_setup_at"] is None
+        assert "MONO_DEVICE void setup(" not in plain and call not in plain
+        ir, tuned = build({"scores.early_setup": 1}, tokens)
+        assert stage_named(ir, "scores").values["early_setup_at"] == "qkv"
+        gemv = tuned[tuned.index("namespace stage_qkv {"):tuned.index("}  // namespace stage_qkv")]
+        assert gemv.count(call) == 1 and gemv.index(call) < gemv.index(before)
+        assert "namespace stage_scores { MONO_DEVICE void setup(const Args& a, u8* lds); }" in tuned
+        scores = tuned[tuned.index("namespace stage_scores {\n"):tuned.index("}  // namespace stage_scores")]
+        run = scores[scores.index("MONO_DEVICE void run("):]
+        assert "if (g < 0 || g >= stage_qkv::CTAS) setup(a, lds);" in run and "request_of(" not in run
+        union = max(b.offset + b.nbytes for b in ir.lds if not b.whole_kernel)
+        kept = {b.name: b for b in ir.lds if b.stage == "scores" and b.name in ("reqs", "seq", "pages")}
+        assert len(kept) == 3 and all(b.whole_kernel and b.offset >= union for b in kept.values())
+        from codegen import jit
+        (report,) = jit.resource_report(tuned, "early_setup.hip", get_target("sm90"))
+        assert report.spills == 0 and report.scratch_bytes == 0
+    with pytest.raises(SpecError, match="early_setup needs an earlier gemv_fp8 stage of this build, got 'heads'"):
+        build({"scores.early_setup": 1, "scores.early_setup_at": "heads"}, 16)
+
+
 def test_scorer_index_q_knobs():
     """iq_first (tensor-core dots): make_index_q before the first key tiles are asked for, not
     after; refused on the CUDA-core dots (their first batch's keys go into registers first).

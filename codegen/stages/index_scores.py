@@ -100,6 +100,14 @@ class Model(StageBase):
     keys_prefetch: PerTarget = PerTarget(default=0)
     keys_prefetch_at: Name | None = None
     keys_prefetch_items: Expr = 1  # keys_prefetch: the CTA's first n items (their blocks)
+    # the stage's setup (each request's work, the rows' context lengths, the block-table entries of
+    # the CTA's first items, in LDS that lives for the whole kernel) done in stage early_setup_at
+    # (an earlier gemv_fp8 stage) where its CTAs wait, as keys_prefetch is (1), not at this stage's
+    # start (0): two L2 round trips and two barriers off the scorer's path (S = 16: 1.3-1.5 us from
+    # the stage's entry to its setup, bench/NOTES.md MiniMax session 21). CTAs outside that stage
+    # still set up here.
+    early_setup: PerTarget = PerTarget(default=0)
+    early_setup_at: Name | None = None
     # tensor-core dots: make the index q before the warps ask for their first key tiles (0: after,
     # so that the tiles load meanwhile). At many rows the first tiles of every warp are most of the
     # launch's keys, and make_index_q's few loads queued behind them (S = 16 / 4K: 4.3 us from the
@@ -112,7 +120,8 @@ class Model(StageBase):
     iq_from_out: PerTarget = PerTarget(default=0)
 
     _per_target = field_validator("lead_cta", "late_ctas", "late_items", "mma_dots", "batch_items", "tiles_ahead",
-                                  "busy_waves", "keys_prefetch", "iq_first", "iq_from_out", mode="before")(
+                                  "busy_waves", "keys_prefetch", "early_setup", "iq_first", "iq_from_out",
+                                  mode="before")(
         classmethod(lambda cls, v: per_target(v)))
     # analysis stamps (timeline builds; off in the spec): the phases of each CTA's item
     # `stamped_item` (its j-th; a CTA with fewer items stamps none; tensor-core dots: warp 0's
@@ -136,19 +145,18 @@ def score_scale(sm_scale: float) -> float:
     return float(np.float32(np.float32(sm_scale) * np.float32(LOG2E)))
 
 
-def _keys_prefetch_at(stage: Model, ctx) -> str:
-    """keys_prefetch's stage: an earlier gemv_fp8 stage of the build (gemv_fp8.j2 calls
-    prefetch_first_keys where its CTAs wait: for their weights after an inline norm, else for
-    their token rows)."""
-    ctx.nvidia_only(("keys_prefetch",), "L2 prefetch")
+def _earlier_gemv(stage: Model, ctx, knob: str) -> str:
+    """The stage named by ``<knob>_at`` for knob keys_prefetch / early_setup: an earlier
+    gemv_fp8 stage of the build (gemv_fp8.j2 calls prefetch_first_keys / setup where its CTAs
+    wait: for their weights after an inline norm, else for their token rows)."""
     names = [s.name for s in ctx.loaded.spec.stages]
-    at = stage.keys_prefetch_at
+    at = getattr(stage, f"{knob}_at")
     gemv = next((s for s in ctx.loaded.spec.stages if s.name == at), None)
     ok = (gemv is not None and gemv.kind == "gemv_fp8" and names.index(at) < names.index(stage.name)
           and ctx.stage_active(at))
     if not ok:
-        ctx.fail(("keys_prefetch_at",), f"keys_prefetch needs an earlier gemv_fp8 stage of this build, got {at!r}",
-                 "name it, or turn keys_prefetch off for this build")
+        ctx.fail((f"{knob}_at",), f"{knob} needs an earlier gemv_fp8 stage of this build, got {at!r}",
+                 f"name it, or turn {knob} off for this build")
     return at
 
 
@@ -220,11 +228,17 @@ def lower(stage: Model, ctx) -> dict:
                  f"give late_ctas 0 .. {ctx.stage_ctas - 1}")
     if not late_ctas:
         late_items = 0  # no late rank: the plain rounds
-    keys_at = _keys_prefetch_at(stage, ctx) if ctx.switch(stage.keys_prefetch.for_target(ctx.target.name),
-                                                          ("keys_prefetch",)) else None
-    ctx.lds(stage.name, "reqs", "u32", REQUEST_WORDS * ctx.tokens)  # each request's work (the template's Request)
-    ctx.lds(stage.name, "seq", "u32", ctx.tokens)  # each row's context length
-    ctx.lds(stage.name, "pages", "u32", ctx.threads)  # the block-table entries of a CTA's first items
+    keys_at = None
+    if ctx.switch(stage.keys_prefetch.for_target(ctx.target.name), ("keys_prefetch",)):
+        ctx.nvidia_only(("keys_prefetch",), "L2 prefetch")
+        keys_at = _earlier_gemv(stage, ctx, "keys_prefetch")
+    setup_at = None
+    if ctx.switch(stage.early_setup.for_target(ctx.target.name), ("early_setup",)):
+        setup_at = _earlier_gemv(stage, ctx, "early_setup")
+    setup_lds = ctx.lds_kernel if setup_at else ctx.lds  # early: the earlier stage's LDS must not clobber it
+    setup_lds(stage.name, "reqs", "u32", REQUEST_WORDS * ctx.tokens)  # each request's work (the template's Request)
+    setup_lds(stage.name, "seq", "u32", ctx.tokens)  # each row's context length
+    setup_lds(stage.name, "pages", "u32", ctx.threads)  # the block-table entries of a CTA's first items
     if mma:  # each warp's ring of tiles_ahead + 1 tiles (2 KB each)
         ring_bytes = waves * (ahead + 1) * MMA_TILE_KEYS * head_dim
         if ring_bytes > ctx.lds_left(stage.name):
@@ -271,6 +285,7 @@ def lower(stage: Model, ctx) -> dict:
         "request_words": REQUEST_WORDS,
         "stamped_item": ctx.integer(stage.stamped_item, ("stamped_item",), minimum=0),
         "keys_prefetch_at": keys_at,  # the gemv_fp8 stage that calls prefetch_first_keys() (None: off)
+        "early_setup_at": setup_at,  # the gemv_fp8 stage that calls setup() (None: this stage's start)
         "keys_prefetch_items": ctx.integer(stage.keys_prefetch_items, ("keys_prefetch_items",), minimum=1),
         "done": src.done,
         "src": src,
