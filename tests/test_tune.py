@@ -108,6 +108,29 @@ def test_gemv_segment_waits():
         source(SPEC, "sm90", tune={"qkv.segment_waits": 1, "qkv.lds_prefetch": 0, "qkv.bulk_copies": 0}, tokens=4)
 
 
+def test_gemv_tail_read_ahead():
+    """qkv.tail_read_ahead (sm90 stream-K, off in the spec): the threads that finish a CTA's tail
+    group load its lower piece right after they put the iteration before it (the head piece, or a
+    whole group), so its round trip overlaps the tail's MMAs; the tail adds it when its tag is
+    this launch's and waits for the pair as before otherwise. Same sums in the same order; the
+    builds compile without spills; refused without stream-K (gfx942's GEMV)."""
+    ahead = "mailbox_load(mb.qkv_part + ((g - 1) * 16 + r) * 16 + c, ahead_value, ahead_tag);"
+    use = "tot = u32_as_float(ahead_tag == mb.tag ? ahead_value : mailbox_wait(piece, mb.tag)) + tot;"
+    for tokens in (1, 16):
+        _, plain = source(SPEC, "sm90", tokens=tokens)
+        assert ahead not in plain and "ahead_tag" not in plain
+        _, tuned = source(SPEC, "sm90", tune={"qkv.tail_read_ahead": 1}, tokens=tokens)
+        gemv = tuned[tuned.index("namespace stage_qkv {"):tuned.index("}  // namespace stage_qkv")]
+        loop = gemv[gemv.index("for (int g = g_last; g >= g_first; --g) {"):]
+        assert "u32 ahead_value = 0, ahead_tag = 0;" in gemv and loop.count(ahead) == 1 and loop.count(use) == 1
+        assert "if (g - 1 == g_first && lo % NCHUNK)" in loop
+        assert loop.index("mailbox_put(piece, float_as_u32(tot), mb.tag);") < loop.index(ahead)
+        (report,) = jit.resource_report(tuned, "read_ahead.hip", get_target("sm90"))
+        assert report.spills == 0 and report.scratch_bytes == 0
+    with pytest.raises(SpecError, match="tail_read_ahead reads a stream-K CTA's lower piece ahead"):
+        source(SPEC, "gfx942", tune={"qkv.tail_read_ahead": 1}, tokens=1)
+
+
 def test_epoch_by_count():
     """mailbox.advance=count (off in both specs): every thread takes the epoch as the u64 counter
     / BLOCKS at its start, thread 0 counts the CTA out after the last barrier with a reduction

@@ -102,8 +102,14 @@ class Model(StageBase):
     # rest still lands; 0 = all of the CTA's staged weights at once (MiniMax S = 1: weights landed
     # 4.9 us, GEMV done 7.7, bench/NOTES.md MiniMax session 13)
     segment_waits: PerTarget = PerTarget(default=0)
+    # stream-K (1 = on): the threads that finish the CTA's tail group read its lower piece (the
+    # previous CTA's head piece) once they have put the iteration's results before it, not after
+    # the tail's MMAs, so that the L2 round trip overlaps them; a read that finds an older tag is
+    # waited for as before (MiniMax S = 1: head piece put 5.4 us, GEMV done 7.2, bench/NOTES.md
+    # MiniMax session 21)
+    tail_read_ahead: PerTarget = PerTarget(default=0)
     _tile = field_validator("token_tile", "stream_k", "lds_prefetch", "early_weights", "bulk_copies", "segment_waits",
-                            mode="before")(classmethod(lambda cls, v: per_target(v)))
+                            "tail_read_ahead", mode="before")(classmethod(lambda cls, v: per_target(v)))
 
 
 def lower(stage: Model, ctx) -> dict:
@@ -195,6 +201,10 @@ def stream_k(stage: Model, ctx, nchunk: int, tasks: int, tokens: int, tile: int)
     if segment_waits and not prefetch:
         ctx.fail(("segment_waits",), "segment_waits waits for the segments lds_prefetch stages",
                  "turn lds_prefetch on for this target, or segment_waits off")
+    read_ahead = ctx.switch(stage.tail_read_ahead.for_target(ctx.target.name), ("tail_read_ahead",))
+    if read_ahead and not on:
+        ctx.fail(("tail_read_ahead",), "tail_read_ahead reads a stream-K CTA's lower piece ahead",
+                 "turn stream_k on for this target, or tail_read_ahead off")
     early = ctx.switch(stage.early_weights.for_target(ctx.target.name), ("early_weights",))
     if not early and not on:
         ctx.fail(("early_weights",), "a late weight stream is built for stream-K CTAs only",
@@ -236,4 +246,4 @@ def stream_k(stage: Model, ctx, nchunk: int, tasks: int, tokens: int, tile: int)
         ctx.lds(stage.name, "wbar", "u64", bars)  # the bulk copies' mbarrier(s)
     return {"split": True, "partials": stage.partials, "tasks": tasks, "ctas": ctas, "nchunk": nchunk,
             "prefetch": prefetch, "staged_chunks": staged, "early_weights": early,
-            "bulk": bulk, "all_staged": all_staged, "segment_waits": segment_waits}
+            "bulk": bulk, "all_staged": all_staged, "segment_waits": segment_waits, "tail_read_ahead": read_ahead}
