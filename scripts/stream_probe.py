@@ -7,7 +7,9 @@ it: an empty launch (the fixed cost of one cooperative launch in a graph), TMA b
 copies into LDS in 1..N pieces per CTA, and plain 16-byte loads into registers.
 Prints us per call and the bytes / time as TB/s.
 
-Usage: python scripts/stream_probe.py [total_bytes]"""
+--first: when a few CTAs' bytes land if the others ask later (first_probe).
+
+Usage: python scripts/stream_probe.py [total_bytes] [--first]"""
 
 import sys
 
@@ -73,11 +75,77 @@ extern "C" __global__ void __launch_bounds__(512, 1) loads(const char* w, long l
     }
     if (x == 0x12345678u) sink[blockIdx.x] = x;
 }
+__device__ long long globaltimer() {
+    long long t;
+    asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t));
+    return t;
+}
+// CTAs 0 .. first_ctas - 1 copy first_bytes each (one bulk copy, at once); the others their share
+// of `bytes`, issued delay_ns after their start. Thread 0 stamps its start and when its copy landed
+// (stamps[2 c], stamps[2 c + 1], ns): do a few CTAs' bytes land early if the rest ask later?
+extern "C" __global__ void __launch_bounds__(512, 1) first(const char* w, long long bytes, long long* stamps,
+                                                            int first_ctas, int first_bytes, int delay_ns) {
+    extern __shared__ __align__(128) unsigned char lds[];
+    u64* bar = reinterpret_cast<u64*>(lds);
+    unsigned char* buf = lds + 128;
+    const long long t0 = globaltimer();
+    const int c = blockIdx.x, rest = gridDim.x - first_ctas;
+    const long long share = (bytes / rest) & ~15ll;
+    const bool early = c < first_ctas;
+    const char* src = early ? w + share * rest + (long long)first_bytes * c : w + share * (c - first_ctas);
+    const u32 n = early ? u32(first_bytes) : u32(share);
+    if (threadIdx.x == 0) {
+        asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" :: "r"(lds_address(bar)) : "memory");
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+        if (!early)
+            while (globaltimer() < t0 + delay_ns) {}
+        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(lds_address(bar)), "r"(n) : "memory");
+        asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+                     :: "r"(lds_address(buf)), "l"(src), "r"(n), "r"(lds_address(bar)) : "memory");
+    }
+    __syncthreads();
+    u32 done = 0;
+    while (!done)
+        asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], 0;\n selp.u32 %0, 1, 0, p;\n}"
+                     : "=r"(done) : "r"(lds_address(bar)) : "memory");
+    if (threadIdx.x == 0) {
+        stamps[2 * c] = t0;
+        stamps[2 * c + 1] = globaltimer();
+        asm volatile("mbarrier.inval.shared::cta.b64 [%0];" :: "r"(lds_address(bar)) : "memory");
+    }
+}
 """
 
 
+def first_probe(mod, total: int, sms: int, first_ctas: int = 8, first_bytes: int = 98304) -> None:
+    """--first: when do first_ctas CTAs' first_bytes land if the other CTAs ask for their shares of
+    the weight 0 / 1 / 2 / 3 us after they start (cold copies, the last of a rotation's launches)?
+    The premise of running the index q's rows first (bench/NOTES.md, MiniMax session 21)."""
+    extra = first_ctas * first_bytes
+    copies = auto_copies(torch.cuda.get_device_properties(0).L2_cache_size, total + extra)
+    ws = [torch.randint(0, 255, (total + extra,), dtype=torch.uint8, device="cuda") for _ in range(copies)]
+    stamps = torch.zeros(2 * sms, dtype=torch.int64, device="cuda")
+    f = mod.function("first")
+    share = (total // (sms - first_ctas)) & ~15
+    f.set_max_dynamic_shared(128 + max(share, first_bytes))
+    print(f"{first_ctas} CTAs copy {first_bytes} B each first; the other {sms - first_ctas} {share} B each, "
+          f"after a delay; us after the first CTA's start, median / max (cold, {copies} copies)")
+    for delay in (0, 1000, 2000, 3000):
+        for w in ws:  # the last launch's copy was last read a rotation ago
+            f.launch(sms, 512, 128 + max(share, first_bytes), torch.cuda.current_stream().cuda_stream,
+                     [("u64", w.data_ptr()), ("i64", total), ("u64", stamps.data_ptr()), ("i32", first_ctas),
+                      ("i32", first_bytes), ("i32", delay)], cooperative=True)
+        torch.cuda.synchronize()
+        t = stamps.view(-1, 2).double().cpu()
+        landed = (t[:, 1] - t[:, 0].min()) / 1e3
+        a, b = landed[:first_ctas], landed[first_ctas:]
+        print(f"  others ask {delay / 1e3:.0f} us later: first CTAs landed {a.median():6.2f} / {a.max():6.2f}, "
+              f"the others {b.median():6.2f} / {b.max():6.2f}")
+
+
 def main() -> None:
-    total = int(sys.argv[1]) if len(sys.argv) > 1 else 2560 * 6144
+    sizes = [a for a in sys.argv[1:] if not a.startswith("--")]
+    total = int(sizes[0]) if sizes else 2560 * 6144
     target = get_target("sm90")
     mod = cuda.CudaModule(cuda.compile(SOURCE, "stream_probe.cu", target))
     sms = torch.cuda.get_device_properties(0).multi_processor_count
@@ -87,6 +155,9 @@ def main() -> None:
     timer = GpuTimer(replays=30)
     share = (total // sms) & ~15
     lds = 128 + share
+    if "--first" in sys.argv[1:]:
+        first_probe(mod, total, sms)
+        return
     print(f"{total} B over {sms} CTAs ({share} B each), {copies} cold copies; us per call (median of 30 graph replays)")
 
     def time(name, fn, grid, threads, dyn, cooperative, extra=()):
