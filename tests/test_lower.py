@@ -620,7 +620,8 @@ int main() {
 
 
 def test_scorer_early_setup():
-    """early_setup (off in the spec; early_setup_at: qkv): the scorer's setup (requests, context
+    """early_setup (off in the spec; early_setup_at: qkv; not with keys_prefetch, the spec's at S <=
+    2): the scorer's setup (requests, context
     lengths, first pages) is a function that the qkv GEMV calls with every thread where its CTAs
     wait (S <= 2: after the inline norm's rows, before the staged weights' wait; above: before the
     wait for the norm stage's rows), into LDS after the union; run() sets up only on CTAs outside
@@ -638,7 +639,7 @@ def test_scorer_early_setup():
         ir, plain = build({}, tokens)
         assert stage_named(ir, "scores").values["early_setup_at"] is None
         assert "MONO_DEVICE void setup(" not in plain and call not in plain
-        ir, tuned = build({"scores.early_setup": 1}, tokens)
+        ir, tuned = build({"scores.early_setup": 1, "scores.keys_prefetch": 0}, tokens)
         assert stage_named(ir, "scores").values["early_setup_at"] == "qkv"
         gemv = tuned[tuned.index("namespace stage_qkv {"):tuned.index("}  // namespace stage_qkv")]
         assert gemv.count(call) == 1 and gemv.index(call) < gemv.index(before)
@@ -654,6 +655,10 @@ def test_scorer_early_setup():
         assert report.spills == 0 and report.scratch_bytes == 0
     with pytest.raises(SpecError, match="early_setup needs an earlier gemv_fp8 stage of this build, got 'heads'"):
         build({"scores.early_setup": 1, "scores.early_setup_at": "heads"}, 16)
+    with pytest.raises(SpecError, match="early_setup and keys_prefetch both wait in stage 'qkv'"):
+        build({"scores.early_setup": 1}, 1)  # the spec's keys_prefetch at S <= 2
+    ir, _ = build({"scores.early_setup": "tokens > INLINE_NORM_TOKENS"}, 2)  # the tune the A/B uses
+    assert stage_named(ir, "scores").values["early_setup_at"] is None
 
 
 def test_scorer_index_q_knobs():

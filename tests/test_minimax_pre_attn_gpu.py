@@ -261,7 +261,8 @@ SCORER_TUNES = {"spec": None,  # sm90: tensor cores, each item the fewest warps 
                 "iq-from-out": {"scores.iq_from_out": 1},  # the index q read from the head task's iq_out (the spec's above one row)
                 # the head CTAs (ranks 112..131 from CTA 0) 4 items fewer: the first 4 rounds on CTAs 0..111
                 "late-ctas": {"scores.late_ctas": 20, "scores.late_items": 4, "scores.lead_cta": 0},
-                "early-setup": {"scores.early_setup": 1}}  # the scorer's setup done by the qkv GEMV CTAs
+                # the scorer's setup done by the qkv GEMV CTAs (where the keys prefetch is off)
+                "early-setup": {"scores.early_setup": "tokens > INLINE_NORM_TOKENS"}}
 
 
 def scorer_kernel(tune_id: str, tokens: int, **params):

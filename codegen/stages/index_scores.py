@@ -105,7 +105,8 @@ class Model(StageBase):
     # (an earlier gemv_fp8 stage) where its CTAs wait, as keys_prefetch is (1), not at this stage's
     # start (0): two L2 round trips and two barriers off the scorer's path (S = 16: 1.3-1.5 us from
     # the stage's entry to its setup, bench/NOTES.md MiniMax session 21). CTAs outside that stage
-    # still set up here.
+    # still set up here. Not with keys_prefetch in the same stage (its thread's loads would hold
+    # the setup's barriers).
     early_setup: PerTarget = PerTarget(default=0)
     early_setup_at: Name | None = None
     # tensor-core dots: make the index q before the warps ask for their first key tiles (0: after,
@@ -235,6 +236,10 @@ def lower(stage: Model, ctx) -> dict:
     setup_at = None
     if ctx.switch(stage.early_setup.for_target(ctx.target.name), ("early_setup",)):
         setup_at = _earlier_gemv(stage, ctx, "early_setup")
+        if setup_at == keys_at:  # its barriers would wait for the prefetching thread's chain of loads
+            ctx.fail(("early_setup",), f"early_setup and keys_prefetch both wait in stage {setup_at!r}: the setup's "
+                     "barriers would hold every thread until the prefetching thread's loads are back",
+                     "turn one of them off for this build (e.g. early_setup: tokens > INLINE_NORM_TOKENS)")
     setup_lds = ctx.lds_kernel if setup_at else ctx.lds  # early: the earlier stage's LDS must not clobber it
     setup_lds(stage.name, "reqs", "u32", REQUEST_WORDS * ctx.tokens)  # each request's work (the template's Request)
     setup_lds(stage.name, "seq", "u32", ctx.tokens)  # each row's context length
