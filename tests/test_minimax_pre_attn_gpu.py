@@ -34,6 +34,8 @@ GEMV_TUNES = {"spec": None,
               "segment-waits": {"qkv.segment_waits": 1},  # each staged segment waited for before its MMAs
               "bulk-copies": {"qkv.bulk_copies": 1},  # every staged segment by TMA bulk copies, at every S
               "tail-read-ahead": {"qkv.tail_read_ahead": 1},  # the tail's lower piece read an iteration ahead
+              # the norm stage's rows into LDS by one TMA bulk copy each (where that stage runs)
+              "rows-bulk": {"qkv.rows_bulk": "tokens > INLINE_NORM_TOKENS"},
               # the epoch as the CTAs finished over all launches / BLOCKS (no CTA waits for an atomic)
               "epoch-count": {"mailbox.advance": "count"}}
 
