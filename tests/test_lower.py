@@ -626,7 +626,8 @@ def test_scorer_early_setup():
     wait (S <= 2: after the inline norm's rows, before the staged weights' wait; above: before the
     wait for the norm stage's rows), into LDS after the union; run() sets up only on CTAs outside
     the qkv stage; they compile without spills. The spec's builds inline the setup at the scorer's
-    start, as before. Refused where early_setup_at is not an earlier gemv_fp8 stage."""
+    start, as before. Refused where early_setup_at is not an earlier gemv_fp8 stage, or one whose
+    CTAs may return before the call (no stream-K, or a long step's condition)."""
     from codegen.render import render
 
     def build(tune, tokens, target="sm90"):
@@ -655,6 +656,8 @@ def test_scorer_early_setup():
         assert report.spills == 0 and report.scratch_bytes == 0
     with pytest.raises(SpecError, match="early_setup needs an earlier gemv_fp8 stage of this build, got 'heads'"):
         build({"scores.early_setup": 1, "scores.early_setup_at": "heads"}, 16)
+    with pytest.raises(SpecError, match="stage 'qkv' may return before its wait on some of its CTAs"):
+        build({"scores.early_setup": 1}, 16, "gfx942")  # no stream-K there
     with pytest.raises(SpecError, match="early_setup and keys_prefetch both wait in stage 'qkv'"):
         build({"scores.early_setup": 1}, 1)  # the spec's keys_prefetch at S <= 2
     ir, _ = build({"scores.early_setup": "tokens > INLINE_NORM_TOKENS"}, 2)  # the tune the A/B uses

@@ -236,6 +236,11 @@ def lower(stage: Model, ctx) -> dict:
     setup_at = None
     if ctx.switch(stage.early_setup.for_target(ctx.target.name), ("early_setup",)):
         setup_at = _earlier_gemv(stage, ctx, "early_setup")
+        gemv = next(s for s in ctx.loaded.spec.stages if s.name == setup_at)
+        if gemv.long_step is not None or not ctx.evaluate(gemv.stream_k.for_target(ctx.target.name), ("early_setup_at",)):
+            ctx.fail(("early_setup_at",), f"stage {setup_at!r} may return before its wait on some of its CTAs (a long "
+                     "step's condition, or more CTAs than tasks without stream-K): the scorer would take them as set up",
+                     "name a stream-K gemv_fp8 stage without long_step, or turn early_setup off for this target")
         if setup_at == keys_at:  # its barriers would wait for the prefetching thread's chain of loads
             ctx.fail(("early_setup",), f"early_setup and keys_prefetch both wait in stage {setup_at!r}: the setup's "
                      "barriers would hold every thread until the prefetching thread's loads are back",
