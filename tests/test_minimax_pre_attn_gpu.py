@@ -16,10 +16,19 @@ import codegen
 from codegen.fp import bf16_rn
 from codegen.reference import minimax_m3 as ref
 from tests.graphs import capture
+from tests.launch_guard import launch_and_wait
 from tests.minimax_case import (POISON_BF16, context_case, expected_tag, launch_args, make_inputs, read_mailbox,
                                 reference_heads)
 
 pytestmark = pytest.mark.gpu
+HANG_S = 30.0  # a launch still running after this long waits on a flag that never comes
+
+
+def launch(kernel, args: dict) -> None:
+    """Launch and wait, failing fast on a hang (a kernel stuck in a wait would block every
+    later test): the process ends with a message naming the build."""
+    launch_and_wait(kernel, args, HANG_S)
+
 
 TOKENS = (1, 2, 3, 4, 8, 16)
 
@@ -51,8 +60,7 @@ def test_pre_attn_norm_gemv(tokens, tune_id):
     inp = make_inputs(tokens, target.name, seed=100 + tokens)
     ws = kernel.workspace("cuda")
     args = launch_args(inp, ws)
-    kernel(**args)
-    torch.cuda.synchronize()
+    launch(kernel, args)
 
     want = ref.norm_quant(inp["ar"], inp["res"], inp["g_in"], 1e-6, target)
     got = read_mailbox(kernel, ws["scratch"], tokens)
@@ -74,8 +82,7 @@ def test_pre_attn_norm_gemv(tokens, tune_id):
     if tune:  # the spec's build on the same inputs: the same qkv bits
         spec = codegen.load("minimax_m3/pre_attn", tokens=tokens)
         spec_ws = spec.workspace("cuda")
-        spec(**launch_args(inp, spec_ws))
-        torch.cuda.synchronize()
+        launch(spec, launch_args(inp, spec_ws))
         assert torch.equal(read_mailbox(spec, spec_ws["scratch"], tokens)["qkv"].view(torch.int16), got["qkv"].view(torch.int16))
 
     # head tasks: exact given the kernel's own qkv (sm90's rsq is the ieee one)
@@ -86,8 +93,7 @@ def test_pre_attn_norm_gemv(tokens, tune_id):
     # a second launch: same values, the next epoch's tags
     first = got
     args["h_out"].view(torch.int16).fill_(POISON_BF16)
-    kernel(**args)
-    torch.cuda.synchronize()
+    launch(kernel, args)
     again = read_mailbox(kernel, ws["scratch"], tokens)
     assert torch.equal(args["h_out"].cpu().view(torch.int16), want["h_out"].view(torch.int16))
     assert torch.equal(again["qkv"], first["qkv"]) and torch.equal(again["x8"].view(torch.uint8), first["x8"].view(torch.uint8))
@@ -104,8 +110,7 @@ def test_pre_attn_graph_replays(tokens, advance):
     inp = make_inputs(tokens, kernel.target.name, seed=7 + tokens)
     ws = kernel.workspace("cuda")
     args = launch_args(inp, ws)
-    kernel(**args)  # compile and warm up outside the capture
-    torch.cuda.synchronize()
+    launch(kernel, args)  # compile and warm up outside the capture
     single = read_mailbox(kernel, ws["scratch"], tokens)
     h_single = args["h_out"].clone()
 
@@ -138,8 +143,7 @@ def test_timeline(tokens):
         args = launch_args(inp, ws)
         args.update(seq_lens=case["seq_lens"].cuda(), block_table=case["block_table"].cuda(),
                     bt_width=case["bt_cols"], index_cache=case["index_cache_bytes"].cuda().view(inp["fp8"]))
-        kernel(**args)
-        torch.cuda.synchronize()
+        launch(kernel, args)
         outs[timeline] = {k: args[k].cpu() for k in ("h_out", "q_out", "iq_out", "k_cache", "index_cache", "iscore")}
         outs[timeline]["qkv"] = read_mailbox(kernel, ws["scratch"], tokens)["qkv"]
         if timeline:
@@ -165,8 +169,7 @@ def test_eps_build_parameter(eps):
     inp = make_inputs(3, kernel.target.name, seed=11)
     ws = kernel.workspace("cuda")
     args = launch_args(inp, ws)
-    kernel(**args)
-    torch.cuda.synchronize()
+    launch(kernel, args)
     want = ref.norm_quant(inp["ar"], inp["res"], inp["g_in"], eps, kernel.target)
     got = read_mailbox(kernel, ws["scratch"], 3)
     assert torch.equal(got["x_scale"], want["x_scale"])
@@ -200,8 +203,7 @@ def test_head_tasks_cache_modes(tokens, static_kv_scale, kv_page_stride):
     inp = make_inputs(tokens, kernel.target.name, seed=1000 + tokens, kv_page_stride=kv_page_stride)
     ws = kernel.workspace("cuda")
     args = launch_args(inp, ws)
-    kernel(**args)
-    torch.cuda.synchronize()
+    launch(kernel, args)
     got = read_mailbox(kernel, ws["scratch"], tokens)
     want = reference_heads(inp, got["qkv"], args, static_kv_scale=static_kv_scale)
     for name in ("q_out", "iq_out", "k_cache", "v_cache", "k_scale", "v_scale", "index_cache"):
@@ -288,8 +290,7 @@ def test_index_scores(case_args, tune_id):
     ws = kernel.workspace("cuda")
     args = launch_args(inp, ws)
     args.update(scoring_args(case, inp, q_len))
-    kernel(**args)
-    torch.cuda.synchronize()
+    launch(kernel, args)
     scores, want, bound = ref.index_scores(args["iq_out"].cpu().view(tokens, 128), args["index_cache"].cpu(),
                                            case["block_table"], case["seq_lens"], q_len, init_blocks, local_blocks)
     written = assert_iscore(args["iscore"], tokens, scores, want, bound)
@@ -308,8 +309,7 @@ def test_done_flags(tokens, signal):
     kernel = codegen.load("minimax_m3/pre_attn", tokens=tokens, signal=signal)
     inp = make_inputs(tokens, kernel.target.name, seed=77 + tokens)
     ws = kernel.workspace("cuda")
-    kernel(**launch_args(inp, ws))
-    torch.cuda.synchronize()
+    launch(kernel, launch_args(inp, ws))
     raw = ws["scratch"].cpu()
 
     def pairs(name):
@@ -350,8 +350,7 @@ def test_index_context_parallel(tune_id, own, tokens, q_len, contexts):
     ws = kernel.workspace("cuda")
     args = launch_args(inp, ws)
     args.update(scoring_args(case, inp, q_len))
-    kernel(**args)
-    torch.cuda.synchronize()
+    launch(kernel, args)
     got = read_mailbox(kernel, ws["scratch"], tokens)
     long_step = any(-(-int(case["seq_lens"][r * q_len + q_len - 1]) // 128) > 288 for r in range(tokens // q_len))
     base = 18 * 128
@@ -394,8 +393,7 @@ def test_index_scores_read_this_launchs_keys(tune_id):
     ws = kernel.workspace("cuda")
     args = launch_args(inp, ws, num_blocks=num_blocks)
     args.update(scoring_args(case, inp, q_len))
-    kernel(**args)
-    torch.cuda.synchronize()
+    launch(kernel, args)
     scored_new = [(int(pos[k]) // 128) for k in range(tokens)
                   if int(pos[k]) // 128 < -(-int(seq[(k // q_len) * q_len + q_len - 1]) // 128) - 1]
     assert scored_new, "the case must put new keys into scored blocks"
