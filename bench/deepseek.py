@@ -176,8 +176,7 @@ class AttnFrontCase(BenchCase):
         the kernel writes them, every mailbox tag set to this launch's
         (2 epoch + 1), then the counter advanced as the kernel advances it."""
         args = self._args(i)
-        counter = self.ws["epoch"].tolist()
-        epoch = self.ir.epoch(counter)
+        epoch = self.ir.epoch(self.ws["epoch"])
         if self._standin_out is None:
             tmp = dict(args, scratch=torch.zeros_like(self.ws["scratch"]), epoch=torch.zeros_like(self.ws["epoch"]),
                        swa=self.swa0.clone(), **{k: args[k].clone() for k in ("q", "kt", "klen")})
@@ -192,7 +191,7 @@ class AttnFrontCase(BenchCase):
         for region in ("qkvp", "xrdy", "qrdy"):
             r = self.ir.region(region)
             scratch[r.offset: r.offset + r.nbytes].view(torch.int32).view(-1, 2)[:, 1] = tag
-        self.ws["epoch"][:] = torch.tensor(self.ir.advanced(counter), dtype=self.ws["epoch"].dtype)
+        self.ir.advance(self.ws["epoch"])
 
     def _unfused(self, fn, i: int) -> dict:
         w, a = self.w_chain[i], self.chain_in
@@ -235,7 +234,7 @@ class AttnFrontCase(BenchCase):
         args["q"].view(torch.int16).fill_(dc.POISON_BF16)
         args["kt"].fill_(dc.POISON_I32)
         args["klen"].fill_(dc.POISON_I32)
-        epoch = self.ir.epoch(self.ws["epoch"].tolist())
+        epoch = self.ir.epoch(self.ws["epoch"])
         self._ours(0)
         self._sync()
         try:

@@ -187,6 +187,15 @@ class StageIR:
         return f"stages/{self.kind}.j2"
 
 
+def _u64_of(lo: int, hi: int) -> int:
+    """mailbox.advance count's counter: one u64 in two i32 words, low word first."""
+    return (lo & 0xFFFFFFFF) | (hi & 0xFFFFFFFF) << 32
+
+
+def _i32_of(word: int) -> int:
+    return word - (1 << 32) if word >= 1 << 31 else word
+
+
 @dataclass(frozen=True)
 class KernelIR:
     spec_path: str
@@ -216,18 +225,21 @@ class KernelIR:
     def epoch(self, counter) -> int:
         """The epoch the next launch takes from the counter's two i32 values (a list or tensor)."""
         lo, hi = (int(v) for v in counter)
-        if self.epoch_advance == "count":  # one u64, low word first: CTAs finished over all launches
-            return ((lo & 0xFFFFFFFF) | (hi & 0xFFFFFFFF) << 32) // self.blocks
+        if self.epoch_advance == "count":
+            return _u64_of(lo, hi) // self.blocks
         return lo
 
     def advanced(self, counter) -> list[int]:
-        """The counter's two i32 values after one whole launch (host stand-ins of the kernel)."""
+        """The counter's two i32 values after one whole launch."""
         lo, hi = (int(v) for v in counter)
         if self.epoch_advance == "count":
-            n = ((lo & 0xFFFFFFFF) | (hi & 0xFFFFFFFF) << 32) + self.blocks
-            as_i32 = lambda w: w - (1 << 32) if w >= 1 << 31 else w  # noqa: E731
-            return [as_i32(n & 0xFFFFFFFF), as_i32(n >> 32 & 0xFFFFFFFF)]
+            n = _u64_of(lo, hi) + self.blocks
+            return [_i32_of(n & 0xFFFFFFFF), _i32_of(n >> 32 & 0xFFFFFFFF)]
         return [lo + 1, 0]
+
+    def advance(self, counter) -> None:
+        """Advance the counter (a list or tensor) in place as one whole launch does (host stand-ins)."""
+        counter[0], counter[1] = self.advanced(counter)
 
     @property
     def tune_label(self) -> str:

@@ -24,6 +24,23 @@ SOURCE = r"""
 typedef unsigned int u32;
 typedef unsigned long long u64;
 __device__ u32 lds_address(const void* p) { return u32(__cvta_generic_to_shared(p)); }
+// thread 0: the CTA's mbarrier, told the bytes its bulk copies will bring
+__device__ void bar_init_expect(u64* bar, u32 bytes) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" :: "r"(lds_address(bar)) : "memory");
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(lds_address(bar)), "r"(bytes) : "memory");
+}
+__device__ void bulk_copy(unsigned char* dst, const char* src, u32 bytes, u64* bar) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+                 :: "r"(lds_address(dst)), "l"(src), "r"(bytes), "r"(lds_address(bar)) : "memory");
+}
+__device__ void bar_wait(u64* bar) {  // every thread: until the bytes have landed
+    u32 done = 0;
+    while (!done)
+        asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], 0;\n selp.u32 %0, 1, 0, p;\n}"
+                     : "=r"(done) : "r"(lds_address(bar)) : "memory");
+}
+__device__ void bar_inval(u64* bar) { asm volatile("mbarrier.inval.shared::cta.b64 [%0];" :: "r"(lds_address(bar)) : "memory"); }
 extern "C" __global__ void __launch_bounds__(512, 1) empty(const char* w, long long bytes, u32* sink) {
     if (threadIdx.x == 0 && bytes < 0) sink[blockIdx.x] = 1;
 }
@@ -35,26 +52,20 @@ extern "C" __global__ void __launch_bounds__(512, 1) bulk(const char* w, long lo
     const long long share = (bytes / gridDim.x) & ~15ll;
     const char* src = w + share * blockIdx.x;
     if (threadIdx.x == 0) {
-        asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" :: "r"(lds_address(bar)) : "memory");
-        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(lds_address(bar)), "r"(u32(share)) : "memory");
+        bar_init_expect(bar, u32(share));
         long long off = 0;
         for (int p = 0; p < pieces; ++p) {
             long long n = ((share * (p + 1) / pieces) & ~15ll) - off;
             if (p == pieces - 1) n = share - off;
-            asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
-                         :: "r"(lds_address(buf + off)), "l"(src + off), "r"(u32(n)), "r"(lds_address(bar)) : "memory");
+            bulk_copy(buf + off, src + off, u32(n), bar);
             off += n;
         }
     }
     __syncthreads();
-    u32 done = 0;
-    while (!done)
-        asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], 0;\n selp.u32 %0, 1, 0, p;\n}"
-                     : "=r"(done) : "r"(lds_address(bar)) : "memory");
+    bar_wait(bar);
     if (threadIdx.x == 0 && buf[5] == 0x7f && bytes < 0) sink[blockIdx.x] = 1;
     __syncthreads();
-    if (threadIdx.x == 0) asm volatile("mbarrier.inval.shared::cta.b64 [%0];" :: "r"(lds_address(bar)) : "memory");
+    if (threadIdx.x == 0) bar_inval(bar);
 }
 // each CTA: its share as 16-byte loads, coalesced, `pieces` loads in flight per thread
 extern "C" __global__ void __launch_bounds__(512, 1) loads(const char* w, long long bytes, u32* sink, int pieces) {
@@ -95,23 +106,17 @@ extern "C" __global__ void __launch_bounds__(512, 1) first(const char* w, long l
     const char* src = early ? w + share * rest + (long long)first_bytes * c : w + share * (c - first_ctas);
     const u32 n = early ? u32(first_bytes) : u32(share);
     if (threadIdx.x == 0) {
-        asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" :: "r"(lds_address(bar)) : "memory");
-        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
         if (!early)
             while (globaltimer() < t0 + delay_ns) {}
-        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(lds_address(bar)), "r"(n) : "memory");
-        asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
-                     :: "r"(lds_address(buf)), "l"(src), "r"(n), "r"(lds_address(bar)) : "memory");
+        bar_init_expect(bar, n);
+        bulk_copy(buf, src, n, bar);
     }
     __syncthreads();
-    u32 done = 0;
-    while (!done)
-        asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], 0;\n selp.u32 %0, 1, 0, p;\n}"
-                     : "=r"(done) : "r"(lds_address(bar)) : "memory");
+    bar_wait(bar);
     if (threadIdx.x == 0) {
         stamps[2 * c] = t0;
         stamps[2 * c + 1] = globaltimer();
-        asm volatile("mbarrier.inval.shared::cta.b64 [%0];" :: "r"(lds_address(bar)) : "memory");
+        bar_inval(bar);
     }
 }
 """

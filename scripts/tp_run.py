@@ -393,7 +393,7 @@ def simulate_minimax(ir, inp: dict, args: dict, ws: dict, index_heads: int, own:
     pairs; then the epoch advances. Tests the plumbing and the checks."""
     target = inp["target"]
     tokens = inp["ar"].shape[0]
-    step = ir.epoch(ws["step"].tolist())
+    step = ir.epoch(ws["step"])
     tag = mc.expected_tag(step)
     raw = ws["scratch"]
 
@@ -432,7 +432,7 @@ def simulate_minimax(ir, inp: dict, args: dict, ws: dict, index_heads: int, own:
     sc = args["iscore"].view(torch.int32).view(16, ISCORE_STRIDE, 2)[:tokens]
     sc[..., 0][written] = scores[written].view(torch.int32)
     sc[..., 1][written] = tag
-    ws["step"][:] = torch.tensor(ir.advanced(ws["step"].tolist()), dtype=ws["step"].dtype)
+    ir.advance(ws["step"])
 
 
 def launch(kernel, args: dict) -> None:
@@ -540,7 +540,7 @@ def run_minimax(opt, rank: int, world: int, device: torch.device, on_gpu: bool) 
                     iscore=torch.full((16 * ISCORE_STRIDE * 8,), CANARY, dtype=torch.uint8, device=device))
         args["ar"] = ar.to(device)
         before = {k: args[k].cpu().clone() for k in ("k_cache", "v_cache", "k_scale", "v_scale", "index_cache")}
-        step = kernel.ir.epoch(ws["step"].tolist())
+        step = kernel.ir.epoch(ws["step"])
         if on_gpu:
             launch(kernel, args)
         else:

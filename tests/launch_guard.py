@@ -24,3 +24,12 @@ def launch_and_wait(kernel, args: dict, hang_s: float) -> None:
                   file=sys.stderr, flush=True)
             os._exit(3)
         time.sleep(0.001)
+
+
+TEST_HANG_S = 30.0  # a test launch still running after this long waits on a flag that never comes
+
+
+def launch(kernel, args: dict) -> None:
+    """The GPU tests' launch: launch_and_wait with TEST_HANG_S (a kernel stuck in a wait would
+    block every later test; the process ends with a message naming the build instead)."""
+    launch_and_wait(kernel, args, TEST_HANG_S)

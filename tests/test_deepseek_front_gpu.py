@@ -22,7 +22,7 @@ import torch
 import codegen
 
 from . import deepseek_case as dc
-from .launch_guard import launch_and_wait
+from .launch_guard import launch
 from .graphs import capture
 
 pytestmark = pytest.mark.gpu
@@ -105,15 +105,6 @@ def _builds_compiled():
     if out and STATS:
         with open(os.path.join(out, "deepseek_front_stats.json"), "w") as f:
             json.dump(STATS, f, indent=1)
-
-
-HANG_S = 30.0  # a launch still running after this long waits on a flag that never comes
-
-
-def launch(kernel, args) -> None:
-    """Launch and wait, failing fast on a hang: a kernel stuck in a mailbox wait
-    would block every later test, so the process ends with a message."""
-    launch_and_wait(kernel, args, HANG_S)
 
 
 def setup(c, seed=0):

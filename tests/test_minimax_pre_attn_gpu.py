@@ -16,19 +16,11 @@ import codegen
 from codegen.fp import bf16_rn
 from codegen.reference import minimax_m3 as ref
 from tests.graphs import capture
-from tests.launch_guard import launch_and_wait
+from tests.launch_guard import launch
 from tests.minimax_case import (POISON_BF16, context_case, expected_tag, launch_args, make_inputs, read_mailbox,
                                 reference_heads)
 
 pytestmark = pytest.mark.gpu
-HANG_S = 30.0  # a launch still running after this long waits on a flag that never comes
-
-
-def launch(kernel, args: dict) -> None:
-    """Launch and wait, failing fast on a hang (a kernel stuck in a wait would block every
-    later test): the process ends with a message naming the build."""
-    launch_and_wait(kernel, args, HANG_S)
-
 
 TOKENS = (1, 2, 3, 4, 8, 16)
 
