@@ -37,11 +37,11 @@ EMULATED = {"tune": {"wq_b.wgmma": 0}}
 # X8 stored as wqkv's LDS image, each wqkv CTA's K part by one TMA copy (the spec's at TP4 from 10
 # rows but 16)
 X8_IMAGE = {"tune": {"symbols.X8_IMAGE": 1}}
-# the epoch as the CTAs finished over all launches / BLOCKS, each CTA counted out by a reduction
-# nobody waits for (off in the spec)
-EPOCH_COUNT = {"tune": {"mailbox.advance": "count"}}
+# the last CTA out advances the epoch by an atomic round trip (the spec's: the CTAs finished over
+# all launches / BLOCKS, each CTA counted out by a reduction nobody waits for)
+EPOCH_LAST_OUT = {"tune": {"mailbox.advance": "last_out"}}
 TUNES = {id(BULK): "bulk", id(LDS): "lds", id(EMULATED): "emulated", id(X8_IMAGE): "x8image",
-         id(EPOCH_COUNT): "epoch-count"}
+         id(EPOCH_LAST_OUT): "epoch-last-out"}
 # (tokens, tp, ratio, flags, swa_block, pad rows, swa block padding); wq_b on wgmma unless EMULATED
 # (TP2: 8 units a CTA, two groups of 4), wqkv in K quarters on wgmma at TP4; from S = 16
 # (TP4) / 17 the qkv stage stores QX8 as wq_b's LDS image (one bulk copy; the EMULATED / LDS
@@ -82,8 +82,8 @@ CASES = [
     (12, 4, 1, {}, 128, (5,), 8),  # X8 as wqkv's image (the spec's X8_IMAGE), 4 rows of padding
     (16, 4, 2, X8_IMAGE, 64, (3,), 0),
     (17, 2, 1, X8_IMAGE, 64, (0,), 0),  # TP2: the image's places by 16-byte loads
-    (1, 4, 1, EPOCH_COUNT, 128, (), 0),
-    (16, 4, 2, EPOCH_COUNT, 64, (3,), 0),
+    (1, 4, 1, EPOCH_LAST_OUT, 128, (), 0),
+    (16, 4, 2, EPOCH_LAST_OUT, 64, (3,), 0),
 ]
 STATS: dict = {}
 
@@ -167,7 +167,7 @@ def test_q_inline_same_bits(s):
     assert torch.equal(outs[0][1], outs[1][1]), "the SWA records differ"
 
 
-@pytest.mark.parametrize("flags", [{}, EPOCH_COUNT], ids=["spec", "epoch-count"])
+@pytest.mark.parametrize("flags", [{}, EPOCH_LAST_OUT], ids=["spec", "epoch-last-out"])
 def test_graph_replays(flags):
     """20 replays of a captured launch, nothing cleared in between: the same
     outputs, the epoch advanced once per replay on the device (both ways of

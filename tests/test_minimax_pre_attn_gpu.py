@@ -34,11 +34,11 @@ def same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
 GEMV_TUNES = {"spec": None,
               "segment-waits": {"qkv.segment_waits": 1},  # each staged segment waited for before its MMAs
               "bulk-copies": {"qkv.bulk_copies": 1},  # every staged segment by TMA bulk copies, at every S
-              "tail-read-ahead": {"qkv.tail_read_ahead": 1},  # the tail's lower piece read an iteration ahead
+              "tail-in-turn": {"qkv.tail_read_ahead": 0},  # the tail's lower piece read in its turn (the spec's sm90: ahead)
               # the norm stage's rows into LDS by one TMA bulk copy each (where that stage runs)
               "rows-bulk": {"qkv.rows_bulk": "tokens > INLINE_NORM_TOKENS"},
-              # the epoch as the CTAs finished over all launches / BLOCKS (no CTA waits for an atomic)
-              "epoch-count": {"mailbox.advance": "count"}}
+              # the last CTA out advances the epoch (the spec's: the CTAs finished over all launches / BLOCKS)
+              "epoch-last-out": {"mailbox.advance": "last_out"}}
 
 
 @pytest.mark.parametrize("tune_id", GEMV_TUNES)
@@ -252,13 +252,15 @@ SCORER_TUNES = {"spec": None,  # sm90: tensor cores, each item the fewest warps 
                 "cuda-cores-batch2": {"scores.mma_dots": 0, "scores.batch_items": 2},
                 "cuda-cores-batch1": {"scores.mma_dots": 0},
                 # the first 4 items' keys into L2 during the GEMV at every S
-                "keys-prefetch-4": {"scores.keys_prefetch": 1, "scores.keys_prefetch_items": 4},
+                "keys-prefetch-4": {"scores.keys_prefetch": 1, "scores.keys_prefetch_items": 4, "scores.early_setup": 0},
                 "iq-first": {"scores.iq_first": 1},  # the index q made before the first key tiles are asked for
                 "iq-from-out": {"scores.iq_from_out": 1},  # the index q read from the head task's iq_out (the spec's above one row)
-                # the head CTAs (ranks 112..131 from CTA 0) 4 items fewer: the first 4 rounds on CTAs 0..111
-                "late-ctas": {"scores.late_ctas": 20, "scores.late_items": 4, "scores.lead_cta": 0},
-                # the scorer's setup done by the qkv GEMV CTAs (where the keys prefetch is off)
-                "early-setup": {"scores.early_setup": "tokens > INLINE_NORM_TOKENS"}}
+                # every rank a round in turn (the spec's sm90: the late CTAs 4 / 6 items fewer)
+                "plain-deal": {"scores.late_ctas": 0},
+                # the head CTAs (ranks 112..131 from CTA 0) 2 items fewer at every S
+                "late-ctas-2": {"scores.late_ctas": 20, "scores.late_items": 2, "scores.lead_cta": 0},
+                # the scorer's setup in its own stage (the spec's sm90: by the qkv GEMV CTAs above 2 rows)
+                "setup-in-stage": {"scores.early_setup": 0}}
 
 
 def scorer_kernel(tune_id: str, tokens: int, **params):

@@ -1357,9 +1357,11 @@ MONO_KERNEL deepseek_v41_attn_front(
 {
     MONO_LDS_DECL(lds, LDS_BYTES);
     const Args a = {x, x_stride, wqkv, wqkv_s, qn_w, kvn_w, wqb, wqb_s, cos_sin, pos, slot, swa, swa_stride, swa_block, q, swa_idx, swa_lens, comp_block, comp_bt, bt_stride, topk, t2r, kt, klen, qr_out, scratch, epoch, layer, tl};
-    // The epoch: read by every CTA before any CTA can reach the end, where the last
-    // CTA out advances it, so repeated launches and graph replays need no host action.
-    const u32 epoch_now = u32(epoch[0]);  // (a name no ABI argument takes)
+    // The epoch: the CTAs finished over all launches / BLOCKS. Read here, after every CTA
+    // of the earlier launches added itself and before this one does: at most BLOCKS - 1
+    // of this launch's additions are in, so repeated launches and graph replays need no
+    // host action, and no CTA waits for an atomic.
+    const u32 epoch_now = u32(*reinterpret_cast<const u64*>(epoch) / BLOCKS);  // (a name no ABI argument takes)
     Mailbox mb;
     mb.tag = epoch_now * 2u + 1u;
     mb.x8 = reinterpret_cast<u32*>(scratch + 0);
@@ -1380,12 +1382,7 @@ MONO_KERNEL deepseek_v41_attn_front(
     stage_wq_b::run(a, mb, lds);
     barrier();  // the stages share LDS
     stamp(lds, TL_STAGES_DONE);
-    // last CTA out advances the epoch (and resets the count for the next launch)
-    if (thread_id() == 0) {
-        u32* done = reinterpret_cast<u32*>(epoch + 1);
-        if (atomic_add_u32(done, 1) == BLOCKS - 1) {
-            store_relaxed_u32(done, 0);
-            store_relaxed_u32(reinterpret_cast<u32*>(epoch), epoch_now + 1);
-        }
-    }
+    // this CTA counted out: a reduction, its result awaited by nobody (every thread that
+    // used the epoch read it before the barrier above)
+    if (thread_id() == 0) red_add_u64(reinterpret_cast<u64*>(epoch), 1);
 }

@@ -1268,9 +1268,11 @@ MONO_KERNEL minimax_m3_pre_attn(
 {
     MONO_LDS_DECL(lds, LDS_BYTES);
     const Args a = {ar, res, h_out, g_in, w_qkv, s_qkv, g_q, g_k, g_iq, g_ik, cos_sin, positions, slot_mapping, k_cache, v_cache, k_scale, v_scale, index_cache, q_out, iq_out, block_table, seq_lens, bt_width, q_len, iscore, scratch, step, layer, tl};
-    // The epoch: read by every CTA before any CTA can reach the end, where the last
-    // CTA out advances it, so repeated launches and graph replays need no host action.
-    const u32 epoch_now = u32(step[0]);  // (a name no ABI argument takes)
+    // The epoch: the CTAs finished over all launches / BLOCKS. Read here, after every CTA
+    // of the earlier launches added itself and before this one does: at most BLOCKS - 1
+    // of this launch's additions are in, so repeated launches and graph replays need no
+    // host action, and no CTA waits for an atomic.
+    const u32 epoch_now = u32(*reinterpret_cast<const u64*>(step) / BLOCKS);  // (a name no ABI argument takes)
     Mailbox mb;
     mb.tag = epoch_now * 128u + u32(layer) + 1u;
     mb.qkv = reinterpret_cast<u64*>(scratch + 0);
@@ -1287,12 +1289,7 @@ MONO_KERNEL minimax_m3_pre_attn(
     barrier();  // the stages share LDS
     stage_scores::run(a, mb, lds);
     barrier();  // the stages share LDS
-    // last CTA out advances the epoch (and resets the count for the next launch)
-    if (thread_id() == 0) {
-        u32* done = reinterpret_cast<u32*>(step + 1);
-        if (atomic_add_u32(done, 1) == BLOCKS - 1) {
-            store_relaxed_u32(done, 0);
-            store_relaxed_u32(reinterpret_cast<u32*>(step), epoch_now + 1);
-        }
-    }
+    // this CTA counted out: a reduction, its result awaited by nobody (every thread that
+    // used the epoch read it before the barrier above)
+    if (thread_id() == 0) red_add_u64(reinterpret_cast<u64*>(step), 1);
 }

@@ -1176,6 +1176,7 @@ MONO_DEVICE void run(const Args& a, const Mailbox& mb, u8* lds) {
     if (tid == THREADS - 1) stage_scores::prefetch_first_keys(a);  // the scores stage's first keys into L2 while the weights land
     const int n_staged = staged_segments(lo, hi, g_reg);
     int slot = 0, staged = 0;  // LDS chunk and index of the next staged segment (each waited for before its MMAs)
+    u32 ahead_value = 0, ahead_tag = 0;  // the tail's lower piece, read an iteration ahead (tag 0: never a launch's)
     for (int g = g_last; g >= g_first; --g) {
         seg = segment_of(g, lo, hi);
         wave_share(seg, wave, first_chunk, n);
@@ -1198,10 +1199,13 @@ MONO_DEVICE void run(const Args& a, const Mailbox& mb, u8* lds) {
             if (seg.k1 < NCHUNK) {
                 mailbox_put(piece, float_as_u32(tot), mb.tag);  // head piece: the next CTA finishes
             } else {
-                if (seg.k0 > 0) tot = u32_as_float(mailbox_wait(piece, mb.tag)) + tot;  // lower chunks first
+                if (seg.k0 > 0)  // lower chunks first: read ahead, or waited for
+                    tot = u32_as_float(ahead_tag == mb.tag ? ahead_value : mailbox_wait(piece, mb.tag)) + tot;
                 const float val = bf16_round((tot * xs[c]) * wsc.of(g_last - g));
                 mailbox_put(mb.qkv + c * ROWS + row0 + r, float_as_u32(val), mb.tag);
             }
+            if (g - 1 == g_first && lo % NCHUNK)  // the next iteration is the tail: its lower piece now, the MMAs meanwhile
+                mailbox_load(mb.qkv_part + ((g - 1) * 16 + r) * 16 + c, ahead_value, ahead_tag);
         }
         barrier();  // part[] is reused
     }
@@ -1519,7 +1523,13 @@ MONO_DEVICE Item advance(const Request* reqs, Cursor& cur, int u, int requests) 
 
 // Stage CTA c's rank from LEAD: its items are u = item_of(rank, j) of the work list.
 MONO_DEVICE int rank_of(int c) { return (c - LEAD % CTAS + CTAS) % CTAS; }
-MONO_DEVICE int item_of(int rank, int j) { return rank + j * CTAS; }  // the work-list index of the CTA's j-th item
+// The last LATE_CTAS ranks enter the stage late (their head tasks first): the work list's first
+// LATE_ITEMS rounds go to the other EARLY ranks alone, the rest a round of every rank.
+constexpr int LATE_CTAS = 48, LATE_ITEMS = 4, EARLY = CTAS - LATE_CTAS;
+MONO_DEVICE int item_of(int rank, int j) {  // the work-list index of the CTA's j-th item
+    if (rank < EARLY && j < LATE_ITEMS) return rank + j * EARLY;
+    return LATE_ITEMS * EARLY + rank + (rank < EARLY ? j - LATE_ITEMS : j) * CTAS;
+}
 
 // An item's block in the index cache: the block-table entry of its request's last row.
 MONO_DEVICE long long page_of(const Args& a, const Item& it, int q_len) {
@@ -1636,7 +1646,14 @@ MONO_DEVICE void copy_key_pieces(u32x4* dst, int stride, const u8* kp) {
 MONO_DEVICE int cta_items(const Request* reqs, int rank, int requests) {
     int total = 0;
     for (int r = 0; r < requests; ++r) total += reqs[r].count;
-    return total > rank ? (total - rank + CTAS - 1) / CTAS : 0;
+    int early = 0;  // its items of the first LATE_ITEMS rounds (EARLY ranks a round)
+    if (rank < EARLY) {
+        early = total > rank ? (total - rank + EARLY - 1) / EARLY : 0;
+        if (early < LATE_ITEMS) return early;
+        early = LATE_ITEMS;
+    }
+    total -= LATE_ITEMS * EARLY;
+    return early + (total > rank ? (total - rank + CTAS - 1) / CTAS : 0);
 }
 
 // The warps an item of a CTA with `items` items takes: the fewest (1, 2, 4 .. TILES) that keep
@@ -1860,9 +1877,11 @@ MONO_KERNEL minimax_m3_pre_attn(
 {
     MONO_LDS_DECL(lds, LDS_BYTES);
     const Args a = {ar, res, h_out, g_in, w_qkv, s_qkv, g_q, g_k, g_iq, g_ik, cos_sin, positions, slot_mapping, k_cache, v_cache, k_scale, v_scale, index_cache, q_out, iq_out, block_table, seq_lens, bt_width, q_len, iscore, scratch, step, layer, tl};
-    // The epoch: read by every CTA before any CTA can reach the end, where the last
-    // CTA out advances it, so repeated launches and graph replays need no host action.
-    const u32 epoch_now = u32(step[0]);  // (a name no ABI argument takes)
+    // The epoch: the CTAs finished over all launches / BLOCKS. Read here, after every CTA
+    // of the earlier launches added itself and before this one does: at most BLOCKS - 1
+    // of this launch's additions are in, so repeated launches and graph replays need no
+    // host action, and no CTA waits for an atomic.
+    const u32 epoch_now = u32(*reinterpret_cast<const u64*>(step) / BLOCKS);  // (a name no ABI argument takes)
     Mailbox mb;
     mb.tag = epoch_now * 128u + u32(layer) + 1u;
     mb.qkv = reinterpret_cast<u64*>(scratch + 0);
@@ -1879,12 +1898,7 @@ MONO_KERNEL minimax_m3_pre_attn(
     barrier();  // the stages share LDS
     stage_scores::run(a, mb, lds);
     barrier();  // the stages share LDS
-    // last CTA out advances the epoch (and resets the count for the next launch)
-    if (thread_id() == 0) {
-        u32* done = reinterpret_cast<u32*>(step + 1);
-        if (atomic_add_u32(done, 1) == BLOCKS - 1) {
-            store_relaxed_u32(done, 0);
-            store_relaxed_u32(reinterpret_cast<u32*>(step), epoch_now + 1);
-        }
-    }
+    // this CTA counted out: a reduction, its result awaited by nobody (every thread that
+    // used the epoch read it before the barrier above)
+    if (thread_id() == 0) red_add_u64(reinterpret_cast<u64*>(step), 1);
 }

@@ -58,10 +58,10 @@
 //   stage_qkv::LDS_WSTAGE  @  43344  14848 x u32
 //   stage_scores::LDS_IQ   @      0  792 x u32
 //   stage_scores::LDS_BEST @   3168  128 x float
-//   stage_scores::LDS_REQS @   3680  20 x u32
-//   stage_scores::LDS_SEQ  @   3760  4 x u32
-//   stage_scores::LDS_PAGES @   3776  512 x u32
-//   stage_scores::LDS_RING @   5824  32768 x u32
+//   stage_scores::LDS_RING @   3680  32768 x u32
+//   stage_scores::LDS_REQS @ 134752  20 x u32  (whole kernel: not reused)
+//   stage_scores::LDS_SEQ  @ 134832  4 x u32  (whole kernel: not reused)
+//   stage_scores::LDS_PAGES @ 134848  512 x u32  (whole kernel: not reused)
 //
 // stages (every CTA runs them in this order; a stage waits only on earlier ones):
 //   0. norm   rmsnorm_fp8  4 tasks on CTAs 0..131 (round_robin)
@@ -900,6 +900,7 @@ constexpr int TL_PRE_ATTN_DONE = 5;
 constexpr int TL_SCORES_DONE = 6;
 constexpr int TL_SPARE = 7;
 MONO_DEVICE void stamp(u8*, int) {}  // timeline off
+namespace stage_scores { MONO_DEVICE void setup(const Args& a, u8* lds); }  // called by stage qkv
 
 // =========================================================================================
 // stage 0: norm (rmsnorm_fp8) -- one task per token; publishes its FP8 row and scale
@@ -1170,6 +1171,7 @@ MONO_DEVICE void run(const Args& a, const Mailbox& mb, u8* lds) {
         stage_weights(a, lo, hi, g_reg, wave, lane, wl);
     };
     if (WEIGHTS_FIRST) issue_weights();
+    stage_scores::setup(a, lds);  // the scores stage's requests and first pages into LDS while the rows come
     // the norm tasks' scales (each put after its row's words: the row's flag) ...
     if (tid < TOKENS) xs[tid] = u32_as_float(mailbox_wait<true>(mb.x8s + tid, mb.tag));
     barrier_acquire();  // ... then the rows, as their writers published them
@@ -1182,6 +1184,7 @@ MONO_DEVICE void run(const Args& a, const Mailbox& mb, u8* lds) {
     if (!WEIGHTS_FIRST) issue_weights();
     copy_async_wait();  // this lane's staged chunks have landed
     int slot = 0;       // LDS chunk of the next staged segment
+    u32 ahead_value = 0, ahead_tag = 0;  // the tail's lower piece, read an iteration ahead (tag 0: never a launch's)
     for (int g = g_last; g >= g_first; --g) {
         seg = segment_of(g, lo, hi);
         wave_share(seg, wave, first_chunk, n);
@@ -1202,10 +1205,13 @@ MONO_DEVICE void run(const Args& a, const Mailbox& mb, u8* lds) {
             if (seg.k1 < NCHUNK) {
                 mailbox_put(piece, float_as_u32(tot), mb.tag);  // head piece: the next CTA finishes
             } else {
-                if (seg.k0 > 0) tot = u32_as_float(mailbox_wait(piece, mb.tag)) + tot;  // lower chunks first
+                if (seg.k0 > 0)  // lower chunks first: read ahead, or waited for
+                    tot = u32_as_float(ahead_tag == mb.tag ? ahead_value : mailbox_wait(piece, mb.tag)) + tot;
                 const float val = bf16_round((tot * xs[c]) * wsc.of(g_last - g));
                 mailbox_put(mb.qkv + c * ROWS + row0 + r, float_as_u32(val), mb.tag);
             }
+            if (g - 1 == g_first && lo % NCHUNK)  // the next iteration is the tail: its lower piece now, the MMAs meanwhile
+                mailbox_load(mb.qkv_part + ((g - 1) * 16 + r) * 16 + c, ahead_value, ahead_tag);
         }
         barrier();  // part[] is reused
     }
@@ -1360,10 +1366,10 @@ constexpr int FIRST = 0;
 constexpr int CTAS = 132;
 constexpr int LDS_IQ = 0;  // LDS: 792 x u32
 constexpr int LDS_BEST = 3168;  // LDS: 128 x float
-constexpr int LDS_REQS = 3680;  // LDS: 20 x u32
-constexpr int LDS_SEQ = 3760;  // LDS: 4 x u32
-constexpr int LDS_PAGES = 3776;  // LDS: 512 x u32
-constexpr int LDS_RING = 5824;  // LDS: 32768 x u32
+constexpr int LDS_RING = 3680;  // LDS: 32768 x u32
+constexpr int LDS_REQS = 134752;  // LDS: 20 x u32
+constexpr int LDS_SEQ = 134832;  // LDS: 4 x u32
+constexpr int LDS_PAGES = 134848;  // LDS: 512 x u32
 
 constexpr int DIM = 128;
 constexpr int ROPE = 64;        // partial NeoX RoPE over dims 0 .. ROPE - 1
@@ -1417,7 +1423,7 @@ constexpr int LOCAL = 1;       // pinned trailing blocks
 constexpr int BLOCK = 128;       // keys per block: one key per thread column
 constexpr int STRIDE = 8192;     // iscore pairs per row
 constexpr int NEW_KEYS = 16;  // a row's keys inserted by this launch lie in its last NEW_KEYS
-constexpr int LEAD = 28;         // the stage CTA that takes work item 0
+constexpr int LEAD = 0;         // the stage CTA that takes work item 0
 constexpr int HEAD_TASKS = 20, TASK_IQ = 18, TASK_IK = 19;  // the head stage's flags
 constexpr int QKV_ROWS = 2560;  // pair stride of a token in qkv
 constexpr int IQ_BASE = 2304;    // first index-q head's row in a token's qkv
@@ -1515,7 +1521,13 @@ MONO_DEVICE Item advance(const Request* reqs, Cursor& cur, int u, int requests) 
 
 // Stage CTA c's rank from LEAD: its items are u = item_of(rank, j) of the work list.
 MONO_DEVICE int rank_of(int c) { return (c - LEAD % CTAS + CTAS) % CTAS; }
-MONO_DEVICE int item_of(int rank, int j) { return rank + j * CTAS; }  // the work-list index of the CTA's j-th item
+// The last LATE_CTAS ranks enter the stage late (their head tasks first): the work list's first
+// LATE_ITEMS rounds go to the other EARLY ranks alone, the rest a round of every rank.
+constexpr int LATE_CTAS = 20, LATE_ITEMS = 6, EARLY = CTAS - LATE_CTAS;
+MONO_DEVICE int item_of(int rank, int j) {  // the work-list index of the CTA's j-th item
+    if (rank < EARLY && j < LATE_ITEMS) return rank + j * EARLY;
+    return LATE_ITEMS * EARLY + rank + (rank < EARLY ? j - LATE_ITEMS : j) * CTAS;
+}
 
 // An item's block in the index cache: the block-table entry of its request's last row.
 MONO_DEVICE long long page_of(const Args& a, const Item& it, int q_len) {
@@ -1600,7 +1612,14 @@ MONO_DEVICE void copy_key_pieces(u32x4* dst, int stride, const u8* kp) {
 MONO_DEVICE int cta_items(const Request* reqs, int rank, int requests) {
     int total = 0;
     for (int r = 0; r < requests; ++r) total += reqs[r].count;
-    return total > rank ? (total - rank + CTAS - 1) / CTAS : 0;
+    int early = 0;  // its items of the first LATE_ITEMS rounds (EARLY ranks a round)
+    if (rank < EARLY) {
+        early = total > rank ? (total - rank + EARLY - 1) / EARLY : 0;
+        if (early < LATE_ITEMS) return early;
+        early = LATE_ITEMS;
+    }
+    total -= LATE_ITEMS * EARLY;
+    return early + (total > rank ? (total - rank + CTAS - 1) / CTAS : 0);
 }
 
 // The warps an item of a CTA with `items` items takes: the fewest (1, 2, 4 .. TILES) that keep
@@ -1759,20 +1778,16 @@ MONO_DEVICE void score_by_warps(const Args& a, const Mailbox& mb, float* iq, con
     }
 }
 
-// Work item u = (request r, its item i), requests in order; CTA c's j-th item is u =
-// item_of(rank, j), its rank counted from LEAD. The stage's start puts
-// the requests, the rows' context lengths and the cache pages of the CTA's first PAGES items
-// in LDS; then the items go by warp groups, every index q put in LDS while their first keys load.
-MONO_DEVICE void run(const Args& a, const Mailbox& mb, u8* lds) {
+// The stage's setup of CTA c, called by stage qkv where its CTAs wait (into LDS
+// that lives for the whole kernel), and by run() on the CTAs outside that stage.
+MONO_DEVICE void setup(const Args& a, u8* lds) {
     const int c = block_id() - FIRST;
     if (c < 0 || c >= CTAS) return;
-    stamp(lds, TL_PRE_ATTN_DONE);
     const int rank = rank_of(c);
     const int tid = thread_id();
-    float* iq = reinterpret_cast<float*>(lds + LDS_IQ);          // [request's (row, head)s from r * q_len * HEADS][IQ_WORDS]
-    Request* reqs = reinterpret_cast<Request*>(lds + LDS_REQS);  // [request]
-    int* seq = reinterpret_cast<int*>(lds + LDS_SEQ);            // [row]: its context length
-    int* pages = reinterpret_cast<int*>(lds + LDS_PAGES);        // [j < PAGES]: item j's cache page
+    Request* reqs = reinterpret_cast<Request*>(lds + LDS_REQS);
+    int* seq = reinterpret_cast<int*>(lds + LDS_SEQ);
+    int* pages = reinterpret_cast<int*>(lds + LDS_PAGES);
     const int q_len = a.q_len;
     const int requests = q_len > 0 ? TOKENS / q_len : 0;
     if (tid < requests) reqs[tid] = request_of(a, tid, q_len);
@@ -1784,6 +1799,25 @@ MONO_DEVICE void run(const Args& a, const Mailbox& mb, u8* lds) {
         if (mine.valid && tid < PAGES) pages[tid] = int(page_of(a, mine, q_len));
     }
     barrier();
+}
+
+// Work item u = (request r, its item i), requests in order; CTA c's j-th item is u =
+// item_of(rank, j), its rank counted from LEAD. The stage's start puts
+// the requests, the rows' context lengths and the cache pages of the CTA's first PAGES items
+// in LDS (unless stage qkv did); then the items go by warp groups, every index q put in LDS while their first keys load.
+MONO_DEVICE void run(const Args& a, const Mailbox& mb, u8* lds) {
+    const int c = block_id() - FIRST;
+    if (c < 0 || c >= CTAS) return;
+    stamp(lds, TL_PRE_ATTN_DONE);
+    const int rank = rank_of(c);
+    float* iq = reinterpret_cast<float*>(lds + LDS_IQ);          // [request's (row, head)s from r * q_len * HEADS][IQ_WORDS]
+    Request* reqs = reinterpret_cast<Request*>(lds + LDS_REQS);  // [request]
+    int* seq = reinterpret_cast<int*>(lds + LDS_SEQ);            // [row]: its context length
+    int* pages = reinterpret_cast<int*>(lds + LDS_PAGES);        // [j < PAGES]: item j's cache page
+    const int q_len = a.q_len;
+    const int requests = q_len > 0 ? TOKENS / q_len : 0;
+    const int g = block_id() - stage_qkv::FIRST;  // set up in stage qkv already?
+    if (g < 0 || g >= stage_qkv::CTAS) setup(a, lds);
     score_by_warps(a, mb, iq, seq, reqs, pages, rank, requests, q_len, lds);
     stamp(lds, TL_SCORES_DONE);
 }
@@ -1824,9 +1858,11 @@ MONO_KERNEL minimax_m3_pre_attn(
 {
     MONO_LDS_DECL(lds, LDS_BYTES);
     const Args a = {ar, res, h_out, g_in, w_qkv, s_qkv, g_q, g_k, g_iq, g_ik, cos_sin, positions, slot_mapping, k_cache, v_cache, k_scale, v_scale, index_cache, q_out, iq_out, block_table, seq_lens, bt_width, q_len, iscore, scratch, step, layer, tl};
-    // The epoch: read by every CTA before any CTA can reach the end, where the last
-    // CTA out advances it, so repeated launches and graph replays need no host action.
-    const u32 epoch_now = u32(step[0]);  // (a name no ABI argument takes)
+    // The epoch: the CTAs finished over all launches / BLOCKS. Read here, after every CTA
+    // of the earlier launches added itself and before this one does: at most BLOCKS - 1
+    // of this launch's additions are in, so repeated launches and graph replays need no
+    // host action, and no CTA waits for an atomic.
+    const u32 epoch_now = u32(*reinterpret_cast<const u64*>(step) / BLOCKS);  // (a name no ABI argument takes)
     Mailbox mb;
     mb.tag = epoch_now * 128u + u32(layer) + 1u;
     mb.qkv = reinterpret_cast<u64*>(scratch + 0);
@@ -1845,12 +1881,7 @@ MONO_KERNEL minimax_m3_pre_attn(
     barrier();  // the stages share LDS
     stage_scores::run(a, mb, lds);
     barrier();  // the stages share LDS
-    // last CTA out advances the epoch (and resets the count for the next launch)
-    if (thread_id() == 0) {
-        u32* done = reinterpret_cast<u32*>(step + 1);
-        if (atomic_add_u32(done, 1) == BLOCKS - 1) {
-            store_relaxed_u32(done, 0);
-            store_relaxed_u32(reinterpret_cast<u32*>(step), epoch_now + 1);
-        }
-    }
+    // this CTA counted out: a reduction, its result awaited by nobody (every thread that
+    // used the epoch read it before the barrier above)
+    if (thread_id() == 0) red_add_u64(reinterpret_cast<u64*>(step), 1);
 }
