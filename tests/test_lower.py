@@ -121,7 +121,11 @@ def test_lowering(target, tokens):
     assert scores.kind == "index_scores" and scores.tasks == ir.blocks and (scores.first, scores.ctas) == (0, ir.blocks)
     assert scores.waits_on == ("heads",)  # qkv_cp is not in the build: its wait is dropped
     sv = scores.values
-    assert sv["lead"] == ((12 if tokens > 8 else 28) if target == "sm90" else 180) and sv["done"] == "hdone"
+    assert sv["lead"] == ((28 if tokens <= 2 else 0) if target == "sm90" else 180) and sv["done"] == "hdone"
+    # sm90: the late ranks (up to 2 rows the two-task GEMV CTAs and the head CTAs, above only the
+    # head CTAs) take the first rounds' items off; AMD deals plain rounds
+    late = ((48, 4) if tokens <= 2 else (20, 6)) if target == "sm90" else (0, 0)
+    assert (sv["late_ctas"], sv["late_items"]) == late
     assert (sv["start_point"], sv["done_point"]) == ("pre_attn_done", "scores_done")
     assert (sv["heads"], sv["own"], sv["iq_base"], sv["qkv_rows"]) == (1, 0, 2304, QKV_ROWS)
     assert (sv["head_dim"], sv["rotary_dim"], sv["lanes"], sv["elems"]) == (HEAD_DIM, ROTARY_DIM, 32, 4)
@@ -528,7 +532,7 @@ def test_scorer_first_keys_prefetch():
             # gamma: 128 bf16, two 128-byte lines; a cos / sin row: 64 bf16, one
             assert "constexpr int DIM = 128;" in text and "constexpr int ROPE = 64;" in text
     # rows from the norm stage: the call goes before their wait, the CTA's first 4 items
-    tuned = load_spec(SPEC, tune_items({"scores.keys_prefetch": 1, "scores.keys_prefetch_items": 4}))
+    tuned = load_spec(SPEC, tune_items({"scores.keys_prefetch": 1, "scores.keys_prefetch_items": 4, "scores.early_setup": 0}))
     for tokens in (4, 16):
         text = render(lower(tuned, make_build(tuned, "sm90", tokens=tokens)))
         gemv = text[text.index("namespace stage_qkv {"):text.index("}  // namespace stage_qkv")]
@@ -549,7 +553,7 @@ def test_scorer_first_keys_prefetch():
 
 
 def test_scorer_late_ctas(tmp_path):
-    """late_ctas / late_items (off in the spec): the last late_ctas ranks take late_items items
+    """late_ctas / late_items (the spec's sm90: 48 / 4 up to 2 rows, 20 / 6 above): the last late_ctas ranks take late_items items
     fewer. The rendered item_of and cta_items, compiled for the host (zig's clang) with the
     build's constants, deal every work list (0 .. 9 rounds of 132 CTAs, the last 20 late, 4 early
     rounds) to the CTAs exactly once, each CTA's items in increasing order and none past its
@@ -565,7 +569,8 @@ def test_scorer_late_ctas(tmp_path):
         text = render(lower(loaded, make_build(loaded, "sm90", tokens=16)))
         return text[text.index("namespace stage_scores {"):]
 
-    plain = scores_of({})
+    assert "constexpr int LATE_CTAS = 20, LATE_ITEMS = 6, EARLY = CTAS - LATE_CTAS;" in scores_of({})
+    plain = scores_of({"scores.late_ctas": 0})
     assert "LATE_ITEMS" not in plain and "MONO_DEVICE int item_of(int rank, int j) { return rank + j * CTAS; }" in plain
     tuned = scores_of({"scores.late_ctas": 20, "scores.late_items": 4, "scores.lead_cta": 0})
     assert "constexpr int LATE_CTAS = 20, LATE_ITEMS = 4, EARLY = CTAS - LATE_CTAS;" in tuned
@@ -620,13 +625,12 @@ int main() {
 
 
 def test_scorer_early_setup():
-    """early_setup (off in the spec; early_setup_at: qkv; not with keys_prefetch, the spec's at S <=
-    2): the scorer's setup (requests, context
+    """early_setup (the spec's sm90 above 2 rows; early_setup_at: qkv; not with keys_prefetch, the
+    spec's at S <= 2): the scorer's setup (requests, context
     lengths, first pages) is a function that the qkv GEMV calls with every thread where its CTAs
     wait (S <= 2: after the inline norm's rows, before the staged weights' wait; above: before the
     wait for the norm stage's rows), into LDS after the union; run() sets up only on CTAs outside
-    the qkv stage; they compile without spills. The spec's builds inline the setup at the scorer's
-    start, as before. Refused where early_setup_at is not an earlier gemv_fp8 stage, or one whose
+    the qkv stage; they compile without spills. Off, the setup is inlined at the scorer's start. Refused where early_setup_at is not an earlier gemv_fp8 stage, or one whose
     CTAs may return before the call (no stream-K, or a long step's condition)."""
     from codegen.render import render
 
@@ -637,7 +641,9 @@ def test_scorer_early_setup():
 
     call = "stage_scores::setup(a, lds);  // the scores stage's requests and first pages into LDS while "
     for tokens, before in ((1, "bulk_wait(wbar + staged"), (16, "if (tid < TOKENS) xs[tid] = u32_as_float(mailbox_wait<true>(")):
-        ir, plain = build({}, tokens)
+        ir, _ = build({}, tokens)
+        assert stage_named(ir, "scores").values["early_setup_at"] == (None if tokens <= 2 else "qkv")
+        ir, plain = build({"scores.early_setup": 0}, tokens)
         assert stage_named(ir, "scores").values["early_setup_at"] is None
         assert "MONO_DEVICE void setup(" not in plain and call not in plain
         ir, tuned = build({"scores.early_setup": 1, "scores.keys_prefetch": 0}, tokens)

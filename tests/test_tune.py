@@ -109,7 +109,7 @@ def test_gemv_segment_waits():
 
 
 def test_gemv_tail_read_ahead():
-    """qkv.tail_read_ahead (sm90 stream-K, off in the spec): the threads that finish a CTA's tail
+    """qkv.tail_read_ahead (sm90 stream-K, the spec's there): the threads that finish a CTA's tail
     group load its lower piece right after they put the iteration before it (the head piece, or a
     whole group), so its round trip overlaps the tail's MMAs; the tail adds it when its tag is
     this launch's and waits for the pair as before otherwise. Same sums in the same order; the
@@ -117,9 +117,11 @@ def test_gemv_tail_read_ahead():
     ahead = "mailbox_load(mb.qkv_part + ((g - 1) * 16 + r) * 16 + c, ahead_value, ahead_tag);"
     use = "tot = u32_as_float(ahead_tag == mb.tag ? ahead_value : mailbox_wait(piece, mb.tag)) + tot;"
     for tokens in (1, 16):
-        _, plain = source(SPEC, "sm90", tokens=tokens)
+        _, plain = source(SPEC, "sm90", tune={"qkv.tail_read_ahead": 0}, tokens=tokens)
         assert ahead not in plain and "ahead_tag" not in plain
+        _, spec = source(SPEC, "sm90", tokens=tokens)
         _, tuned = source(SPEC, "sm90", tune={"qkv.tail_read_ahead": 1}, tokens=tokens)
+        assert spec == tuned.replace("// tune:   qkv.tail_read_ahead=1  (overrides of the spec's knobs)\n", "")  # sm90 spec value
         gemv = tuned[tuned.index("namespace stage_qkv {"):tuned.index("}  // namespace stage_qkv")]
         loop = gemv[gemv.index("for (int g = g_last; g >= g_first; --g) {"):]
         assert "u32 ahead_value = 0, ahead_tag = 0;" in gemv and loop.count(ahead) == 1 and loop.count(use) == 1
@@ -159,15 +161,16 @@ def test_gemv_rows_bulk():
 
 
 def test_epoch_by_count():
-    """mailbox.advance=count (off in both specs): every thread takes the epoch as the u64 counter
+    """mailbox.advance=count (both specs'; last_out the default): every thread takes the epoch as the u64 counter
     / BLOCKS at its start, thread 0 counts the CTA out after the last barrier with a reduction
     (sm90 REDG, AMD an atomic without return), and no CTA waits for the last-out atomic or its
     release; builds for every target compile without spills. The IR's host view of the counter
     follows: the epoch, and the counter after a launch, across the low word's wrap."""
     for spec, params in (("minimax_m3/pre_attn", dict(tokens=1)), ("deepseek_v41/attn_front", dict(tokens=16, tp=4))):
         for target in ("sm90", "gfx942"):
-            ir, plain = source(spec, target, **params)
-            _, tuned = source(spec, target, tune={"mailbox.advance": "count"}, **params)
+            ir, plain = source(spec, target, tune={"mailbox.advance": "last_out"}, **params)
+            ir_spec, tuned = source(spec, target, **params)
+            assert ir_spec.epoch_advance == "count"
             c = ir.counter_arg
             assert ir.epoch_advance == "last_out" and "atomic_add_u32(done, 1) == BLOCKS - 1" in plain
             assert "red_add_u64" not in plain[plain.index(f"MONO_KERNEL {ir.name}("):]
@@ -178,9 +181,9 @@ def test_epoch_by_count():
             assert "atomic_add_u32" not in kernel and "store_relaxed_u32" not in kernel
             (report,) = jit.resource_report(tuned, "count.hip", get_target(target))
             assert report.spills == 0 and report.scratch_bytes == 0
-    ir, _ = source("minimax_m3/pre_attn", "sm90", tokens=1)
+    ir, _ = source("minimax_m3/pre_attn", "sm90", tune={"mailbox.advance": "last_out"}, tokens=1)
     assert ir.epoch([5, 0]) == 5 and ir.advanced([5, 0]) == [6, 0]
-    ir, _ = source("minimax_m3/pre_attn", "sm90", tune={"mailbox.advance": "count"}, tokens=1)
+    ir, _ = source("minimax_m3/pre_attn", "sm90", tokens=1)
     assert ir.blocks == 132 and ir.epoch([0, 0]) == 0 and ir.advanced([0, 0]) == [132, 0]
     assert ir.epoch([132 * 7 + 131, 0]) == 7  # this launch's other CTAs already counted out: still 7
     low = (1 << 32) - 10  # the low word about to wrap: an i32 of -10
