@@ -15,3 +15,12 @@ def load(name: str, tokens: int = 1, target: str | None = None, **flags):
     from .launch import load as _load
 
     return _load(name, tokens=tokens, target=target, **flags)
+
+
+def precompile(builds, workers: int | None = None, errors: str = "raise") -> list:
+    """Every build of ``builds`` (dicts of ``load``'s keywords, ``name`` among
+    them) compiled into the disk cache by parallel processes; needs no GPU.
+    See ``codegen.launch.precompile``."""
+    from .launch import precompile as _precompile
+
+    return _precompile(builds, workers, errors)

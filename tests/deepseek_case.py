@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+import codegen
 from codegen.fp import bf16_rn, fp8_dtype
 from codegen.reference import deepseek_v41 as ref
 from codegen.reference.minimax_m3 import bf16_ulp_diff
@@ -366,21 +367,8 @@ def _ulp(x: torch.Tensor) -> torch.Tensor:
 # ---- compiling the GPU test's builds ahead, in parallel (nvrtc needs no GPU) -------------
 
 
-def _compile_one(params: dict) -> str:
-    from codegen import jit
-    from codegen.render import source
-
-    ir, text = source("deepseek_v41/attn_front", "sm90", **params)
-    jit.compile_binary(text, f"{ir.kernel.replace('/', '_')}.{ir.target.name}.hip", ir.target)
-    return ir.build.label()
-
-
-def precompile(builds: list[dict], workers: int = 8) -> None:
-    """Every build of ``builds`` compiled into the disk cache (``$MONO_CACHE_DIR``)
-    by a pool of processes, so that the tests' first launches only load."""
-    import concurrent.futures as cf
-    import multiprocessing as mp
-
-    with cf.ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn")) as pool:
-        for f in cf.as_completed([pool.submit(_compile_one, b) for b in builds]):
-            f.result()
+def precompile(builds: list[dict], workers: int | None = None) -> None:
+    """Every build of ``builds`` (``codegen.load``'s keywords for this spec)
+    compiled into the disk cache (``$MONO_CACHE_DIR``) by a pool of processes,
+    so that the first launches only load."""
+    codegen.precompile([dict(name="deepseek_v41/attn_front", target="sm90", **b) for b in builds], workers)

@@ -392,11 +392,16 @@ def index_scores(iq: torch.Tensor, index_cache: torch.Tensor, block_table: torch
             continue
         keys = cache[block_table[last, blocks].long()].float().double()  # [nb, 128, 128]
         pos = torch.tensor(blocks)[:, None] * SPARSE_BLOCK + torch.arange(SPARSE_BLOCK)[None, :]
+        heads = list(range(index_heads)) if long else [index_own if q_all.shape[1] > 1 else 0]
+        # every row and head of the request in one pass over its keys (a 1M-token context's are 1 GB
+        # as float64): dots and magnitudes [nb, 128, rows * heads]
+        q = q_all[r * q_len:last + 1, heads].reshape(-1, HEAD_DIM)
+        all_dots = (keys @ q.T).view(len(blocks), SPARSE_BLOCK, q_len, len(heads))
+        all_mags = (keys.abs_() @ q.abs().T).view(len(blocks), SPARSE_BLOCK, q_len, len(heads))
         for k in range(r * q_len, last + 1):
             live = pos < max(int(seq_lens[k]), 1)
-            for h in (range(index_heads) if long else [index_own if q_all.shape[1] > 1 else 0]):
-                dots = keys @ q_all[k, h]  # [nb, 128]
-                mags = keys.abs() @ q_all[k, h].abs()
+            for i, h in enumerate(heads):
+                dots, mags = all_dots[:, :, k - r * q_len, i], all_mags[:, :, k - r * q_len, i]  # [nb, 128]
                 best = torch.where(live, dots, torch.tensor(float("-inf"), dtype=torch.float64)).amax(dim=1)
                 cols = [h * (ISCORE_STRIDE // index_heads) + b // index_heads for b in blocks] if long else blocks
                 scores[k, cols] = best.float() * torch.tensor(scale, dtype=torch.float32)

@@ -1,0 +1,43 @@
+"""codegen.precompile: builds compiled into the JIT cache by parallel processes, no GPU."""
+
+from __future__ import annotations
+
+import pytest
+
+import codegen
+import codegen.launch
+from codegen import jit
+from codegen.launch import PrecompileError
+
+SPEC = "minimax_m3/pre_attn"
+
+
+def cached(**build) -> bool:
+    """Whether the build's binary is in the cache already (a miss compiles it)."""
+    kernel = codegen.launch.load(SPEC, target="sm90", **build)
+    name = f"{kernel.ir.kernel.replace('/', '_')}.sm90.hip"
+    return jit.compile_binary_cached(kernel.source, name, kernel.target)[1]
+
+
+def test_precompile_fills_the_cache(tmp_path, monkeypatch):
+    """Two sm90 builds compiled by two worker processes: their labels in order,
+    and each build's binary then comes from the cache (a third one, never
+    precompiled, does not). A build the spec refuses: PrecompileError naming it
+    and the spec's located message, or kept in the list with errors="keep"."""
+    monkeypatch.setenv("MONO_CACHE_DIR", str(tmp_path / "cache"))
+    builds = [dict(tokens=1), dict(tokens=4, tune={"qkv.tail_read_ahead": 0})]
+    labels = codegen.precompile([dict(name=SPEC, target="sm90", **b) for b in builds], workers=2)
+    assert [label.split()[0] for label in labels] == ["tokens=1", "tokens=4"]
+    assert all(cached(**b) for b in builds)
+    assert not cached(tokens=2)
+
+    refused = dict(name=SPEC, target="sm90", tokens=4, tune={"scores.late_ctas": 132})
+    with pytest.raises(PrecompileError, match=r"pre_attn\.yaml:\d+: stages\.\d+\.late_ctas: .*132 late CTAs") as e:
+        codegen.precompile([refused])
+    assert "tune={'scores.late_ctas': 132}" in str(e.value)
+    (kept,) = codegen.precompile([refused], errors="keep")
+    assert isinstance(kept, PrecompileError) and "late_ctas" in str(kept)
+    with pytest.raises(TypeError, match="has no 'name'"):
+        codegen.precompile([dict(tokens=1, target="sm90")])
+    with pytest.raises(ValueError, match="errors='ignore'"):
+        codegen.precompile([], errors="ignore")
