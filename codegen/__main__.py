@@ -1,6 +1,6 @@
 """The mono-codegen command line: ``python -m codegen COMMAND`` or ``mono-codegen COMMAND``.
 
-Commands: check, generate, list, show, report, diff, rolemap, trace, docs.
+Commands: check, generate, list, show, report, diff, rolemap, trace, precompile, docs.
 
 Errors in specs print ``file:line: field.path: message`` and how to fix it,
 never a traceback, and exit with status 1."""
@@ -204,6 +204,31 @@ def cmd_trace(args) -> int:
     return 0
 
 
+def cmd_precompile(args) -> int:
+    """Every --tokens build of SPEC compiled into the JIT cache by parallel processes."""
+    import time
+
+    from .launch import PrecompileError, precompile
+
+    try:
+        tokens = [int(t) for t in args.tokens.split(",") if t.strip()]
+    except ValueError:
+        raise SystemExit(f"error: --tokens {args.tokens!r}: a comma-separated list of row counts, e.g. 1,2,4,8,16")
+    flags = name_values(args.flag)
+    tune = _tune(args)
+    builds = [dict(name=args.spec, target=args.target, tokens=t, tune=tune, **flags) for t in tokens]
+    t0 = time.perf_counter()
+    results = precompile(builds, workers=args.workers, errors="keep")
+    failed = [r for r in results if isinstance(r, PrecompileError)]
+    for r in results:
+        print(f"error: {r}" if isinstance(r, PrecompileError) else f"compiled {args.spec} [{args.target} {r}]",
+              file=sys.stderr if isinstance(r, PrecompileError) else sys.stdout)
+    from .jit.cache import cache_dir
+
+    print(f"{len(results) - len(failed)} of {len(results)} builds in {cache_dir()} ({time.perf_counter() - t0:.1f} s)")
+    return 1 if failed else 0
+
+
 def cmd_docs(args) -> int:
     from .docs import SPEC_REFERENCE, spec_reference, write_spec_reference
 
@@ -283,6 +308,18 @@ def main(argv: list[str] | None = None) -> int:
                    help="size of a runtime dimension for the random arguments (default 1)")
     p.add_argument("-o", "--output", help="path prefix of <prefix>.json and <prefix>.png")
     p.set_defaults(fn=cmd_trace)
+    p = sub.add_parser("precompile", help="compile builds into the JIT cache ahead, in parallel (no GPU)",
+                       description="precompile SPEC --target sm90 --tokens 1,2,4,8,16 [name=value ...]: each row "
+                                   "count's build compiled into $MONO_CACHE_DIR (default ~/.cache/mono-codegen), "
+                                   "so that its first launch only loads it")
+    p.add_argument("spec")
+    p.add_argument("flag", nargs="*", help="build parameters of every build, as name=value")
+    p.add_argument("--target", required=True, help="sm90, gfx942 or gfx950")
+    p.add_argument("--tokens", default="1", help="row counts, comma-separated (default 1)")
+    p.add_argument("--tune", action="append", default=[], metavar="STAGE.FIELD=VALUE",
+                   help="override a stage field of the spec for every build; repeatable")
+    p.add_argument("--workers", type=int, help="processes (default: one per CPU)")
+    p.set_defaults(fn=cmd_precompile)
     p = sub.add_parser("docs", help="write docs/spec-reference.md from the spec models")
     p.add_argument("--check", action="store_true", help="only say whether the file is current (exit 1 if not)")
     p.set_defaults(fn=cmd_docs)

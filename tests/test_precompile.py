@@ -41,3 +41,21 @@ def test_precompile_fills_the_cache(tmp_path, monkeypatch):
         codegen.precompile([dict(tokens=1, target="sm90")])
     with pytest.raises(ValueError, match="errors='ignore'"):
         codegen.precompile([], errors="ignore")
+
+
+def test_precompile_command(tmp_path, monkeypatch, capsys):
+    """`python -m codegen precompile`: each --tokens build compiled and named, the count and
+    the cache folder said; a refused build named on stderr with the spec's fix, exit 1; a bad
+    --tokens list refused with an example."""
+    from codegen.__main__ import main
+
+    monkeypatch.setenv("MONO_CACHE_DIR", str(tmp_path / "cache"))
+    assert main(["precompile", SPEC, "--target", "sm90", "--tokens", "2"]) == 0
+    out = capsys.readouterr().out
+    assert f"compiled {SPEC} [sm90 tokens=2 " in out and f"1 of 1 builds in {tmp_path / 'cache'}" in out
+    assert cached(tokens=2)
+    assert main(["precompile", SPEC, "--target", "sm90", "--tokens", "4", "--tune", "scores.late_ctas=132"]) == 1
+    err = capsys.readouterr().err
+    assert "error: precompile(" in err and "132 late CTAs" in err and "fix: give late_ctas 0 .. 131" in err
+    with pytest.raises(SystemExit, match="comma-separated list of row counts"):
+        main(["precompile", SPEC, "--target", "sm90", "--tokens", "1,x"])
