@@ -208,6 +208,7 @@ def cmd_precompile(args) -> int:
     """Every --tokens build of SPEC compiled into the JIT cache by parallel processes."""
     import time
 
+    from .jit.cache import cache_dir
     from .launch import PrecompileError, precompile
 
     try:
@@ -223,8 +224,6 @@ def cmd_precompile(args) -> int:
     for r in results:
         print(f"error: {r}" if isinstance(r, PrecompileError) else f"compiled {args.spec} [{args.target} {r}]",
               file=sys.stderr if isinstance(r, PrecompileError) else sys.stdout)
-    from .jit.cache import cache_dir
-
     print(f"{len(results) - len(failed)} of {len(results)} builds in {cache_dir()} ({time.perf_counter() - t0:.1f} s)")
     return 1 if failed else 0
 

@@ -182,12 +182,16 @@ class Kernel:
         """NVIDIA kernels declare their LDS dynamically (over 48 KiB needs it)."""
         return self.ir.lds_bytes if self.target.vendor == "nvidia" else 0
 
+    @property
+    def file_name(self) -> str:
+        """The name the source is compiled (and its errors reported) under; part of its cache key."""
+        return f"{self.ir.kernel.replace('/', '_')}.{self.target.name}.hip"
+
     def binary(self) -> bytes:
         """The loadable binary, compiled (or taken from the disk cache); needs no GPU."""
         from . import jit
 
-        file_name = f"{self.ir.kernel.replace('/', '_')}.{self.target.name}.hip"
-        return jit.compile_binary(self.source, file_name, self.target, self.backend)
+        return jit.compile_binary(self.source, self.file_name, self.target, self.backend)
 
     def compile(self):
         """Compile (or take from the disk cache) and load; check co-residency."""
@@ -356,14 +360,15 @@ def _compile_build(build: dict) -> str:
 
 def precompile(builds, workers: int | None = None, errors: str = "raise") -> list:
     """Compile every build of ``builds`` into the disk cache ($MONO_CACHE_DIR) in
-    parallel processes, so that the first launch of each only loads its binary
-    (a MiniMax build: nvrtc ~0.05 s on the H200 host, ~2.4 s on a 2-core machine). Each build is a dict of ``load``'s keywords
-    with the spec's ``name`` among them, e.g. ``dict(name="minimax_m3/pre_attn",
-    tokens=4, tune={"qkv.bulk_copies": 0})``; ``target`` defaults to the current torch
-    device's (fixed here: the workers need no GPU). ``workers``: processes (default one
-    per CPU, at most one per build). Returns the builds' labels in order. A build that
-    does not compile or that its spec refuses raises PrecompileError naming it, or with
-    ``errors="keep"`` stands in the list as its PrecompileError (the others compiled)."""
+    parallel processes, so that the first launch of each only loads its binary (a
+    MiniMax build: nvrtc ~0.05 s on the H200 host, ~2.4 s on a 2-core machine). Each
+    build is a dict of ``load``'s keywords with the spec's ``name`` among them, e.g.
+    ``dict(name="minimax_m3/pre_attn", tokens=4, tune={"qkv.bulk_copies": 0})``;
+    ``target`` defaults to the current torch device's (fixed here: the workers need no
+    GPU). ``workers``: processes (default one per CPU, at most one per build). Returns
+    the builds' labels in order. A build that does not compile or that its spec refuses
+    raises PrecompileError naming it, or with ``errors="keep"`` stands in the list as its
+    PrecompileError (the others compiled)."""
     import concurrent.futures as cf
     import multiprocessing as mp
     import os

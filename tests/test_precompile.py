@@ -15,8 +15,7 @@ SPEC = "minimax_m3/pre_attn"
 def cached(**build) -> bool:
     """Whether the build's binary is in the cache already (a miss compiles it)."""
     kernel = codegen.launch.load(SPEC, target="sm90", **build)
-    name = f"{kernel.ir.kernel.replace('/', '_')}.sm90.hip"
-    return jit.compile_binary_cached(kernel.source, name, kernel.target)[1]
+    return jit.compile_binary_cached(kernel.source, kernel.file_name, kernel.target)[1]
 
 
 def test_precompile_fills_the_cache(tmp_path, monkeypatch):
