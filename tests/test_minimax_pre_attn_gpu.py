@@ -18,7 +18,7 @@ from codegen.reference import minimax_m3 as ref
 from tests.graphs import capture
 from tests.launch_guard import launch
 from tests.minimax_case import (POISON_BF16, context_case, expected_tag, launch_args, make_inputs, read_mailbox,
-                                reference_heads)
+                                reference_heads, reference_scores)
 
 pytestmark = pytest.mark.gpu
 
@@ -285,7 +285,7 @@ def test_index_scores(case_args, tune_id):
     args = launch_args(inp, ws)
     args.update(scoring_args(case, inp, q_len))
     launch(kernel, args)
-    scores, want, bound = ref.index_scores(args["iq_out"].cpu().view(tokens, 128), args["index_cache"].cpu(),
+    scores, want, bound = reference_scores(args["iq_out"].cpu().view(tokens, 128), args["index_cache"].cpu(),
                                            case["block_table"], case["seq_lens"], q_len, init_blocks, local_blocks)
     written = assert_iscore(args["iscore"], tokens, scores, want, bound)
     untouched = args["iscore"].cpu().view(16, 8192, 8)
@@ -364,7 +364,7 @@ def test_index_context_parallel(tune_id, own, tokens, q_len, contexts):
     if not long_step:  # stale rows of the other heads are never read
         qkv_for_iq[:, base:base + 512] = torch.where(fresh_rows[base:base + 512], qkv_for_iq[:, base:base + 512], 0.0)
     iq_all = ref.index_q_heads(qkv_for_iq, inp["g_iq"], inp["cos_sin"], inp["positions"], 1e-6, 4)
-    scores, want, bound = ref.index_scores(iq_all, args["index_cache"].cpu(), case["block_table"], case["seq_lens"],
+    scores, want, bound = reference_scores(iq_all, args["index_cache"].cpu(), case["block_table"], case["seq_lens"],
                                            q_len, index_heads=4, index_own=own)
     assert_iscore(args["iscore"], tokens, scores, want, bound)
 
@@ -391,6 +391,6 @@ def test_index_scores_read_this_launchs_keys(tune_id):
     scored_new = [(int(pos[k]) // 128) for k in range(tokens)
                   if int(pos[k]) // 128 < -(-int(seq[(k // q_len) * q_len + q_len - 1]) // 128) - 1]
     assert scored_new, "the case must put new keys into scored blocks"
-    scores, want, bound = ref.index_scores(args["iq_out"].cpu().view(tokens, 128), args["index_cache"].cpu(),
+    scores, want, bound = reference_scores(args["iq_out"].cpu().view(tokens, 128), args["index_cache"].cpu(),
                                            case["block_table"], case["seq_lens"], q_len)
     assert_iscore(args["iscore"], tokens, scores, want, bound)

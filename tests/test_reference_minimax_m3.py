@@ -238,3 +238,23 @@ def test_bf16_ulp_diff():
     assert torch.equal(mm.bf16_ulp_diff(a.to(torch.bfloat16), b), d)
     with pytest.raises(ValueError):
         mm.bf16_ulp_diff(torch.tensor([1.0 + 2.0**-20]), one)
+
+
+def test_reference_scores_kept_for_equal_inputs():
+    """tests.minimax_case.reference_scores (the GPU tests' index-scores reference, once a case
+    across the scorer tunes): inputs of equal bytes give the kept result; another index q, or
+    other pinned blocks, give index_scores' own."""
+    from tests.minimax_case import context_case, reference_scores
+
+    case = context_case(4, 2, [5000, 70000], seed=1)
+    g = torch.Generator().manual_seed(5)
+    iq = torch.randn(4, 128, generator=g).bfloat16().float()
+    cache = case["index_cache_bytes"].view(torch.float8_e4m3fn)
+    table, seq = case["block_table"], case["seq_lens"]
+    first = reference_scores(iq, cache, table, seq, 2)
+    assert reference_scores(iq.clone(), cache.clone(), table.clone(), seq.clone(), 2) is first
+    for other_iq, pinned in ((iq.flip(0), ()), (iq, (1, 2))):
+        got = reference_scores(other_iq, cache, table, seq, 2, *pinned)
+        want = mm.index_scores(other_iq, cache, table, seq, 2, *pinned)
+        assert got is not first and all(torch.equal(a.nan_to_num(), b.nan_to_num()) for a, b in zip(got, want))
+        assert not torch.equal(got[0].nan_to_num(), first[0].nan_to_num())
