@@ -31,7 +31,7 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noh
 status=0
 for what in "${@:-tests}"; do
     case "$what" in
-        tests) python3 -m pytest -q -m gpu -p no:cacheprovider ${TEST_K:+-k "$TEST_K"} ${TEST_ARGS:-tests} 2>&1 \
+        tests) python3 -m pytest -q -m gpu -p no:cacheprovider --durations=15 ${TEST_K:+-k "$TEST_K"} ${TEST_ARGS:-tests} 2>&1 \
                 | tee "$OUT/gpu-tests.log"; status=$((status | PIPESTATUS[0])) ;;
         bench) python3 -m bench.run ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log"; status=$((status | PIPESTATUS[0])) ;;
         timeline) { python3 scripts/timeline_probe.py 1 4 16 && python3 scripts/timeline_deepseek_front.py; } 2>&1 \
