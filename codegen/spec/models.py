@@ -193,6 +193,9 @@ class MailboxSpec(Model):
     #   nobody waits for. A CTA reads the count at its start: after every CTA of the earlier
     #   launches added itself, before its own addition, so it sees at most BLOCKS - 1 of this
     #   launch's (BLOCKS * launches after them).
+    # Builds that share one counter must advance it the same way, and under count have the same
+    # BLOCKS: otherwise an epoch can repeat and a launch take an earlier one's mailbox values as
+    # its own. Kernel.workspace gives every build its own counter.
     advance: Literal["last_out", "count"] = "last_out"
 
     _stride = field_validator("tag_stride")(classmethod(lambda cls, v: _check_expr(v)))
