@@ -122,8 +122,8 @@ def test_lowering(target, tokens):
     assert scores.waits_on == ("heads",)  # qkv_cp is not in the build: its wait is dropped
     sv = scores.values
     assert sv["lead"] == ((28 if tokens <= 2 else 0) if target == "sm90" else 180) and sv["done"] == "hdone"
-    # sm90: the late ranks (up to 2 rows the two-task GEMV CTAs and the head CTAs, above only the
-    # head CTAs) take the first rounds' items off; AMD deals plain rounds
+    # sm90: the late ranks (up to 2 rows CTAs 0..27 and the head CTAs, above only the head CTAs)
+    # take the first rounds' items off; AMD deals plain rounds
     late = ((48, 4) if tokens <= 2 else (20, 6)) if target == "sm90" else (0, 0)
     assert (sv["late_ctas"], sv["late_items"]) == late
     assert (sv["start_point"], sv["done_point"]) == ("pre_attn_done", "scores_done")
@@ -553,8 +553,8 @@ def test_scorer_first_keys_prefetch():
 
 
 def test_scorer_late_ctas(tmp_path):
-    """late_ctas / late_items (the spec's sm90: 48 / 4 up to 2 rows, 20 / 6 above): the last late_ctas ranks take late_items items
-    fewer. The rendered item_of and cta_items, compiled for the host (zig's clang) with the
+    """late_ctas / late_items (the spec's sm90: 48 / 4 up to 2 rows, 20 / 6 above): the last
+    late_ctas ranks take late_items items fewer. The rendered item_of and cta_items, compiled for the host (zig's clang) with the
     build's constants, deal every work list (0 .. 9 rounds of 132 CTAs, the last 20 late, 4 early
     rounds) to the CTAs exactly once, each CTA's items in increasing order and none past its
     count; at 9 rounds each late rank holds at least late_items - 1 fewer than any other. Off: the
@@ -630,8 +630,9 @@ def test_scorer_early_setup():
     lengths, first pages) is a function that the qkv GEMV calls with every thread where its CTAs
     wait (S <= 2: after the inline norm's rows, before the staged weights' wait; above: before the
     wait for the norm stage's rows), into LDS after the union; run() sets up only on CTAs outside
-    the qkv stage; they compile without spills. Off, the setup is inlined at the scorer's start. Refused where early_setup_at is not an earlier gemv_fp8 stage, or one whose
-    CTAs may return before the call (no stream-K, or a long step's condition)."""
+    the qkv stage; they compile without spills. Off, the setup is inlined at the scorer's start.
+    Refused where early_setup_at is not an earlier gemv_fp8 stage, or one whose CTAs may return
+    before the call (no stream-K, or a long step's condition)."""
     from codegen.render import render
 
     def build(tune, tokens, target="sm90"):
