@@ -229,13 +229,13 @@ class KernelIR:
             return _u64_of(lo, hi) // self.blocks
         return lo
 
-    def advanced(self, counter) -> list[int]:
-        """The counter's two i32 values after one whole launch."""
+    def advanced(self, counter, launches: int = 1) -> list[int]:
+        """The counter's two i32 values after ``launches`` whole launches."""
         lo, hi = (int(v) for v in counter)
         if self.epoch_advance == "count":
-            n = _u64_of(lo, hi) + self.blocks
+            n = (_u64_of(lo, hi) + self.blocks * launches) & 0xFFFFFFFFFFFFFFFF
             return [_i32_of(n & 0xFFFFFFFF), _i32_of(n >> 32 & 0xFFFFFFFF)]
-        return [lo + 1, 0]
+        return [_i32_of((lo + launches) & 0xFFFFFFFF), 0]
 
     def advance(self, counter) -> None:
         """Advance the counter (a list or tensor) in place as one whole launch does (host stand-ins)."""

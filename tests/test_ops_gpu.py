@@ -59,12 +59,12 @@ def test_op_under_torch_compile(kv_page_stride):
     assert got.keys() == want.keys()
     for name in want:
         assert torch.equal(got[name], want[name]), f"{name} differs from the direct launch"
-    assert args["step"].cpu().tolist() == [1, 0], "the op advanced the epoch once"
+    assert args["step"].cpu().tolist() == kernel.ir.advanced([0, 0]), "the op advanced the counter once"
 
     decode_step([args[n] for n in names])  # the compiled code again: the next epoch, same values
     torch.cuda.synchronize()
     mb = read_mailbox(kernel, args["scratch"], tokens)
-    assert args["step"].cpu().tolist() == [2, 0]
+    assert args["step"].cpu().tolist() == kernel.ir.advanced([0, 0], 2)
     assert (mb["qkv_tag"] == expected_tag(1)).all()
     assert torch.equal(mb["qkv"], read_mailbox(kernel, direct["scratch"], tokens)["qkv"])
 
@@ -81,11 +81,11 @@ def test_op_in_cuda_graph(tokens):
 
     graph = capture(lambda: op(**args))
     torch.cuda.synchronize()
-    before = args["step"][0].item()
+    before = kernel.ir.epoch(args["step"].cpu())
     for _ in range(10):
         graph.replay()
     torch.cuda.synchronize()
-    assert args["step"][0].item() == before + 10
+    assert kernel.ir.epoch(args["step"].cpu()) == before + 10
     got = read_mailbox(kernel, args["scratch"], tokens)
     assert torch.equal(got["qkv"], single["qkv"])
     assert (got["qkv_tag"] == expected_tag(before + 9)).all()
@@ -112,11 +112,11 @@ def test_compiled_caller_in_cuda_graph():
 
     graph = capture(lambda: decode_step(xs), warm=True)  # warm the compiled code on the capture stream
     torch.cuda.synchronize()
-    before = args["step"][0].item()
+    before = kernel.ir.epoch(args["step"].cpu())
     for _ in range(5):
         graph.replay()
     torch.cuda.synchronize()
-    assert args["step"][0].item() == before + 5
+    assert kernel.ir.epoch(args["step"].cpu()) == before + 5
     got = read_mailbox(kernel, args["scratch"], tokens)
     assert torch.equal(got["qkv"], single["qkv"])
     assert (got["qkv_tag"] == expected_tag(before + 4)).all()
@@ -172,11 +172,11 @@ def test_deepseek_op_under_torch_compile(tokens, flags):
     assert got.keys() == want.keys()
     for name in want:
         assert torch.equal(got[name], want[name]), f"{name} differs from the direct launch"
-    assert args["epoch"].cpu().tolist() == [1, 0], "the op advanced the epoch once"
+    assert args["epoch"].cpu().tolist() == kernel.ir.advanced([0, 0]), "the op advanced the counter once"
 
     decode_step([args[n] for n in names])  # the compiled code again: the next epoch, same values
     torch.cuda.synchronize()
-    assert args["epoch"].cpu().tolist() == [2, 0]
+    assert args["epoch"].cpu().tolist() == kernel.ir.advanced([0, 0], 2)
     dc.check(case, kernel.ir, args, epoch=1)
     assert torch.equal(ds_written(kernel, args)["q"], want["q"])
 
@@ -192,11 +192,11 @@ def test_deepseek_op_in_cuda_graph(tokens):
 
     graph = capture(lambda: op(**args))
     torch.cuda.synchronize()
-    before = args["epoch"][0].item()
+    before = kernel.ir.epoch(args["epoch"].cpu())
     for _ in range(10):
         graph.replay()
     torch.cuda.synchronize()
-    assert args["epoch"][0].item() == before + 10
+    assert kernel.ir.epoch(args["epoch"].cpu()) == before + 10
     dc.check(case, kernel.ir, args, epoch=before + 9)
     got = ds_written(kernel, args)
     for name in ("q", "kt", "klen", "swa", "scratch.qx8", "scratch.qx8s"):
@@ -222,10 +222,10 @@ def test_deepseek_compiled_caller_in_cuda_graph():
 
     graph = capture(lambda: decode_step(xs), warm=True)  # warm the compiled code on the capture stream
     torch.cuda.synchronize()
-    before = args["epoch"][0].item()
+    before = kernel.ir.epoch(args["epoch"].cpu())
     for _ in range(5):
         graph.replay()
     torch.cuda.synchronize()
-    assert args["epoch"][0].item() == before + 5
+    assert kernel.ir.epoch(args["epoch"].cpu()) == before + 5
     assert torch.equal(args["q"].view(torch.int16), q_single.view(torch.int16))
     dc.check(case, kernel.ir, args, epoch=before + 4)

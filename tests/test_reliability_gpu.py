@@ -83,7 +83,7 @@ def test_debug_build_computes_what_the_release_build_does(tokens):
         finish()
         kernel.check_errors()
         got[debug] = (outputs(kernel, args), scratch_regions(kernel, ws["scratch"]), ws["step"].cpu().tolist())
-    assert got[True][2] == got[False][2] == [1, 0]
+    assert got[True][2] == got[False][2] == kernel.ir.advanced([0, 0])
     for name, value in got[False][0].items():
         assert torch.equal(got[True][0][name], value), f"{name} differs in the debug build"
     for name, value in got[False][1].items():
@@ -122,7 +122,7 @@ def test_unsatisfiable_wait_raises_kernel_hang_within_2s():
     assert rec["stage"] is not None and rec["stage"] != norm.name, rec
     assert rec["tag"] == expected_tag(0) and rec["seen"] != rec["tag"] and rec["waits"] >= 1
     assert f"'{rec['stage']}'" in str(e.value) and f"region '{rec['region']}'" in str(e.value)
-    assert ws["step"].cpu().tolist() == [1, 0], "the launch ran to its end"
+    assert ws["step"].cpu().tolist() == kernel.ir.advanced([0, 0]), "the launch ran to its end"
 
     # the record was cleared: the real debug kernel runs clean on the same workspace
     kernel(**launch_args(inp, ws))
@@ -167,13 +167,15 @@ def test_ten_thousand_graph_replays(tokens):
 
     graph = capture(lambda: kernel(**args), times=100)
     finish()
-    before = ws["step"][0].item()
+    before = ws["step"].cpu().tolist()
     t0 = time.perf_counter()
     for _ in range(100):
         graph.replay()
     took = finish(120.0)
     print(f"10,000 launches of S={tokens}: {took * 1e2:.1f} us each (replay loop {time.perf_counter() - t0:.2f} s)")
-    assert ws["step"].cpu().tolist() == [before + 10_000, 0], "the epoch advances once per launch, on the device"
+    after = ws["step"].cpu().tolist()
+    assert after == kernel.ir.advanced(before, 10_000), "the counter advances once per launch, on the device"
+    assert kernel.ir.epoch(after) == kernel.ir.epoch(before) + 10_000
 
     got = read_mailbox(kernel, ws["scratch"], tokens)
     assert torch.equal(got["qkv"], single["qkv"]) and torch.equal(got["x_scale"], single["x_scale"])
@@ -231,7 +233,7 @@ def launch_twice_between_canaries(kernel, args: dict) -> None:
         assert (host[-PAD:] == CANARY).all(), f"bytes written after {name}"
         if name in inputs_before:
             assert torch.equal(host, inputs_before[name]), f"input {name} was written"
-    assert args[kernel.ir.counter_arg].cpu().tolist() == [2, 0]
+    assert args[kernel.ir.counter_arg].cpu().tolist() == kernel.ir.advanced([0, 0], 2)
 
 
 
@@ -335,7 +337,7 @@ def test_deepseek_debug_build_computes_what_the_release_build_does(tokens):
         kernel.check_errors()
         dc.check(case, kernel.ir, args, epoch=0)
         got[debug] = (outputs(kernel, args), scratch_regions(kernel, args["scratch"]), args["epoch"].cpu().tolist())
-    assert got[True][2] == got[False][2] == [1, 0]
+    assert got[True][2] == got[False][2] == kernel.ir.advanced([0, 0])
     for name, value in got[False][0].items():
         assert torch.equal(got[True][0][name], value), f"{name} differs in the debug build"
     for name, value in got[False][1].items():
@@ -382,7 +384,7 @@ def test_deepseek_unsatisfiable_wait_raises_kernel_hang_within_2s(tokens, cut, w
     assert rec["tag"] == ds_tag(0) and rec["seen"] != rec["tag"] and rec["waits"] >= 1
     assert f"'{rec['stage']}'" in str(e.value) and f"region '{rec['region']}'" in str(e.value)
     assert "layer" not in str(e.value), "the DeepSeek tag has no layer"
-    assert args["epoch"].cpu().tolist() == [1, 0], "the launch ran to its end"
+    assert args["epoch"].cpu().tolist() == kernel.ir.advanced([0, 0]), "the launch ran to its end"
 
     # the record was cleared: the real debug kernel runs clean on the same workspace (epoch 1)
     args = dc.launch_args(case, {"scratch": args["scratch"], "epoch": args["epoch"], "tl": None})
@@ -402,7 +404,7 @@ def test_deepseek_hang_in_graph_replays_is_reported_by_check_errors():
     with pytest.raises(KernelHang, match=r"'wq_b'.*region 'qrdy'"):
         broken.check_errors(args["scratch"])
     broken.check_errors(args["scratch"])  # cleared
-    assert args["epoch"].cpu().tolist() == [2, 0]
+    assert args["epoch"].cpu().tolist() == kernel.ir.advanced([0, 0], 2)
 
 
 @pytest.mark.parametrize("tokens,flags", [(1, {}), (17, {}), (48, {"tuned": True})], ids=["s1", "s17", "s48-tuned"])
@@ -420,15 +422,17 @@ def test_deepseek_ten_thousand_graph_replays(tokens, flags):
 
     graph = capture(lambda: kernel(**args), times=100)
     finish()
-    before = args["epoch"][0].item()
-    assert before == 1, "capturing launches nothing"
+    before = args["epoch"].cpu().tolist()
+    assert kernel.ir.epoch(before) == 1, "capturing launches nothing"
     t0 = time.perf_counter()
     for _ in range(100):
         graph.replay()
     took = finish(120.0)
     print(f"10,000 DeepSeek launches of S={tokens} {flags}: {took * 1e2:.1f} us each "
           f"(replay loop {time.perf_counter() - t0:.2f} s)")
-    assert args["epoch"].cpu().tolist() == [before + 10_000, 0], "the epoch advances once per launch, on the device"
+    after = args["epoch"].cpu().tolist()
+    assert after == kernel.ir.advanced(before, 10_000), "the counter advances once per launch, on the device"
+    assert kernel.ir.epoch(after) == kernel.ir.epoch(before) + 10_000
 
     got = dc.read_scratch(kernel.ir, args["scratch"], tokens)
     for name in ("partials", "x8s", "qx8s"):

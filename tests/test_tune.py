@@ -161,11 +161,12 @@ def test_gemv_rows_bulk():
 
 
 def test_epoch_by_count():
-    """mailbox.advance=count (both specs'; last_out the default): every thread takes the epoch as the u64 counter
-    / BLOCKS at its start, thread 0 counts the CTA out after the last barrier with a reduction
-    (sm90 REDG, AMD an atomic without return), and no CTA waits for the last-out atomic or its
-    release; builds for every target compile without spills. The IR's host view of the counter
-    follows: the epoch, and the counter after a launch, across the low word's wrap."""
+    """mailbox.advance=count (both specs'; last_out the default): every thread takes the epoch as
+    the u64 counter / BLOCKS at its start, thread 0 counts the CTA out after the last barrier with
+    a reduction (sm90 REDG, AMD an atomic without return), and no CTA waits for the last-out
+    atomic or its release; builds for every target compile without spills. The IR's host view of
+    the counter follows: the epoch, and the counter after one or n launches, across the low
+    word's wrap."""
     for spec, params in (("minimax_m3/pre_attn", dict(tokens=1)), ("deepseek_v41/attn_front", dict(tokens=16, tp=4))):
         for target in ("sm90", "gfx942"):
             ir, plain = source(spec, target, tune={"mailbox.advance": "last_out"}, **params)
@@ -182,9 +183,10 @@ def test_epoch_by_count():
             (report,) = jit.resource_report(tuned, "count.hip", get_target(target))
             assert report.spills == 0 and report.scratch_bytes == 0
     ir, _ = source("minimax_m3/pre_attn", "sm90", tune={"mailbox.advance": "last_out"}, tokens=1)
-    assert ir.epoch([5, 0]) == 5 and ir.advanced([5, 0]) == [6, 0]
+    assert ir.epoch([5, 0]) == 5 and ir.advanced([5, 0]) == [6, 0] and ir.advanced([5, 0], 3) == [8, 0]
     ir, _ = source("minimax_m3/pre_attn", "sm90", tokens=1)
     assert ir.blocks == 132 and ir.epoch([0, 0]) == 0 and ir.advanced([0, 0]) == [132, 0]
+    assert ir.advanced([0, 0], 10_000) == [1_320_000, 0] and ir.epoch(ir.advanced([7, 0], 10_000)) == 10_000
     assert ir.epoch([132 * 7 + 131, 0]) == 7  # this launch's other CTAs already counted out: still 7
     low = (1 << 32) - 10  # the low word about to wrap: an i32 of -10
     assert ir.advanced([-10, 0]) == [122, 1] and ir.epoch([122, 1]) == ((1 << 32) + 122) // 132
