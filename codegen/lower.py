@@ -273,6 +273,7 @@ class _Ctx:
         self.task_count = 0
         self.args: dict[str, Arg] = {}  # the lowered ABI and regions, set by the lowering
         self.regions: dict[str, Region] = {}
+        self.lowered: dict[str, dict] = {}  # stage name -> its lowering's values (the stages before this one)
 
     def fail(self, loc: tuple, message: str, hint: str = "") -> None:
         raise _Fail(self.loaded.issue(self.loc + tuple(loc), f"[{self.build.target} {self.build.label()}] {message}", hint))
@@ -376,6 +377,10 @@ class _Ctx:
 
     def stage_active(self, name: str) -> bool:
         return self.active.get(name, False)
+
+    def stage_values(self, name: str) -> dict:
+        """The template values of an earlier, active stage, as its own lowering computed them."""
+        return self.lowered[name]
 
     def lds(self, stage: str, name: str, ctype: str, count: int, align: int = LDS_ALIGN) -> None:
         """An LDS buffer of the stage, at an offset that is a multiple of `align` bytes (the
@@ -591,6 +596,7 @@ def _lower(loaded: LoadedSpec, build: Build) -> KernelIR:
                      f"add {point!r} to timeline_points, name another with '{field}: <point>', or '{field}: null'")
         ctx.task_count, ctx.stage_ctas = tasks, ctas
         values = KINDS[s.kind].lower(s, ctx)
+        ctx.lowered[s.name] = values
         waits = tuple(d for d in s.waits_on if active.get(d))
         stages.append(StageIR(i, s.name, s.kind, s.doc, tasks, kind, first, ctas, waits, values))
 

@@ -236,8 +236,8 @@ def lower(stage: Model, ctx) -> dict:
     setup_at = None
     if ctx.switch(stage.early_setup.for_target(ctx.target.name), ("early_setup",)):
         setup_at = _earlier_gemv(stage, ctx, "early_setup")
-        gemv = next(s for s in ctx.loaded.spec.stages if s.name == setup_at)
-        if gemv.long_step is not None or not ctx.evaluate(gemv.stream_k.for_target(ctx.target.name), ("early_setup_at",)):
+        gemv = ctx.stage_values(setup_at)  # its lowering's: whether it splits stream-K, its long-step condition
+        if gemv["long_step"] is not None or not gemv["split"]:
             ctx.fail(("early_setup_at",), f"stage {setup_at!r} may return before its wait on some of its CTAs (a long "
                      "step's condition, or more CTAs than tasks without stream-K): the scorer would take them as set up",
                      "name a stream-K gemv_fp8 stage without long_step, or turn early_setup off for this target")
