@@ -126,6 +126,9 @@ def test_lowering(target, tokens):
     # take the first rounds' items off; AMD deals plain rounds
     late = ((48, 4) if tokens <= 2 else (20, 6)) if target == "sm90" else (0, 0)
     assert (sv["late_ctas"], sv["late_items"]) == late
+    # sm90 above 2 rows: up to 24 items a CTA (run time) lead 28 with 48 late ranks, 6 items fewer
+    few = (24, 28, 48, 6) if target == "sm90" and tokens > 2 else (0, 0, 0, 0)
+    assert (sv["few_items"], sv["few_lead"], sv["few_late_ctas"], sv["few_late_items"]) == few
     assert (sv["start_point"], sv["done_point"]) == ("pre_attn_done", "scores_done")
     assert (sv["heads"], sv["own"], sv["iq_base"], sv["qkv_rows"]) == (1, 0, 2304, QKV_ROWS)
     assert (sv["head_dim"], sv["rotary_dim"], sv["lanes"], sv["elems"]) == (HEAD_DIM, ROTARY_DIM, 32, 4)
@@ -526,7 +529,7 @@ def test_scorer_first_keys_prefetch():
             assert "bulk_prefetch_l2(a.index_cache + page_of(a, it, q_len) * BLOCK * DIM, BLOCK * DIM);" in text
             pre = text[text.index("MONO_DEVICE void prefetch_first_keys(const Args& a) {"):]
             pre = pre[:pre.index("\n}\n")]
-            assert "constexpr int PREFETCH_ITEMS = 1;" in pre and "int u = item_of(rank_of(c), j);" in pre
+            assert "constexpr int PREFETCH_ITEMS = 1;" in pre and "int u = item_of(deal, j);" in pre and "const Deal deal = deal_of(c, work_items(reqs, requests));" in pre
             assert "for (int i = 0; i < DIM * 2; i += 128) prefetch_line_l2(reinterpret_cast<const u8*>(a.g_iq) + i);" in pre
             assert "prefetch_line_l2(a.cos_sin + (long long)int(a.positions[tk]) * ROPE);" in pre
             # gamma: 128 bf16, two 128-byte lines; a cos / sin row: 64 bf16, one
@@ -554,12 +557,14 @@ def test_scorer_first_keys_prefetch():
 
 def test_scorer_late_ctas(tmp_path):
     """late_ctas / late_items (the spec's sm90: 48 / 4 up to 2 rows, 20 / 6 above): the last
-    late_ctas ranks take late_items items fewer. The rendered item_of and cta_items, compiled for the host (zig's clang) with the
-    build's constants, deal every work list (0 .. 9 rounds of 132 CTAs, the last 20 late, 4 early
-    rounds) to the CTAs exactly once, each CTA's items in increasing order and none past its
-    count; at 9 rounds each late rank holds at least late_items - 1 fewer than any other. Off: the
-    plain rounds, dealt the same way.
-    Refused with every CTA late."""
+    late_ctas ranks take late_items items fewer; few_* (the spec's sm90 above 2 rows: up to 24
+    items a CTA, lead 28 and 48 late ranks 6 items fewer) a second deal for short work lists.
+    The rendered deal_of, item_of and cta_items, compiled for the host (zig's clang) with the
+    build's constants, deal every work list (0 .. 30 rounds of 132 CTAs: both deals) to the CTAs
+    exactly once, each CTA's items in increasing order and none past its count; at 9 and 30
+    rounds each late rank holds at least late_items - 1 fewer than any other, and the deal is the
+    one its item count asks for. Off: the plain rounds, dealt the same way.
+    Refused with every CTA late, in either deal."""
     import subprocess
     import sys
     from codegen.render import render
@@ -569,45 +574,58 @@ def test_scorer_late_ctas(tmp_path):
         text = render(lower(loaded, make_build(loaded, "sm90", tokens=16)))
         return text[text.index("namespace stage_scores {"):]
 
-    assert "constexpr int LATE_CTAS = 20, LATE_ITEMS = 6, EARLY = CTAS - LATE_CTAS;" in scores_of({})
-    plain = scores_of({"scores.late_ctas": 0})
-    assert "LATE_ITEMS" not in plain and "MONO_DEVICE int item_of(int rank, int j) { return rank + j * CTAS; }" in plain
-    tuned = scores_of({"scores.late_ctas": 20, "scores.late_items": 4, "scores.lead_cta": 0})
-    assert "constexpr int LATE_CTAS = 20, LATE_ITEMS = 4, EARLY = CTAS - LATE_CTAS;" in tuned
-    for call in ("advance(reqs, st.cur, item_of(rank, j), requests)", "advance(reqs, own, item_of(rank, tid), requests)",
-                 "advance(reqs, cur, item_of(rank, gr.id + k * gr.COUNT), requests)"):
-        assert call in tuned and call in plain
-    assert "* CTAS, requests)" not in tuned  # every item index through item_of
+    spec = scores_of({})
+    assert "constexpr int LATE_CTAS = 20, LATE_ITEMS = 6;" in spec
+    assert "constexpr int FEW_ITEMS = 24, FEW_LEAD = 28, FEW_LATE_CTAS = 48, FEW_LATE_ITEMS = 6;" in spec
+    plain = scores_of({"scores.late_ctas": 0, "scores.few_items": 0})
+    assert "constexpr int LATE_CTAS = 0, LATE_ITEMS = 0;" in plain and "FEW_ITEMS" not in plain
+    tuned = scores_of({"scores.late_ctas": 20, "scores.late_items": 4, "scores.lead_cta": 0, "scores.few_items": 0})
+    assert "constexpr int LATE_CTAS = 20, LATE_ITEMS = 4;" in tuned and "FEW_ITEMS" not in tuned
+    for text in (spec, tuned, plain):
+        for call in ("advance(reqs, st.cur, item_of(deal, j), requests)",
+                     "advance(reqs, own, item_of(deal_of(c, work_items(reqs, requests)), tid), requests)",
+                     "advance(reqs, cur, item_of(deal, gr.id + k * gr.COUNT), requests)",
+                     "const Deal deal = deal_of(c, work_items(reqs, requests));"):
+            assert call in text
+        assert "* CTAS, requests)" not in text  # every item index through item_of
 
     def functions(text):
-        a = text.index("constexpr int LATE_CTAS") if "LATE_CTAS" in text else text.index("MONO_DEVICE int item_of(")
-        b = text.index("// An item's block in the index cache")
-        c = text.index("MONO_DEVICE int cta_items(")
-        return text[a:b] + text[c:text.index("\n}\n", c) + 3]
+        a = text.index("constexpr int LEAD")
+        b = text.index("\n", a)
+        c = text.index("// The work list's deal.")
+        return text[a:b + 1] + text[c:text.index("// An item's block in the index cache")]
 
-    for text, late, early_rounds in ((tuned, 20, 4), (plain, 0, 0)):
+    # (text, the deal's late ranks and items fewer at 9 rounds, then at 30)
+    for text, deals in ((spec, ((48, 6), (20, 6))), (tuned, ((20, 4), (20, 4))), (plain, ((0, 0), (0, 0)))):
         harness = ("#include <cstdio>\n#define MONO_DEVICE\nstruct Request { int count; };\n"
-                   "constexpr int CTAS = 132;\n" + functions(text) + """
+                   "constexpr int CTAS = 132, TOKENS = 1;\n" + functions(text) + """
 int main() {
-    for (int total = 0; total <= 132 * 9; ++total) {
-        static int seen[132 * 9 + 1];
+    const int deals[2][3] = {{9, @L9@, @I9@}, {30, @L30@, @I30@}};
+    for (int total = 0; total <= 132 * 30; ++total) {
+        static int seen[132 * 30 + 1];
         for (int u = 0; u < total; ++u) seen[u] = 0;
         Request req{total};
-        int min_early = 1 << 30, max_late = 0;
-        for (int rank = 0; rank < CTAS; ++rank) {
-            const int n = cta_items(&req, rank, 1);
-            if (item_of(rank, n) < total) { printf("rank %d: item %d past its count\\n", rank, n); return 1; }
+        int min_early = 1 << 30, max_late = 0, late = 0, fewer = 0;
+        for (int c = 0; c < CTAS; ++c) {
+            const Deal d = deal_of(c, work_items(&req, 1));
+            const int n = cta_items(d);
+            if (item_of(d, n) < total) { printf("CTA %d: item %d past its count\\n", c, n); return 1; }
             for (int j = 0; j < n; ++j) {
-                const int u = item_of(rank, j);
-                if (u < 0 || u >= total || (j && u <= item_of(rank, j - 1))) { printf("rank %d item %d: %d\\n", rank, j, u); return 1; }
+                const int u = item_of(d, j);
+                if (u < 0 || u >= total || (j && u <= item_of(d, j - 1))) { printf("CTA %d item %d: %d\\n", c, j, u); return 1; }
                 ++seen[u];
             }
-            if (rank < CTAS - @LATE@) min_early = n < min_early ? n : min_early;
-            else max_late = n > max_late ? n : max_late;
+            if (d.rank < d.early) min_early = n < min_early ? n : min_early;
+            else max_late = n > max_late ? n : max_late, ++late;
+            fewer = d.late_items;
         }
-        if (@LATE@ && total == 132 * 9 && min_early - max_late < @ROUNDS@ - 1) {  // 9 rounds: the late ranks fewer
-            printf("early ranks %d items or more, late %d\\n", min_early, max_late);
-            return 1;
+        for (const auto& x : deals) {
+            if (total != 132 * x[0]) continue;
+            if (late != x[1] || fewer != x[2]) { printf("%d rounds: %d late, %d fewer\\n", x[0], late, fewer); return 1; }
+            if (late && min_early - max_late < fewer - 1) {  // the late ranks fewer
+                printf("%d rounds: early ranks %d items or more, late %d\\n", x[0], min_early, max_late);
+                return 1;
+            }
         }
         for (int u = 0; u < total; ++u)
             if (seen[u] != 1) { printf("total %d: item %d dealt %d times\\n", total, u, seen[u]); return 1; }
@@ -615,13 +633,16 @@ int main() {
     printf("ok\\n");
     return 0;
 }
-""".replace("@LATE@", str(late)).replace("@ROUNDS@", str(early_rounds)))
+""".replace("@L9@", str(deals[0][0])).replace("@I9@", str(deals[0][1]))
+                   .replace("@L30@", str(deals[1][0])).replace("@I30@", str(deals[1][1])))
         cpp, exe = tmp_path / "deal.cpp", tmp_path / "deal"
         cpp.write_text(harness)
         subprocess.run([sys.executable, "-m", "ziglang", "c++", "-O1", "-std=c++17", str(cpp), "-o", str(exe)], check=True)
         assert subprocess.run([str(exe)], capture_output=True, text=True).stdout.strip() == "ok"
     with pytest.raises(SpecError, match="132 late CTAs of the stage's 132"):
         scores_of({"scores.late_ctas": 132, "scores.late_items": 1})
+    with pytest.raises(SpecError, match="few_late_ctas.*132 late CTAs of the stage's 132"):
+        scores_of({"scores.few_late_ctas": 132})
 
 
 def test_scorer_early_setup():

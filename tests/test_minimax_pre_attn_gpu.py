@@ -255,10 +255,11 @@ SCORER_TUNES = {"spec": None,  # sm90: tensor cores, each item the fewest warps 
                 "keys-prefetch-4": {"scores.keys_prefetch": 1, "scores.keys_prefetch_items": 4, "scores.early_setup": 0},
                 "iq-first": {"scores.iq_first": 1},  # the index q made before the first key tiles are asked for
                 "iq-from-out": {"scores.iq_from_out": 1},  # the index q read from the head task's iq_out (the spec's above one row)
-                # every rank a round in turn (the spec's sm90: the late CTAs 4 / 6 items fewer)
-                "plain-deal": {"scores.late_ctas": 0},
-                # the head CTAs (ranks 112..131 from CTA 0) 2 items fewer at every S
-                "late-ctas-2": {"scores.late_ctas": 20, "scores.late_items": 2, "scores.lead_cta": 0},
+                # every rank a round in turn (the spec's sm90: the late CTAs 4 / 6 items fewer, above 2
+                # rows a second deal up to 24 items a CTA)
+                "plain-deal": {"scores.late_ctas": 0, "scores.few_items": 0},
+                # the head CTAs (ranks 112..131 from CTA 0) 2 items fewer at every S, whatever the items
+                "late-ctas-2": {"scores.late_ctas": 20, "scores.late_items": 2, "scores.lead_cta": 0, "scores.few_items": 0},
                 # the scorer's setup in its own stage (the spec's sm90: by the qkv GEMV CTAs above 2 rows)
                 "setup-in-stage": {"scores.early_setup": 0}}
 

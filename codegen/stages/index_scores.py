@@ -78,6 +78,12 @@ class Model(StageBase):
     # ranks alone (0: every rank takes a round of the list in turn)
     late_ctas: PerTarget = PerTarget(default=0)
     late_items: PerTarget = PerTarget(default=0)
+    # a second deal (lead, late CTAs, their items fewer) for work lists of at most few_items items
+    # a CTA, known at run time (0: the one deal): a late CTA's lag weighs more against few items
+    few_items: PerTarget = PerTarget(default=0)
+    few_lead_cta: PerTarget = PerTarget(default=0)
+    few_late_ctas: PerTarget = PerTarget(default=0)
+    few_late_items: PerTarget = PerTarget(default=0)
     index_heads: Expr = "index_heads"  # index-q heads in the projection (1, or 4 with context parallelism)
     index_own: Expr = "index_own"  # this rank's index-q head
     cp_from_blocks: Expr = "INDEX_CP_FROM_BLOCKS"  # longer requests are scored head-parallel
@@ -120,7 +126,8 @@ class Model(StageBase):
     # (S = 16: ~3 us from there to the index q, bench/NOTES.md MiniMax session 20). One index head
     iq_from_out: PerTarget = PerTarget(default=0)
 
-    _per_target = field_validator("lead_cta", "late_ctas", "late_items", "mma_dots", "batch_items", "tiles_ahead",
+    _per_target = field_validator("lead_cta", "late_ctas", "late_items", "few_items", "few_lead_cta", "few_late_ctas",
+                                  "few_late_items", "mma_dots", "batch_items", "tiles_ahead",
                                   "busy_waves", "keys_prefetch", "early_setup", "iq_first", "iq_from_out",
                                   mode="before")(
         classmethod(lambda cls, v: per_target(v)))
@@ -159,6 +166,19 @@ def _earlier_gemv(stage: Model, ctx, knob: str) -> str:
         ctx.fail((f"{knob}_at",), f"{knob} needs an earlier gemv_fp8 stage of this build, got {at!r}",
                  f"name it, or turn {knob} off for this build")
     return at
+
+
+def _deal(stage: Model, ctx, prefix: str) -> tuple[int, int, int]:
+    """A deal of the work list (``prefix`` "" or "few_"): its lead CTA, late CTAs and their
+    items fewer (none without late CTAs)."""
+    t = ctx.target.name
+    lead = ctx.integer(getattr(stage, f"{prefix}lead_cta").for_target(t), (f"{prefix}lead_cta",), minimum=0)
+    late_ctas = ctx.integer(getattr(stage, f"{prefix}late_ctas").for_target(t), (f"{prefix}late_ctas",), minimum=0)
+    late_items = ctx.integer(getattr(stage, f"{prefix}late_items").for_target(t), (f"{prefix}late_items",), minimum=0)
+    if late_ctas >= ctx.stage_ctas:
+        ctx.fail((f"{prefix}late_ctas",), f"{late_ctas} late CTAs of the stage's {ctx.stage_ctas}: none would take "
+                 "the early rounds", f"give {prefix}late_ctas 0 .. {ctx.stage_ctas - 1}")
+    return lead, late_ctas, late_items if late_ctas else 0  # no late rank: the plain rounds
 
 
 def lower(stage: Model, ctx) -> dict:
@@ -222,13 +242,9 @@ def lower(stage: Model, ctx) -> dict:
     if iq_from_out and head_dim // 32 % 4:
         ctx.fail(("iq_from_out",), f"iq_from_out reads 4 values a lane at a time ({head_dim // 32} a lane here)",
                  "give iq_from_out 0 for this head size")
-    late_ctas = ctx.integer(stage.late_ctas.for_target(ctx.target.name), ("late_ctas",), minimum=0)
-    late_items = ctx.integer(stage.late_items.for_target(ctx.target.name), ("late_items",), minimum=0)
-    if late_ctas >= ctx.stage_ctas:
-        ctx.fail(("late_ctas",), f"{late_ctas} late CTAs of the stage's {ctx.stage_ctas}: none would take the early rounds",
-                 f"give late_ctas 0 .. {ctx.stage_ctas - 1}")
-    if not late_ctas:
-        late_items = 0  # no late rank: the plain rounds
+    lead, late_ctas, late_items = _deal(stage, ctx, "")
+    few_items = ctx.integer(stage.few_items.for_target(ctx.target.name), ("few_items",), minimum=0)
+    few_lead, few_late_ctas, few_late_items = _deal(stage, ctx, "few_") if few_items else (0, 0, 0)
     keys_at = None
     if ctx.switch(stage.keys_prefetch.for_target(ctx.target.name), ("keys_prefetch",)):
         ctx.nvidia_only(("keys_prefetch",), "L2 prefetch")
@@ -263,9 +279,13 @@ def lower(stage: Model, ctx) -> dict:
         "block": block,
         "stride": ev(stage.stride, ("stride",)),
         "max_tokens": ev(stage.max_tokens, ("max_tokens",)),
-        "lead": ev(stage.lead_cta.for_target(ctx.target.name), ("lead_cta",)),
+        "lead": lead,
         "late_ctas": late_ctas,
         "late_items": late_items,
+        "few_items": few_items,  # 0: no few-items deal
+        "few_lead": few_lead,
+        "few_late_ctas": few_late_ctas,
+        "few_late_items": few_late_items,
         "head_dim": head_dim,
         "rotary_dim": ev(src.rotary_dim, ("iq_from",)),
         "lanes": 32,

@@ -1044,9 +1044,40 @@ MONO_DEVICE Item advance(const Request* reqs, Cursor& cur, int u, int requests) 
     return Item{true, cur.r, b, req.heads, (b + 1) * BLOCK > req.new_from};
 }
 
-// Stage CTA c's rank from LEAD: its items are u = item_of(rank, j) of the work list.
-MONO_DEVICE int rank_of(int c) { return (c - LEAD % CTAS + CTAS) % CTAS; }
-MONO_DEVICE int item_of(int rank, int j) { return rank + j * CTAS; }  // the work-list index of the CTA's j-th item
+// The work list's deal. Stage CTA c's rank counts from a lead CTA (item 0); the last
+// CTAS - early ranks enter the stage late (their head tasks first): the list's first late_items
+// rounds go to the early ranks alone, the rest a round of every rank.
+struct Deal {
+    int rank, early, late_items;
+    int total;  // items of the work list
+};
+constexpr int LATE_CTAS = 0, LATE_ITEMS = 0;  // the deal (spec late_ctas, late_items)
+MONO_DEVICE Deal deal_of(int c, int total) {
+    return Deal{(c - LEAD % CTAS + CTAS) % CTAS, CTAS - LATE_CTAS, LATE_ITEMS, total};
+}
+// The work list's items: every request's (the loop unrolled: `reqs` may live in registers).
+MONO_DEVICE int work_items(const Request* reqs, int requests) {
+    int total = 0;
+#pragma unroll
+    for (int r = 0; r < TOKENS; ++r)
+        if (r < requests) total += reqs[r].count;
+    return total;
+}
+MONO_DEVICE int item_of(const Deal& d, int j) {  // the work-list index of the CTA's j-th item
+    if (d.rank < d.early && j < d.late_items) return d.rank + j * d.early;
+    return d.late_items * d.early + d.rank + (d.rank < d.early ? j - d.late_items : j) * CTAS;
+}
+// The CTA's items: u = item_of(d, 0), item_of(d, 1), ... below d.total.
+MONO_DEVICE int cta_items(const Deal& d) {
+    int early = 0, total = d.total;  // its items of the first late_items rounds (early ranks a round)
+    if (d.rank < d.early) {
+        early = total > d.rank ? (total - d.rank + d.early - 1) / d.early : 0;
+        if (early < d.late_items) return early;
+        early = d.late_items;
+    }
+    total -= d.late_items * d.early;
+    return early + (total > d.rank ? (total - d.rank + CTAS - 1) / CTAS : 0);
+}
 
 // An item's block in the index cache: the block-table entry of its request's last row.
 MONO_DEVICE long long page_of(const Args& a, const Item& it, int q_len) {
@@ -1090,11 +1121,11 @@ struct Keys {  // item i of a batch: this thread's 32 bytes in lo[i], hi[i]
 // The CTA's items j .. j + BATCH - 1 into `its`, their keys into `keys` (in flight until
 // scored); each block's cache page from LDS for the CTA's first PAGES items.
 MONO_DEVICE void fetch_batch(const Args& a, const Mailbox& mb, const Request* reqs, const int* pages, Cursor& cur,
-                             int rank, int j, int requests, int q_len, const Place& pl, bool& new_keys_seen,
+                             const Deal& deal, int j, int requests, int q_len, const Place& pl, bool& new_keys_seen,
                              Item (&its)[BATCH], Keys& keys) {
 #pragma unroll
     for (int i = 0; i < BATCH; ++i) {
-        its[i] = advance(reqs, cur, item_of(rank, j + i), requests);
+        its[i] = advance(reqs, cur, item_of(deal, j + i), requests);
         if (!its[i].valid) continue;
         if (its[i].new_keys) wait_new_keys<THREADS>(mb, new_keys_seen);  // uniform over the CTA
         const long long page = j + i < PAGES ? pages[j + i] : page_of(a, its[i], q_len);
@@ -1187,14 +1218,14 @@ MONO_DEVICE void score_batch(const Args& a, const Mailbox& mb, const float* iq, 
 // for while the index q is made, then the next batch's in flight (registers, set b % 2) while
 // one is scored.
 MONO_DEVICE void score_by_batches(const Args& a, const Mailbox& mb, float* iq, const int* seq, const Request* reqs,
-                                  const int* pages, int rank, int requests, int q_len, u8* lds) {
+                                  const int* pages, const Deal& deal, int requests, int q_len, u8* lds) {
     const Place pl = place_of(thread_id());
     float* best = reinterpret_cast<float*>(lds + LDS_BEST);  // [batch b % 2][item][(row, head)][wave]
     Cursor cur{0, 0};
     bool new_keys_seen = false;
     Item its[2][BATCH];  // batch b in set b % 2
     Keys keys[2];
-    fetch_batch(a, mb, reqs, pages, cur, rank, 0, requests, q_len, pl, new_keys_seen, its[0], keys[0]);
+    fetch_batch(a, mb, reqs, pages, cur, deal, 0, requests, q_len, pl, new_keys_seen, its[0], keys[0]);
     if (its[0][0].valid) {
         make_index_q(a, mb, reqs, iq, requests, q_len);
         barrier();
@@ -1203,7 +1234,7 @@ MONO_DEVICE void score_by_batches(const Args& a, const Mailbox& mb, float* iq, c
 #pragma unroll
         for (int p = 0; p < 2 && more; ++p) {
             const int j = j0 + p * BATCH;  // this batch's first item
-            fetch_batch(a, mb, reqs, pages, cur, rank, j + BATCH, requests, q_len, pl, new_keys_seen, its[1 - p], keys[1 - p]);
+            fetch_batch(a, mb, reqs, pages, cur, deal, j + BATCH, requests, q_len, pl, new_keys_seen, its[1 - p], keys[1 - p]);
             score_batch(a, mb, iq, seq, best + p * BATCH * MAX_ROWS * WAVES, lds, j, its[p], keys[p], q_len, pl);
             more = its[1 - p][0].valid;
         }
@@ -1211,14 +1242,13 @@ MONO_DEVICE void score_by_batches(const Args& a, const Mailbox& mb, float* iq, c
 }
 
 // Work item u = (request r, its item i), requests in order; CTA c's j-th item is u =
-// item_of(rank, j), its rank counted from LEAD. The stage's start puts
+// item_of(deal, j) (deal_of: its rank and the deal). The stage's start puts
 // the requests, the rows' context lengths and the cache pages of the CTA's first PAGES items
 // in LDS; then the items go in batches, every index q put in LDS while their first keys load.
 MONO_DEVICE void run(const Args& a, const Mailbox& mb, u8* lds) {
     const int c = block_id() - FIRST;
     if (c < 0 || c >= CTAS) return;
     stamp(lds, TL_PRE_ATTN_DONE);
-    const int rank = rank_of(c);
     const int tid = thread_id();
     float* iq = reinterpret_cast<float*>(lds + LDS_IQ);          // [request's (row, head)s from r * q_len * HEADS][quarter][QSTRIDE]
     Request* reqs = reinterpret_cast<Request*>(lds + LDS_REQS);  // [request]
@@ -1231,11 +1261,12 @@ MONO_DEVICE void run(const Args& a, const Mailbox& mb, u8* lds) {
     barrier();
     {  // item j = tid's block-table entry: one round trip a stage, not one an item
         Cursor own{0, 0};
-        const Item mine = advance(reqs, own, item_of(rank, tid), requests);
+        const Item mine = advance(reqs, own, item_of(deal_of(c, work_items(reqs, requests)), tid), requests);
         if (mine.valid && tid < PAGES) pages[tid] = int(page_of(a, mine, q_len));
     }
     barrier();
-    score_by_batches(a, mb, iq, seq, reqs, pages, rank, requests, q_len, lds);
+    const Deal deal = deal_of(c, work_items(reqs, requests));
+    score_by_batches(a, mb, iq, seq, reqs, pages, deal, requests, q_len, lds);
     stamp(lds, TL_SCORES_DONE);
 }
 

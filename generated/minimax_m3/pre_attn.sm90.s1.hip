@@ -1521,14 +1521,39 @@ MONO_DEVICE Item advance(const Request* reqs, Cursor& cur, int u, int requests) 
     return Item{true, cur.r, b, req.heads, (b + 1) * BLOCK > req.new_from};
 }
 
-// Stage CTA c's rank from LEAD: its items are u = item_of(rank, j) of the work list.
-MONO_DEVICE int rank_of(int c) { return (c - LEAD % CTAS + CTAS) % CTAS; }
-// The last LATE_CTAS ranks enter the stage late (their head tasks first): the work list's first
-// LATE_ITEMS rounds go to the other EARLY ranks alone, the rest a round of every rank.
-constexpr int LATE_CTAS = 48, LATE_ITEMS = 4, EARLY = CTAS - LATE_CTAS;
-MONO_DEVICE int item_of(int rank, int j) {  // the work-list index of the CTA's j-th item
-    if (rank < EARLY && j < LATE_ITEMS) return rank + j * EARLY;
-    return LATE_ITEMS * EARLY + rank + (rank < EARLY ? j - LATE_ITEMS : j) * CTAS;
+// The work list's deal. Stage CTA c's rank counts from a lead CTA (item 0); the last
+// CTAS - early ranks enter the stage late (their head tasks first): the list's first late_items
+// rounds go to the early ranks alone, the rest a round of every rank.
+struct Deal {
+    int rank, early, late_items;
+    int total;  // items of the work list
+};
+constexpr int LATE_CTAS = 48, LATE_ITEMS = 4;  // the deal (spec late_ctas, late_items)
+MONO_DEVICE Deal deal_of(int c, int total) {
+    return Deal{(c - LEAD % CTAS + CTAS) % CTAS, CTAS - LATE_CTAS, LATE_ITEMS, total};
+}
+// The work list's items: every request's (the loop unrolled: `reqs` may live in registers).
+MONO_DEVICE int work_items(const Request* reqs, int requests) {
+    int total = 0;
+#pragma unroll
+    for (int r = 0; r < TOKENS; ++r)
+        if (r < requests) total += reqs[r].count;
+    return total;
+}
+MONO_DEVICE int item_of(const Deal& d, int j) {  // the work-list index of the CTA's j-th item
+    if (d.rank < d.early && j < d.late_items) return d.rank + j * d.early;
+    return d.late_items * d.early + d.rank + (d.rank < d.early ? j - d.late_items : j) * CTAS;
+}
+// The CTA's items: u = item_of(d, 0), item_of(d, 1), ... below d.total.
+MONO_DEVICE int cta_items(const Deal& d) {
+    int early = 0, total = d.total;  // its items of the first late_items rounds (early ranks a round)
+    if (d.rank < d.early) {
+        early = total > d.rank ? (total - d.rank + d.early - 1) / d.early : 0;
+        if (early < d.late_items) return early;
+        early = d.late_items;
+    }
+    total -= d.late_items * d.early;
+    return early + (total > d.rank ? (total - d.rank + CTAS - 1) / CTAS : 0);
 }
 
 // An item's block in the index cache: the block-table entry of its request's last row.
@@ -1554,9 +1579,10 @@ MONO_DEVICE void prefetch_first_keys(const Args& a) {
     for (int i = 0; i < DIM * 2; i += 128) prefetch_line_l2(reinterpret_cast<const u8*>(a.g_iq) + i);
 #pragma unroll
     for (int tk = 0; tk < TOKENS; ++tk) prefetch_line_l2(a.cos_sin + (long long)int(a.positions[tk]) * ROPE);
+    const Deal deal = deal_of(c, work_items(reqs, requests));
 #pragma unroll
     for (int j = 0; j < PREFETCH_ITEMS; ++j) {
-        int u = item_of(rank_of(c), j);  // the CTA's j-th item: u of the work list
+        int u = item_of(deal, j);  // the CTA's j-th item: u of the work list
         Item it{false, 0, 0, 1, false};
 #pragma unroll
         for (int r = 0; r < TOKENS; ++r) {
@@ -1642,20 +1668,6 @@ MONO_DEVICE void copy_key_pieces(u32x4* dst, int stride, const u8* kp) {
     copy16_async(dst + 3 * stride, kp + 8 * DIM + 64);
 }
 
-// The CTA's items: u = item_of(rank, 0), item_of(rank, 1), ... of the work list.
-MONO_DEVICE int cta_items(const Request* reqs, int rank, int requests) {
-    int total = 0;
-    for (int r = 0; r < requests; ++r) total += reqs[r].count;
-    int early = 0;  // its items of the first LATE_ITEMS rounds (EARLY ranks a round)
-    if (rank < EARLY) {
-        early = total > rank ? (total - rank + EARLY - 1) / EARLY : 0;
-        if (early < LATE_ITEMS) return early;
-        early = LATE_ITEMS;
-    }
-    total -= LATE_ITEMS * EARLY;
-    return early + (total > rank ? (total - rank + CTAS - 1) / CTAS : 0);
-}
-
 // The warps an item of a CTA with `items` items takes: the fewest (1, 2, 4 .. TILES) that keep
 // BUSY_WAVES of the CTA's warps busy.
 MONO_DEVICE int group_warps(int items) {
@@ -1694,11 +1706,11 @@ MONO_DEVICE u32x4* ring_slot(u32x4* ring, int s) { return ring + ((wave_id() * R
 // The stream's next tile asked for (cp.async; an empty group past the warp's last item).
 template <int G>
 MONO_DEVICE void ask_next_tile(const Args& a, const Mailbox& mb, const Request* reqs, const int* pages, const Group<G>& gr,
-                               Stream& st, int rank, int requests, int q_len, u32x4* ring) {
+                               Stream& st, const Deal& deal, int requests, int q_len, u32x4* ring) {
     constexpr int PER = Group<G>::PER;
     if (st.s % PER == 0) {  // the warp's next item
         const int j = gr.id + st.s / PER * gr.COUNT;  // the CTA's item
-        st.it = advance(reqs, st.cur, item_of(rank, j), requests);
+        st.it = advance(reqs, st.cur, item_of(deal, j), requests);
         if (st.it.valid) {
             if (st.it.new_keys) wait_new_keys<WAVE>(mb, st.new_keys_seen);
             st.page = j < PAGES ? pages[j] : page_of(a, st.it, q_len);
@@ -1720,14 +1732,14 @@ MONO_DEVICE void ask_next_tile(const Args& a, const Mailbox& mb, const Request* 
 // before (`st`).
 template <int G>
 MONO_DEVICE void score_warp_items(const Args& a, const Mailbox& mb, const float* iq, const int* seq,
-                                  const Request* reqs, const int* pages, const Group<G>& gr, Stream& st, int rank,
+                                  const Request* reqs, const int* pages, const Group<G>& gr, Stream& st, const Deal& deal,
                                   int requests, int q_len, u32x4* ring, float* best, u8* lds) {
     constexpr int PER = Group<G>::PER;
     const int g = lane_id() / 4, t = lane_id() % 4;
     u64* iscore = reinterpret_cast<u64*>(a.iscore);
     Cursor cur{0, 0};
     for (int k = 0;; ++k) {
-        const Item it = advance(reqs, cur, item_of(rank, gr.id + k * gr.COUNT), requests);
+        const Item it = advance(reqs, cur, item_of(deal, gr.id + k * gr.COUNT), requests);
         if (!it.valid) break;  // uniform over the group
         const int row0 = it.r * q_len, nh = HEADS == 1 ? 1 : it.heads, rows = q_len * nh;
         const u32* iq_r = reinterpret_cast<const u32*>(iq) + (row0 * HEADS + g) * IQ_WORDS + 8 * t;  // B: row g of a block
@@ -1744,7 +1756,7 @@ MONO_DEVICE void score_warp_items(const Args& a, const Mailbox& mb, const float*
 #pragma unroll
         for (int i = 0; i < PER; ++i) {
             const int s = k * PER + i;
-            ask_next_tile(a, mb, reqs, pages, gr, st, rank, requests, q_len, ring);  // tile s + RING - 1
+            ask_next_tile(a, mb, reqs, pages, gr, st, deal, requests, q_len, ring);  // tile s + RING - 1
             copy_async_wait_pending<RING - 1>();  // this lane's bytes of tile s landed
             const u32x4* slot = ring_slot(ring, s);
             Keys keys;
@@ -1788,39 +1800,38 @@ MONO_DEVICE void score_warp_items(const Args& a, const Mailbox& mb, const float*
 // made (before it), then each warp scores its share of its group's items.
 template <int G>
 MONO_DEVICE void score_by_groups(const Args& a, const Mailbox& mb, float* iq, const int* seq, const Request* reqs,
-                                 const int* pages, int rank, int requests, int q_len, u8* lds) {
+                                 const int* pages, const Deal& deal, int requests, int q_len, u8* lds) {
     u32x4* ring = reinterpret_cast<u32x4*>(lds + LDS_RING);  // [wave][slot][piece][lane]: a warp's tiles s in slot s % RING
     float* best = reinterpret_cast<float*>(lds + LDS_BEST);  // [item k % 2][wave][(row, head)]: each warp's maxima
     const Group<G> gr;
     Stream st{0, Cursor{0, 0}, Item{false, 0, 0, 1, false}, 0, false};
-    for (int s = 0; s < RING - 1; ++s) ask_next_tile(a, mb, reqs, pages, gr, st, rank, requests, q_len, ring);
+    for (int s = 0; s < RING - 1; ++s) ask_next_tile(a, mb, reqs, pages, gr, st, deal, requests, q_len, ring);
     make_index_q(a, mb, reqs, iq, requests, q_len);
     barrier();
-    score_warp_items(a, mb, iq, seq, reqs, pages, gr, st, rank, requests, q_len, ring, best, lds);
+    score_warp_items(a, mb, iq, seq, reqs, pages, gr, st, deal, requests, q_len, ring, best, lds);
     barrier();  // every warp's items scored
 }
 // The CTA's items by warp groups, their size picked by its item count (a loop built for each).
 MONO_DEVICE void score_by_warps(const Args& a, const Mailbox& mb, float* iq, const int* seq, const Request* reqs,
-                                const int* pages, int rank, int requests, int q_len, u8* lds) {
-    const int items = cta_items(reqs, rank, requests);
+                                const int* pages, const Deal& deal, int requests, int q_len, u8* lds) {
+    const int items = cta_items(deal);
     if (items == 0) return;  // uniform over the CTA
     switch (group_warps(items)) {
-        case 1: score_by_groups<1>(a, mb, iq, seq, reqs, pages, rank, requests, q_len, lds); break;
-        case 2: score_by_groups<2>(a, mb, iq, seq, reqs, pages, rank, requests, q_len, lds); break;
-        case 4: score_by_groups<4>(a, mb, iq, seq, reqs, pages, rank, requests, q_len, lds); break;
-        default: score_by_groups<TILES>(a, mb, iq, seq, reqs, pages, rank, requests, q_len, lds); break;
+        case 1: score_by_groups<1>(a, mb, iq, seq, reqs, pages, deal, requests, q_len, lds); break;
+        case 2: score_by_groups<2>(a, mb, iq, seq, reqs, pages, deal, requests, q_len, lds); break;
+        case 4: score_by_groups<4>(a, mb, iq, seq, reqs, pages, deal, requests, q_len, lds); break;
+        default: score_by_groups<TILES>(a, mb, iq, seq, reqs, pages, deal, requests, q_len, lds); break;
     }
 }
 
 // Work item u = (request r, its item i), requests in order; CTA c's j-th item is u =
-// item_of(rank, j), its rank counted from LEAD. The stage's start puts
+// item_of(deal, j) (deal_of: its rank and the deal). The stage's start puts
 // the requests, the rows' context lengths and the cache pages of the CTA's first PAGES items
 // in LDS; then the items go by warp groups, every index q put in LDS while their first keys load.
 MONO_DEVICE void run(const Args& a, const Mailbox& mb, u8* lds) {
     const int c = block_id() - FIRST;
     if (c < 0 || c >= CTAS) return;
     stamp(lds, TL_PRE_ATTN_DONE);
-    const int rank = rank_of(c);
     const int tid = thread_id();
     float* iq = reinterpret_cast<float*>(lds + LDS_IQ);          // [request's (row, head)s from r * q_len * HEADS][IQ_WORDS]
     Request* reqs = reinterpret_cast<Request*>(lds + LDS_REQS);  // [request]
@@ -1833,11 +1844,12 @@ MONO_DEVICE void run(const Args& a, const Mailbox& mb, u8* lds) {
     barrier();
     {  // item j = tid's block-table entry: one round trip a stage, not one an item
         Cursor own{0, 0};
-        const Item mine = advance(reqs, own, item_of(rank, tid), requests);
+        const Item mine = advance(reqs, own, item_of(deal_of(c, work_items(reqs, requests)), tid), requests);
         if (mine.valid && tid < PAGES) pages[tid] = int(page_of(a, mine, q_len));
     }
     barrier();
-    score_by_warps(a, mb, iq, seq, reqs, pages, rank, requests, q_len, lds);
+    const Deal deal = deal_of(c, work_items(reqs, requests));
+    score_by_warps(a, mb, iq, seq, reqs, pages, deal, requests, q_len, lds);
     stamp(lds, TL_SCORES_DONE);
 }
 
