@@ -651,7 +651,7 @@ def test_scorer_early_setup():
     lengths, first pages) is a function that the qkv GEMV calls with every thread where its CTAs
     wait (S <= 2: after the inline norm's rows, before the staged weights' wait; above: before the
     wait for the norm stage's rows), into LDS after the union; run() sets up only on CTAs outside
-    the qkv stage; they compile without spills. Off, the setup is inlined at the scorer's start.
+    the qkv stage; they compile without spills. Off, run() calls setup() at the scorer's start.
     Refused where early_setup_at is not an earlier gemv_fp8 stage, or one whose CTAs may return
     before the call (no stream-K, or a long step's condition)."""
     from codegen.render import render
@@ -667,7 +667,10 @@ def test_scorer_early_setup():
         assert stage_named(ir, "scores").values["early_setup_at"] == (None if tokens <= 2 else "qkv")
         ir, plain = build({"scores.early_setup": 0}, tokens)
         assert stage_named(ir, "scores").values["early_setup_at"] is None
-        assert "MONO_DEVICE void setup(" not in plain and call not in plain
+        assert call not in plain and "namespace stage_scores { MONO_DEVICE void setup(" not in plain
+        run = plain[plain.index("namespace stage_scores {\n"):]
+        run = run[run.index("MONO_DEVICE void run("):run.index("}  // namespace stage_scores")]
+        assert "    setup(a, lds);\n" in run and "request_of(" not in run
         ir, tuned = build({"scores.early_setup": 1, "scores.keys_prefetch": 0}, tokens)
         assert stage_named(ir, "scores").values["early_setup_at"] == "qkv"
         gemv = tuned[tuned.index("namespace stage_qkv {"):tuned.index("}  // namespace stage_qkv")]

@@ -1049,11 +1049,17 @@ MONO_DEVICE Item advance(const Request* reqs, Cursor& cur, int u, int requests) 
 // rounds go to the early ranks alone, the rest a round of every rank.
 struct Deal {
     int rank, early, late_items;
-    int total;  // items of the work list
+    int total;      // items of the work list
+    int own_early;  // the CTA's items of the first late_items rounds: late_items on an early rank, else 0
+    int later;      // the work-list index of its item j >= own_early, less j * CTAS
 };
 constexpr int LATE_CTAS = 0, LATE_ITEMS = 0;  // the deal (spec late_ctas, late_items)
+MONO_DEVICE Deal deal_with(int rank, int early, int late_items, int total) {
+    const int own_early = rank < early ? late_items : 0;
+    return Deal{rank, early, late_items, total, own_early, late_items * early + rank - own_early * CTAS};
+}
 MONO_DEVICE Deal deal_of(int c, int total) {
-    return Deal{(c - LEAD % CTAS + CTAS) % CTAS, CTAS - LATE_CTAS, LATE_ITEMS, total};
+    return deal_with((c - LEAD % CTAS + CTAS) % CTAS, CTAS - LATE_CTAS, LATE_ITEMS, total);
 }
 // The work list's items: every request's (the loop unrolled: `reqs` may live in registers).
 MONO_DEVICE int work_items(const Request* reqs, int requests) {
@@ -1064,8 +1070,7 @@ MONO_DEVICE int work_items(const Request* reqs, int requests) {
     return total;
 }
 MONO_DEVICE int item_of(const Deal& d, int j) {  // the work-list index of the CTA's j-th item
-    if (d.rank < d.early && j < d.late_items) return d.rank + j * d.early;
-    return d.late_items * d.early + d.rank + (d.rank < d.early ? j - d.late_items : j) * CTAS;
+    return j < d.own_early ? d.rank + j * d.early : d.later + j * CTAS;
 }
 // The CTA's items: u = item_of(d, 0), item_of(d, 1), ... below d.total.
 MONO_DEVICE int cta_items(const Deal& d) {
@@ -1241,19 +1246,15 @@ MONO_DEVICE void score_by_batches(const Args& a, const Mailbox& mb, float* iq, c
     }
 }
 
-// Work item u = (request r, its item i), requests in order; CTA c's j-th item is u =
-// item_of(deal, j) (deal_of: its rank and the deal). The stage's start puts
-// the requests, the rows' context lengths and the cache pages of the CTA's first PAGES items
-// in LDS; then the items go in batches, every index q put in LDS while their first keys load.
-MONO_DEVICE void run(const Args& a, const Mailbox& mb, u8* lds) {
+// The stage's setup of CTA c: the requests, the rows' context lengths and the cache pages of
+// its first PAGES items into LDS (every thread; two barriers). Called by run().
+MONO_DEVICE void setup(const Args& a, u8* lds) {
     const int c = block_id() - FIRST;
     if (c < 0 || c >= CTAS) return;
-    stamp(lds, TL_PRE_ATTN_DONE);
     const int tid = thread_id();
-    float* iq = reinterpret_cast<float*>(lds + LDS_IQ);          // [request's (row, head)s from r * q_len * HEADS][quarter][QSTRIDE]
-    Request* reqs = reinterpret_cast<Request*>(lds + LDS_REQS);  // [request]
-    int* seq = reinterpret_cast<int*>(lds + LDS_SEQ);            // [row]: its context length
-    int* pages = reinterpret_cast<int*>(lds + LDS_PAGES);        // [j < PAGES]: item j's cache page
+    Request* reqs = reinterpret_cast<Request*>(lds + LDS_REQS);
+    int* seq = reinterpret_cast<int*>(lds + LDS_SEQ);
+    int* pages = reinterpret_cast<int*>(lds + LDS_PAGES);
     const int q_len = a.q_len;
     const int requests = q_len > 0 ? TOKENS / q_len : 0;
     if (tid < requests) reqs[tid] = request_of(a, tid, q_len);
@@ -1265,6 +1266,23 @@ MONO_DEVICE void run(const Args& a, const Mailbox& mb, u8* lds) {
         if (mine.valid && tid < PAGES) pages[tid] = int(page_of(a, mine, q_len));
     }
     barrier();
+}
+
+// Work item u = (request r, its item i), requests in order; CTA c's j-th item is u =
+// item_of(deal, j) (deal_of: its rank and the deal). The stage's start puts
+// the requests, the rows' context lengths and the cache pages of the CTA's first PAGES items
+// in LDS; then the items go in batches, every index q put in LDS while their first keys load.
+MONO_DEVICE void run(const Args& a, const Mailbox& mb, u8* lds) {
+    const int c = block_id() - FIRST;
+    if (c < 0 || c >= CTAS) return;
+    stamp(lds, TL_PRE_ATTN_DONE);
+    float* iq = reinterpret_cast<float*>(lds + LDS_IQ);          // [request's (row, head)s from r * q_len * HEADS][quarter][QSTRIDE]
+    Request* reqs = reinterpret_cast<Request*>(lds + LDS_REQS);  // [request]
+    int* seq = reinterpret_cast<int*>(lds + LDS_SEQ);            // [row]: its context length
+    int* pages = reinterpret_cast<int*>(lds + LDS_PAGES);        // [j < PAGES]: item j's cache page
+    const int q_len = a.q_len;
+    const int requests = q_len > 0 ? TOKENS / q_len : 0;
+    setup(a, lds);
     const Deal deal = deal_of(c, work_items(reqs, requests));
     score_by_batches(a, mb, iq, seq, reqs, pages, deal, requests, q_len, lds);
     stamp(lds, TL_SCORES_DONE);

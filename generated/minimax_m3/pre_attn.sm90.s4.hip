@@ -1524,15 +1524,21 @@ MONO_DEVICE Item advance(const Request* reqs, Cursor& cur, int u, int requests) 
 // rounds go to the early ranks alone, the rest a round of every rank.
 struct Deal {
     int rank, early, late_items;
-    int total;  // items of the work list
+    int total;      // items of the work list
+    int own_early;  // the CTA's items of the first late_items rounds: late_items on an early rank, else 0
+    int later;      // the work-list index of its item j >= own_early, less j * CTAS
 };
 constexpr int LATE_CTAS = 20, LATE_ITEMS = 6;  // the deal (spec late_ctas, late_items)
 // Up to FEW_ITEMS items a CTA, the few-items deal (spec few_*): with few items a CTA, the late
 // ranks' lag is a larger part of the stage
 constexpr int FEW_ITEMS = 24, FEW_LEAD = 28, FEW_LATE_CTAS = 48, FEW_LATE_ITEMS = 6;
+MONO_DEVICE Deal deal_with(int rank, int early, int late_items, int total) {
+    const int own_early = rank < early ? late_items : 0;
+    return Deal{rank, early, late_items, total, own_early, late_items * early + rank - own_early * CTAS};
+}
 MONO_DEVICE Deal deal_of(int c, int total) {
-    if (total <= FEW_ITEMS * CTAS) return Deal{(c - FEW_LEAD % CTAS + CTAS) % CTAS, CTAS - FEW_LATE_CTAS, FEW_LATE_ITEMS, total};
-    return Deal{(c - LEAD % CTAS + CTAS) % CTAS, CTAS - LATE_CTAS, LATE_ITEMS, total};
+    if (total <= FEW_ITEMS * CTAS) return deal_with((c - FEW_LEAD % CTAS + CTAS) % CTAS, CTAS - FEW_LATE_CTAS, FEW_LATE_ITEMS, total);
+    return deal_with((c - LEAD % CTAS + CTAS) % CTAS, CTAS - LATE_CTAS, LATE_ITEMS, total);
 }
 // The work list's items: every request's (the loop unrolled: `reqs` may live in registers).
 MONO_DEVICE int work_items(const Request* reqs, int requests) {
@@ -1543,8 +1549,7 @@ MONO_DEVICE int work_items(const Request* reqs, int requests) {
     return total;
 }
 MONO_DEVICE int item_of(const Deal& d, int j) {  // the work-list index of the CTA's j-th item
-    if (d.rank < d.early && j < d.late_items) return d.rank + j * d.early;
-    return d.late_items * d.early + d.rank + (d.rank < d.early ? j - d.late_items : j) * CTAS;
+    return j < d.own_early ? d.rank + j * d.early : d.later + j * CTAS;
 }
 // The CTA's items: u = item_of(d, 0), item_of(d, 1), ... below d.total.
 MONO_DEVICE int cta_items(const Deal& d) {
@@ -1793,8 +1798,9 @@ MONO_DEVICE void score_by_warps(const Args& a, const Mailbox& mb, float* iq, con
     }
 }
 
-// The stage's setup of CTA c, called by stage qkv where its CTAs wait (into LDS
-// that lives for the whole kernel), and by run() on the CTAs outside that stage.
+// The stage's setup of CTA c: the requests, the rows' context lengths and the cache pages of
+// its first PAGES items into LDS (every thread; two barriers). Called by stage qkv where its CTAs
+// wait (into LDS that lives for the whole kernel), and by run() on the CTAs outside that stage.
 MONO_DEVICE void setup(const Args& a, u8* lds) {
     const int c = block_id() - FIRST;
     if (c < 0 || c >= CTAS) return;
