@@ -35,8 +35,6 @@ GEMV_TUNES = {"spec": None,
               "segment-waits": {"qkv.segment_waits": 1},  # each staged segment waited for before its MMAs
               "bulk-copies": {"qkv.bulk_copies": 1},  # every staged segment by TMA bulk copies, at every S
               "tail-in-turn": {"qkv.tail_read_ahead": 0},  # the tail's lower piece read in its turn (the spec's sm90: ahead)
-              # the norm stage's rows into LDS by one TMA bulk copy each (where that stage runs)
-              "rows-bulk": {"qkv.rows_bulk": "tokens > INLINE_NORM_TOKENS"},
               # the last CTA out advances the epoch (the spec's: the CTAs finished over all launches / BLOCKS)
               "epoch-last-out": {"mailbox.advance": "last_out"}}
 
@@ -261,7 +259,10 @@ SCORER_TUNES = {"spec": None,  # sm90: tensor cores, each item the fewest warps 
                 # the head CTAs (ranks 112..131 from CTA 0) 2 items fewer at every S, whatever the items
                 "late-ctas-2": {"scores.late_ctas": 20, "scores.late_items": 2, "scores.lead_cta": 0, "scores.few_items": 0},
                 # the scorer's setup in its own stage (the spec's sm90: by the qkv GEMV CTAs above 2 rows)
-                "setup-in-stage": {"scores.early_setup": 0}}
+                "setup-in-stage": {"scores.early_setup": 0},
+                # ... by the qkv GEMV CTAs at every S: up to 2 rows before the keys prefetch, which then
+                # reads the setup's LDS pages
+                "setup-then-keys": {"scores.early_setup": 1}}
 
 
 def scorer_kernel(tune_id: str, tokens: int, **params):

@@ -133,33 +133,6 @@ def test_gemv_tail_read_ahead():
         source(SPEC, "gfx942", tune={"qkv.tail_read_ahead": 1}, tokens=1)
 
 
-def test_gemv_rows_bulk():
-    """qkv.rows_bulk (sm90 stream-K with the norm stage's rows, off in the spec): thread 0 copies
-    every token row into LDS with one TMA bulk copy each (after the rows' flags, behind a
-    generic-to-async proxy fence) on an mbarrier set up at the stage's start and dropped at its
-    end; every thread waits on it instead of copying through registers. Compiles without spills;
-    refused where the GEMV CTAs normalize the rows themselves (S <= 2) and on AMD."""
-    copy = "for (int tk = 0; tk < TOKENS; ++tk) bulk_copy(x8 + tk * X8_STRIDE, mb.x8 + tk * (K / 4), K, rbar);"
-    for tokens in (4, 16):
-        _, plain = source(SPEC, "sm90", tokens=tokens)
-        assert "rbar" not in plain
-        _, tuned = source(SPEC, "sm90", tune={"qkv.rows_bulk": "tokens > INLINE_NORM_TOKENS"}, tokens=tokens)
-        gemv = tuned[tuned.index("namespace stage_qkv {"):tuned.index("}  // namespace stage_qkv")]
-        run = gemv[gemv.index("MONO_DEVICE void run("):]
-        assert "copy16_batched<ROW_BATCH>(" not in run and run.count(copy) == 1
-        order = [run.index(x) for x in ("if (tid == 0) bulk_barrier_init(rbar);", "barrier_acquire();",
-                                        "fence_proxy_async();", "bulk_expect(rbar, u32(TOKENS) * K);", copy,
-                                        "bulk_wait(rbar, 0, mb.tag);", "for (int g = g_last; g >= g_first; --g) {",
-                                        "if (tid == 0) bulk_barrier_inval(rbar);")]
-        assert order == sorted(order)
-        (report,) = jit.resource_report(tuned, "rows_bulk.hip", get_target("sm90"))
-        assert report.spills == 0 and report.scratch_bytes == 0
-    with pytest.raises(SpecError, match="rows_bulk copies the norm stage's rows into a stream-K CTA's LDS"):
-        source(SPEC, "sm90", tune={"qkv.rows_bulk": 1}, tokens=2)
-    with pytest.raises(SpecError, match="TMA bulk copy"):
-        source(SPEC, "gfx942", tune={"qkv.rows_bulk": 1}, tokens=4)
-
-
 def test_epoch_by_count():
     """mailbox.advance=count (both specs'; last_out the default): every thread takes the epoch as
     the u64 counter / BLOCKS at its start, thread 0 counts the CTA out after the last barrier with
@@ -282,8 +255,7 @@ def test_scorer_item_stamps():
     end = setup.index("}  // namespace stage_scores")
     run = setup[setup.rindex("MONO_DEVICE void run(", 0, end):end]
     assert "stamp(lds, TL_SPARE);" not in plain
-    assert run.index("pages[tid] = int(page_of(a, mine, q_len));") < run.index("stamp(lds, TL_SPARE);") \
-        < run.index("score_by_warps(")
+    assert run.index("    setup(a, lds);\n") < run.index("stamp(lds, TL_SPARE);") < run.index("score_by_warps(")
     groups = setup[setup.index("MONO_DEVICE void score_by_groups("):end]
     made = groups.index("make_index_q(")
     assert made < groups.index("stamp(lds, TL_X8_READY);") < groups.index("barrier();", made)

@@ -108,12 +108,8 @@ class Model(StageBase):
     # waited for as before (MiniMax S = 1: head piece put 5.4 us, GEMV done 7.2, bench/NOTES.md
     # MiniMax session 21)
     tail_read_ahead: PerTarget = PerTarget(default=0)
-    # stream-K with the rows from the norm stage (1 = on; NVIDIA): each token row into LDS by one
-    # TMA bulk copy (thread 0 issues them; one mbarrier), not by 16-byte loads through every
-    # thread's registers (S = 16: 98 KB a CTA from L2, bench/NOTES.md MiniMax session 21)
-    rows_bulk: PerTarget = PerTarget(default=0)
     _tile = field_validator("token_tile", "stream_k", "lds_prefetch", "early_weights", "bulk_copies", "segment_waits",
-                            "tail_read_ahead", "rows_bulk", mode="before")(classmethod(lambda cls, v: per_target(v)))
+                            "tail_read_ahead", mode="before")(classmethod(lambda cls, v: per_target(v)))
 
 
 def lower(stage: Model, ctx) -> dict:
@@ -157,16 +153,6 @@ def lower(stage: Model, ctx) -> dict:
                  "raise token_tile or let the rmsnorm_fp8 stage run for this build")
     mma_n = 16 if t.vendor == "amd" else 8  # token columns of one MMA
     stride_words = k // 4 + X8_ROW_PAD_WORDS
-    rows_bulk = ctx.switch(stage.rows_bulk.for_target(t.name), ("rows_bulk",))
-    if rows_bulk:
-        ctx.nvidia_only(("rows_bulk",), "TMA bulk copy")
-        if inline or not ctx.switch(stage.stream_k.for_target(t.name), ("stream_k",)):
-            ctx.fail(("rows_bulk",), "rows_bulk copies the norm stage's rows into a stream-K CTA's LDS",
-                     "turn stream_k on and let the rmsnorm_fp8 stage run for this build, or rows_bulk off")
-        if k % 16 or stride_words % 4:
-            ctx.fail(("rows_bulk",), f"a row's bulk copy needs 16-byte multiples (K {k}, LDS row {4 * stride_words} bytes)",
-                     "give rows_bulk 0 for this K")
-        ctx.lds(stage.name, "rbar", "u64", 1)  # the rows' copies' mbarrier
     ctx.lds(stage.name, "x8", "u32", tile * stride_words)
     ctx.lds(stage.name, "part", "float", waves * ROWS_PER_TASK * part_row(ctx.target))  # per-wave C tiles
     ctx.lds(stage.name, "xs", "float", max(tokens, 1))
@@ -181,7 +167,6 @@ def lower(stage: Model, ctx) -> dict:
         "chunk": chunk,
         "chunks_per_wave": k // chunk // waves,
         "x8_stride_words": stride_words,
-        "rows_bulk": rows_bulk,
         "row_batch": row_batch(tile * (k // 16), ctx.threads),
         "norm": checked_norm_constants(k, ctx, ("k",)),
         "rdone": residual_done(src, ctx) if inline else None,
