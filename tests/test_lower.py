@@ -530,11 +530,8 @@ def test_scorer_first_keys_prefetch():
             pre = text[text.index("MONO_DEVICE void prefetch_first_keys(const Args& a) {"):]
             pre = pre[:pre.index("\n}\n")]
             assert "constexpr int PREFETCH_ITEMS = 1;" in pre and "int u = item_of(deal, j);" in pre and "const Deal deal = deal_of(c, work_items(reqs, requests));" in pre
-            assert "prefetch_index_q_inputs(a);" in pre
-            inputs = text[text.index("MONO_DEVICE void prefetch_index_q_inputs(const Args& a) {"):]
-            inputs = inputs[:inputs.index("\n}\n")]
-            assert "for (int i = 0; i < DIM * 2; i += 128) prefetch_line_l2(reinterpret_cast<const u8*>(a.g_iq) + i);" in inputs
-            assert "prefetch_line_l2(a.cos_sin + (long long)int(a.positions[tk]) * ROPE);" in inputs
+            assert "for (int i = 0; i < DIM * 2; i += 128) prefetch_line_l2(reinterpret_cast<const u8*>(a.g_iq) + i);" in pre
+            assert "prefetch_line_l2(a.cos_sin + (long long)int(a.positions[tk]) * ROPE);" in pre
             # gamma: 128 bf16, two 128-byte lines; a cos / sin row: 64 bf16, one
             assert "constexpr int DIM = 128;" in text and "constexpr int ROPE = 64;" in text
     # rows from the norm stage: the call goes before their wait, the CTA's first 4 items
@@ -648,38 +645,6 @@ int main() {
         scores_of({"scores.few_late_ctas": 132})
 
 
-def test_scorer_setup_then_keys_prefetch():
-    """early_setup with keys_prefetch in the same stage (off in the spec, which sets up early only
-    above 2 rows, where it prefetches no keys): in the qkv GEMV's wait every thread runs the
-    scorer's setup, then the last thread prefetches the first items' keys from the setup's LDS
-    requests and pages (no seq_lens or block-table loads of its own to hold a barrier), and the
-    index q's inputs. The spec's S = 1 build keeps the register prefetch. sm90 S = 1 / 2 compile
-    without spills."""
-    from codegen import jit
-    from codegen.render import render
-    loaded = load_spec(SPEC, tune_items({"scores.early_setup": 1}))
-    for tokens in (1, 2):
-        ir = lower(loaded, make_build(loaded, "sm90", tokens=tokens))
-        sv = stage_named(ir, "scores").values
-        assert sv["keys_prefetch_at"] == sv["early_setup_at"] == "qkv" and sv["keys_after_setup"]
-        text = render(ir)
-        gemv = text[text.index("namespace stage_qkv {"):text.index("}  // namespace stage_qkv")]
-        order = ["stamp(lds, TL_X8_READY);", "stage_scores::setup(a, lds);",
-                 "if (tid == THREADS - 1) stage_scores::prefetch_first_keys(a, lds);", "bulk_wait(wbar"]
-        assert [gemv.index(o) for o in order] == sorted(gemv.index(o) for o in order)
-        assert "prefetch_first_keys(a);" not in text
-        assert "namespace stage_scores { MONO_DEVICE void prefetch_first_keys(const Args& a, const u8* lds); }" in text
-        pre = text[text.index("MONO_DEVICE void prefetch_first_keys(const Args& a, const u8* lds) {"):]
-        pre = pre[:pre.index("\n}\n")]
-        assert "const int* pages = reinterpret_cast<const int*>(lds + LDS_PAGES);" in pre
-        assert "const long long page = j < PAGES ? pages[j] : page_of(a, it, q_len);" in pre
-        assert "request_of(" not in pre and "prefetch_index_q_inputs(a);" in pre
-        (report,) = jit.resource_report(text, "setup_then_keys.hip", get_target("sm90"))
-        assert report.spills == 0 and report.scratch_bytes == 0
-    spec = render(build_ir("sm90", 1))
-    assert "stage_scores::prefetch_first_keys(a);" in spec and "stage_scores::setup(a, lds);" not in spec
-
-
 def test_scorer_early_setup():
     """early_setup (the spec's sm90 above 2 rows; early_setup_at: qkv; not with keys_prefetch, the
     spec's at S <= 2): the scorer's setup (requests, context
@@ -688,8 +653,7 @@ def test_scorer_early_setup():
     wait for the norm stage's rows), into LDS after the union; run() sets up only on CTAs outside
     the qkv stage; they compile without spills. Off, run() calls setup() at the scorer's start.
     Refused where early_setup_at is not an earlier gemv_fp8 stage, or one whose CTAs may return
-    before the call (no stream-K, or a long step's condition). With keys_prefetch in the same
-    stage: test_scorer_setup_then_keys_prefetch."""
+    before the call (no stream-K, or a long step's condition)."""
     from codegen.render import render
 
     def build(tune, tokens, target="sm90"):
@@ -725,6 +689,8 @@ def test_scorer_early_setup():
         build({"scores.early_setup": 1, "scores.early_setup_at": "heads"}, 16)
     with pytest.raises(SpecError, match="stage 'qkv' may return before its wait on some of its CTAs"):
         build({"scores.early_setup": 1}, 16, "gfx942")  # no stream-K there
+    with pytest.raises(SpecError, match="early_setup and keys_prefetch both wait in stage 'qkv'"):
+        build({"scores.early_setup": 1}, 1)  # the spec's keys_prefetch at S <= 2
     ir, _ = build({"scores.early_setup": "tokens > INLINE_NORM_TOKENS"}, 2)  # the tune the A/B uses
     assert stage_named(ir, "scores").values["early_setup_at"] is None
 

@@ -111,8 +111,8 @@ class Model(StageBase):
     # (an earlier gemv_fp8 stage) where its CTAs wait, as keys_prefetch is (1), not at this stage's
     # start (0): two L2 round trips and two barriers off the scorer's path (S = 16: 1.3-1.5 us from
     # the stage's entry to its setup, bench/NOTES.md MiniMax session 21). CTAs outside that stage
-    # still set up here. With keys_prefetch in the same stage the setup goes first, and the prefetch
-    # takes the requests and first pages from its LDS (no loads of its own to hold a barrier).
+    # still set up here. Not with keys_prefetch in the same stage (its thread's loads would hold
+    # the setup's barriers).
     early_setup: PerTarget = PerTarget(default=0)
     early_setup_at: Name | None = None
     # tensor-core dots: make the index q before the warps ask for their first key tiles (0: after,
@@ -257,6 +257,10 @@ def lower(stage: Model, ctx) -> dict:
             ctx.fail(("early_setup_at",), f"stage {setup_at!r} may return before its wait on some of its CTAs (a long "
                      "step's condition, or more CTAs than tasks without stream-K): the scorer would take them as set up",
                      "name a stream-K gemv_fp8 stage without long_step, or turn early_setup off for this target")
+        if setup_at == keys_at:  # its barriers would wait for the prefetching thread's chain of loads
+            ctx.fail(("early_setup",), f"early_setup and keys_prefetch both wait in stage {setup_at!r}: the setup's "
+                     "barriers would hold every thread until the prefetching thread's loads are back",
+                     "turn one of them off for this build (e.g. early_setup: tokens > INLINE_NORM_TOKENS)")
     setup_lds = ctx.lds_kernel if setup_at else ctx.lds  # early: the earlier stage's LDS must not clobber it
     setup_lds(stage.name, "reqs", "u32", REQUEST_WORDS * ctx.tokens)  # each request's work (the template's Request)
     setup_lds(stage.name, "seq", "u32", ctx.tokens)  # each row's context length
@@ -311,9 +315,6 @@ def lower(stage: Model, ctx) -> dict:
         "request_words": REQUEST_WORDS,
         "stamped_item": ctx.integer(stage.stamped_item, ("stamped_item",), minimum=0),
         "keys_prefetch_at": keys_at,  # the gemv_fp8 stage that calls prefetch_first_keys() (None: off)
-        # both in one stage: the setup first, then the prefetch from its LDS requests and pages (the
-        # setup's barriers do not wait for the prefetching thread's chain of loads)
-        "keys_after_setup": keys_at is not None and keys_at == setup_at,
         "early_setup_at": setup_at,  # the gemv_fp8 stage that calls setup() (None: this stage's start)
         "keys_prefetch_items": ctx.integer(stage.keys_prefetch_items, ("keys_prefetch_items",), minimum=1),
         "done": src.done,

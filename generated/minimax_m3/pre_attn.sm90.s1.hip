@@ -1566,13 +1566,6 @@ MONO_DEVICE long long page_of(const Args& a, const Item& it, int q_len) {
     return a.block_table[(long long)(it.r * q_len + q_len - 1) * a.bt_width + it.b];
 }
 
-// make_index_q's inputs into L2: gamma and every token's cos / sin row.
-MONO_DEVICE void prefetch_index_q_inputs(const Args& a) {
-    for (int i = 0; i < DIM * 2; i += 128) prefetch_line_l2(reinterpret_cast<const u8*>(a.g_iq) + i);
-#pragma unroll
-    for (int tk = 0; tk < TOKENS; ++tk) prefetch_line_l2(a.cos_sin + (long long)int(a.positions[tk]) * ROPE);
-}
-
 // The CTA's first PREFETCH_ITEMS items' keys into L2 (one TMA prefetch a block), by the calling
 // thread: every request's work from seq_lens (loads issued together), then each item's
 // block-table entry; and make_index_q's inputs, gamma and every token's cos / sin row (the
@@ -1588,7 +1581,9 @@ MONO_DEVICE void prefetch_first_keys(const Args& a) {
     Request reqs[TOKENS];  // (indexed by unrolled loops only: registers, no local memory)
 #pragma unroll
     for (int r = 0; r < TOKENS; ++r) reqs[r] = request_of(a, min_i(r, requests - 1), q_len);  // past the last: a repeat (unused)
-    prefetch_index_q_inputs(a);
+    for (int i = 0; i < DIM * 2; i += 128) prefetch_line_l2(reinterpret_cast<const u8*>(a.g_iq) + i);
+#pragma unroll
+    for (int tk = 0; tk < TOKENS; ++tk) prefetch_line_l2(a.cos_sin + (long long)int(a.positions[tk]) * ROPE);
     const Deal deal = deal_of(c, work_items(reqs, requests));
 #pragma unroll
     for (int j = 0; j < PREFETCH_ITEMS; ++j) {
