@@ -9,8 +9,12 @@ is scored for every row k of the request:
 all their blocks (unscored); the pinned first / last blocks are never written.
 
 The work list (request, block) is known only at run time (``seq_lens``): every
-CTA of the stage computes it and takes items ``u`` with ``u % CTAS`` equal to
-its rank, counted from ``lead_cta`` (the CTAs that finish earlier work first).
+CTA of the stage computes it and takes items by its rank, counted from
+``lead_cta`` (the CTAs that finish earlier work first): a round of the list to
+every rank in turn, except that the last ``late_ctas`` ranks (CTAs that enter
+late) sit out the first ``late_items`` rounds. A second such deal (``few_*``)
+serves lists of at most ``few_items`` items a CTA, where a late CTA's lag
+weighs more.
 A row's index q is made by the scorers themselves from the qkv mailbox with
 the head stage's (``iq_from``) math, so they never wait for its head task; a
 block that may hold a key inserted by this launch is read only after every
