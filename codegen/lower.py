@@ -244,7 +244,10 @@ class KernelIR:
     @property
     def tune_label(self) -> str:
         """The tuning overrides as ``stage.field=value`` pairs (the generated header's tune line)."""
-        show = lambda v: "{" + ", ".join(f"{k}: {x}" for k, x in v) + "}" if isinstance(v, tuple) else str(v)  # noqa: E731
+        def show(v) -> str:  # a frozen mapping ("map": (key, value) pairs) or list, at any depth
+            if getattr(v, "kind", None) == "map":
+                return "{" + ", ".join(f"{k}: {show(x)}" for k, x in v) + "}"
+            return "[" + ", ".join(show(x) for x in v) + "]" if isinstance(v, tuple) else str(v)
         return " ".join(f"{k}={show(v)}" for k, v in self.tune)
 
     @property

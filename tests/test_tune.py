@@ -133,6 +133,121 @@ def test_gemv_tail_read_ahead():
         source(SPEC, "gfx942", tune={"qkv.tail_read_ahead": 1}, tokens=1)
 
 
+# the index q's rows first and the index q made in the GEMV's wait (both off in the spec): the
+# GPU tests' tune (tests/test_minimax_pre_attn_gpu.py IQ_EARLY)
+IQ_EARLY = {"qkv.rows_first": "tokens <= INLINE_NORM_TOKENS",
+            "scores.iq_early": "tokens <= INLINE_NORM_TOKENS and index_heads == 1",
+            "scores.iq_from_out": "tokens > INLINE_NORM_TOKENS and index_heads == 1"}
+
+
+def test_gemv_rows_first():
+    """qkv.rows_first (sm90 with the inline norm; off in the spec, rows_first_range the own
+    index-q head): those 128 rows leave the stream-K units (152 row groups, the ranges without
+    them) and CTAs 0..63 compute two each, rows p and p + 8 of a group. The rendered addresses,
+    applied to a preshuffled random weight (codegen.weights) and random fp8 rows, give each row's
+    exact dot, every row of the range once; the loads go out before the CTA's weight share, the
+    dots after the inline norm and before the GEMV's waits; S = 1 / 2 compile without spills.
+    Refused on AMD, with the norm stage (S > 2), and for a range that is not a row range."""
+    import numpy as np
+    import torch
+    from codegen.weights import preshuffle
+
+    for tokens in (1, 2):
+        ir, text = source(SPEC, "sm90", tune=IQ_EARLY, tokens=tokens)
+        qkv = next(st for st in ir.stages if st.name == "qkv")
+        assert qkv.values["rows_first"] == (2304, 128) and qkv.values["tasks"] == 152
+        gemv = text[text.index("namespace stage_qkv {"):text.index("}  // namespace stage_qkv")]
+        for line in ("constexpr int PAIR_RANGE0 = 2304, PAIR_RANGE_ROWS = 128;", "constexpr int RANGE_FIRST[N_RANGES] = {0, 152};",
+                     "constexpr int RANGE_GROUPS[N_RANGES] = {144, 8};",
+                     "constexpr int UNITS = (TASKS - PAIR_RANGE_ROWS / 16) * NCHUNK;"):
+            assert line in gemv
+        run = gemv[gemv.index("MONO_DEVICE void run("):]
+        order = ["norm_load(a, tk, in[tk]);", "load_row_pair(a, t0, rp);", "stage_weights_bulk(a, lo", "norm_quant_row(a, tk",
+                 "row_pair_dots(mb, t0, rp, x8, xs, reinterpret_cast<float*>(lds + LDS_PAIR_SUMS));",
+                 "stage_scores::prefetch_first_keys(a);", "bulk_wait(wbar"]
+        assert [run.index(o) for o in order] == sorted(run.index(o) for o in order)
+        (report,) = jit.resource_report(text, "rows_first.hip", get_target("sm90"))
+        assert report.spills == 0 and report.scratch_bytes == 0
+    # the template's addressing (asserted verbatim), applied on the host
+    for line in ("MONO_DEVICE int pair_row_of(int t0) { return PAIR_RANGE0 + 16 * (t0 / 8) + t0 % 8; }",
+                 "const u8* pair = a.w_qkv + (row / 16) * 16 * K + (row % 16) * 64;",
+                 "rp.w[i] = ld16(pair + (pc / 4) * 16 * GEMV_K_CHUNK + (pc % 4) * 16);",
+                 "const u32* xr = x8 + tk * X8_STRIDE + 8 * (pc / 4) + pc % 4;",
+                 "acc[0][tk] = acc[0][tk] + w[0][e] * lo[e];", "acc[1][tk] = acc[1][tk] + w[1][e] * lo[e];",
+                 "acc[0][tk] = acc[0][tk] + w[2][e] * hi[e];", "acc[1][tk] = acc[1][tk] + w[3][e] * hi[e];",
+                 "mailbox_put(mb.qkv + tk * ROWS + pair_row_of(t0) + 8 * m, float_as_u32(val), mb.tag);"):
+        assert line in text, line
+    rows, K, first, count = 2560, 6144, 2304, 128
+    gen = torch.Generator().manual_seed(5)
+    w = (torch.randn(rows, K, generator=gen) * 8).to(torch.float8_e4m3fn)
+    flat = preshuffle(w, "sm90").contiguous().view(torch.uint8).flatten().numpy()
+    wf = w.float().numpy().astype(np.float64)
+    x = (torch.randn(2, K, generator=gen) * 8).to(torch.float8_e4m3fn)
+    xb = x.view(torch.uint8).numpy()
+    decode = torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn).float().numpy().astype(np.float64)
+    seen = []
+    for t0 in range(count // 2):
+        row = first + 16 * (t0 // 8) + t0 % 8
+        pair = (row // 16) * 16 * K + (row % 16) * 64
+        acc = np.zeros((2, 2))
+        for pc in range(K // 32 * 4):
+            piece = flat[pair + (pc // 4) * 16 * 32 + (pc % 4) * 16:][:16]
+            for tk in range(2):
+                word = 8 * (pc // 4) + pc % 4  # x8's word: bytes 4 word .. + 3
+                lo, hi = xb[tk, 4 * word:4 * word + 4], xb[tk, 4 * (word + 4):4 * (word + 4) + 4]
+                for reg, xs in ((0, lo), (1, lo), (2, hi), (3, hi)):
+                    acc[reg % 2, tk] += (decode[piece[4 * reg:4 * reg + 4]] * decode[xs]).sum()
+        for m in range(2):
+            exact = wf[row + 8 * m] @ x.float().numpy().astype(np.float64).T
+            assert np.array_equal(acc[m], exact), (t0, m)
+            seen.append(row + 8 * m)
+    assert sorted(seen) == list(range(first, first + count))
+    with pytest.raises(SpecError, match="gfx942's device library has no row-pair reads of the sm90 preshuffle"):
+        source(SPEC, "gfx942", tune={"qkv.rows_first": 1}, tokens=1)
+    with pytest.raises(SpecError, match="rows_first takes rows out of a stream-K split whose CTAs normalize"):
+        source(SPEC, "sm90", tune={"qkv.rows_first": 1}, tokens=4)
+    with pytest.raises(SpecError, match=r"rows \[2304, 64\] are not one of the row ranges"):
+        source(SPEC, "sm90", tune={"qkv.rows_first": 1, "qkv.rows_first_range": ["IQ_OFF", 64]}, tokens=1)
+
+
+def test_scorer_iq_early():
+    """scores.iq_early (off in the spec; with qkv.rows_first): every qkv CTA makes the index q
+    where it waits for its weights, after its rows-first dots and the keys prefetch, into LDS
+    outside the stage union (one 32-lane group a token, then a barrier); the scorer's
+    make_index_q returns at once on those CTAs. Refused without the rows first (the CTAs would wait
+    for rows their own GEMV work computes), with four index heads, and beside iq_from_out."""
+    from codegen.lower import lower, make_build
+    for tokens in (1, 2):
+        ir, text = source(SPEC, "sm90", tune=IQ_EARLY, tokens=tokens)
+        assert next(st for st in ir.stages if st.name == "scores").values["iq_early_at"] == "qkv"
+        gemv = text[text.index("namespace stage_qkv {"):text.index("}  // namespace stage_qkv")]
+        call = "stage_scores::make_index_q_early(a, mb, lds);"
+        order = ["row_pair_dots(mb, t0", "stage_scores::prefetch_first_keys(a);", call, "bulk_wait(wbar"]
+        assert gemv.count(call) == 1 and [gemv.index(o) for o in order] == sorted(gemv.index(o) for o in order)
+        assert "namespace stage_scores { MONO_DEVICE void make_index_q_early(const Args& a, const Mailbox& mb, u8* lds); }" in text
+        scores = text[text.index("namespace stage_scores {\n"):text.index("}  // namespace stage_scores")]
+        made = scores[scores.index("MONO_DEVICE void make_index_q("):]
+        assert "if (made >= 0 && made < stage_qkv::CTAS) return;" in made[:made.index("\n}\n")]
+        early = scores[scores.index("MONO_DEVICE void make_index_q_early("):]
+        early = early[:early.index("\n}\n")]
+        assert "head_values(mb.qkv + tk * QKV_ROWS + IQ_BASE + head * DIM + d0, mb.tag, e);" in early
+        assert "u32* row = reinterpret_cast<u32*>(iq) + (tk) * IQ_WORDS;" in early and early.endswith("barrier();")
+        union = max(b.offset + b.nbytes for b in ir.lds if not b.whole_kernel)
+        iq = next(b for b in ir.lds if b.stage == "scores" and b.name == "iq")
+        assert iq.whole_kernel and iq.offset >= union
+        (report,) = jit.resource_report(text, "iq_early.hip", get_target("sm90"))
+        assert report.spills == 0 and report.scratch_bytes == 0
+    _, plain = source(SPEC, "sm90", tokens=1)
+    assert "make_index_q_early" not in plain and "PAIR_RANGE0" not in plain
+    with pytest.raises(SpecError, match="stage 'qkv' does not compute the index q's rows \\[2304, 2432\\) first"):
+        source(SPEC, "sm90", tune={"scores.iq_early": 1}, tokens=1)
+    with pytest.raises(SpecError, match="iq_early makes the own index-q head's rows, not all 4 heads'"):
+        loaded = load_spec(SPEC, tune_items({**IQ_EARLY, "scores.iq_early": 1}))
+        lower(loaded, make_build(loaded, "sm90", tokens=1, index_heads=4))
+    with pytest.raises(SpecError, match="iq_early makes the index q from the qkv rows; iq_from_out reads the head task's"):
+        source(SPEC, "sm90", tune={**IQ_EARLY, "scores.iq_from_out": 1}, tokens=2)
+
+
 def test_epoch_by_count():
     """mailbox.advance=count (both specs'; last_out the default): every thread takes the epoch as
     the u64 counter / BLOCKS at its start, thread 0 counts the CTA out after the last barrier with

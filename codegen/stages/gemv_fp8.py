@@ -108,8 +108,17 @@ class Model(StageBase):
     # waited for as before (MiniMax S = 1: head piece put 5.4 us, GEMV done 7.2, bench/NOTES.md
     # MiniMax session 21)
     tail_read_ahead: PerTarget = PerTarget(default=0)
+    # rows first (1 = on; sm90 stream-K with an inline norm): the row range rows_first_range (one of
+    # row_ranges) is left out of the stream-K units and computed first, on the stage's first
+    # count / 2 CTAs, two rows each (rows p and p + 8 of a 16-row group: 64 contiguous bytes of
+    # each 32-k chunk in the sm90 preshuffle), by CUDA-core dots against the norm's LDS rows, their
+    # weights (2 K bytes) asked for before the CTA's share, so that those rows are done long
+    # before the GEMV: the index q's rows, for index_scores iq_early (bench/NOTES.md MiniMax
+    # sessions 22-23, "the index-q rows first")
+    rows_first: PerTarget = PerTarget(default=0)
+    rows_first_range: tuple[Expr, Expr] | None = None
     _tile = field_validator("token_tile", "stream_k", "lds_prefetch", "early_weights", "bulk_copies", "segment_waits",
-                            "tail_read_ahead", mode="before")(classmethod(lambda cls, v: per_target(v)))
+                            "tail_read_ahead", "rows_first", mode="before")(classmethod(lambda cls, v: per_target(v)))
 
 
 def lower(stage: Model, ctx) -> dict:
@@ -153,6 +162,11 @@ def lower(stage: Model, ctx) -> dict:
                  "raise token_tile or let the rmsnorm_fp8 stage run for this build")
     mma_n = 16 if t.vendor == "amd" else 8  # token columns of one MMA
     stride_words = k // 4 + X8_ROW_PAD_WORDS
+    first = _rows_first(stage, ctx, ranges, inline)
+    if first:  # its rows are not among the stream-K units
+        ranges = [r for r in ranges if r != first]
+        tasks -= first[1] // ROWS_PER_TASK
+        ctx.lds(stage.name, "pair_sums", "float", waves * 2 * tokens)  # rows_first: the row pair's per-wave sums
     ctx.lds(stage.name, "x8", "u32", tile * stride_words)
     ctx.lds(stage.name, "part", "float", waves * ROWS_PER_TASK * part_row(ctx.target))  # per-wave C tiles
     ctx.lds(stage.name, "xs", "float", max(tokens, 1))
@@ -171,6 +185,7 @@ def lower(stage: Model, ctx) -> dict:
         "norm": checked_norm_constants(k, ctx, ("k",)),
         "rdone": residual_done(src, ctx) if inline else None,
         "writes_residual": stage.writes_residual,
+        "rows_first": first,  # (first row, rows) computed first, or None
         **stream_k(stage, ctx, k // chunk, tasks, tokens, tile),
         "ranges": [(first // ROWS_PER_TASK, count // ROWS_PER_TASK) for first, count in ranges],
         "long_step": None if stage.long_step is None else {
@@ -180,6 +195,30 @@ def lower(stage: Model, ctx) -> dict:
         "src": src,
         "fields": stage,
     }
+
+
+def _rows_first(stage: Model, ctx, ranges: list, inline: bool) -> tuple[int, int] | None:
+    """rows_first's row range (first row, rows), checked, or None when off."""
+    t = ctx.target
+    if not ctx.switch(stage.rows_first.for_target(t.name), ("rows_first",)):
+        return None
+    ctx.nvidia_only(("rows_first",), "row-pair reads of the sm90 preshuffle")
+    if not ctx.switch(stage.stream_k.for_target(t.name), ("stream_k",)) or not inline:
+        ctx.fail(("rows_first",), "rows_first takes rows out of a stream-K split whose CTAs normalize the tokens "
+                 "themselves (their LDS rows, before any wait)",
+                 "turn stream_k on and leave the norm stage out of this build, or rows_first off")
+    if stage.rows_first_range is None:
+        ctx.fail(("rows_first_range",), "rows_first needs the row range it computes first",
+                 "give rows_first_range: [first row, rows], one of row_ranges")
+    first = (ctx.integer(stage.rows_first_range[0], ("rows_first_range", 0), minimum=0),
+             ctx.integer(stage.rows_first_range[1], ("rows_first_range", 1)))
+    if first not in ranges or len(ranges) < 2:
+        ctx.fail(("rows_first_range",), f"rows {list(first)} are not one of the row ranges {[list(r) for r in ranges]}, "
+                 "beside at least one other", "give one of row_ranges")
+    if first[1] // 2 > ctx.stage_ctas:
+        ctx.fail(("rows_first_range",), f"{first[1]} rows take {first[1] // 2} CTAs, two rows each; the stage has "
+                 f"{ctx.stage_ctas}", "give a shorter range")
+    return first
 
 
 def stream_k(stage: Model, ctx, nchunk: int, tasks: int, tokens: int, tile: int) -> dict:
