@@ -35,6 +35,11 @@ def test_per_target_mapping_override():
     assert "qkv.bulk_copies={default: 0, sm90: 1}" in tuned
 
 
+def test_list_override_names_itself():
+    _, tuned = source(SPEC, "sm90", tune={"qkv.rows_first_range": ["IQ_OFF", "HEAD_DIM"]}, tokens=1)
+    assert "// tune:   qkv.rows_first_range=[IQ_OFF, HEAD_DIM]  (overrides of the spec's knobs)" in tuned.splitlines()[3]
+
+
 def test_the_untuned_spec_is_not_touched():
     tuned = load_spec(SPEC, tune_items({"qkv.bulk_copies": 0}))
     plain = load_spec(SPEC)
