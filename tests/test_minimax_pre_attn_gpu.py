@@ -17,7 +17,7 @@ from codegen.fp import bf16_rn
 from codegen.reference import minimax_m3 as ref
 from tests.graphs import capture
 from tests.launch_guard import launch
-from tests.minimax_case import (POISON_BF16, context_case, expected_tag, launch_args, make_inputs, read_mailbox,
+from tests.minimax_case import (IQ_EARLY, POISON_BF16, context_case, expected_tag, launch_args, make_inputs, read_mailbox,
                                 reference_heads, reference_scores)
 
 pytestmark = pytest.mark.gpu
@@ -29,11 +29,6 @@ def same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
     return torch.equal(a.cpu().contiguous().view(torch.uint8), b.cpu().contiguous().view(torch.uint8))
 
 
-# the index q's rows first (qkv.rows_first, CUDA-core dots on CTAs 0..63) and the index q made in
-# the GEMV's wait (scores.iq_early), up to INLINE_NORM_TOKENS rows; off in the spec
-IQ_EARLY = {"qkv.rows_first": "tokens <= INLINE_NORM_TOKENS",
-            "scores.iq_early": "tokens <= INLINE_NORM_TOKENS and index_heads == 1",
-            "scores.iq_from_out": "tokens > INLINE_NORM_TOKENS and index_heads == 1"}
 IQ_ROWS = slice(2304, 2304 + 128)  # the own index-q head's rows (IQ_OFF, one index head)
 
 # the GEMV's builds besides the spec's: each must write the same qkv bits (the same sums in the

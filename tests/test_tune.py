@@ -13,6 +13,7 @@ from codegen.launch import load
 from codegen.render import source
 from codegen.spec import load_spec, tune_items
 from codegen.targets import get_target
+from tests.minimax_case import IQ_EARLY
 
 SPEC = "minimax_m3/pre_attn"
 BULK_CALL = "stage_weights_bulk(a, lo"  # the sm90 GEMV's bulk-copy issue (bulk_copies on)
@@ -136,13 +137,6 @@ def test_gemv_tail_read_ahead():
         assert report.spills == 0 and report.scratch_bytes == 0
     with pytest.raises(SpecError, match="tail_read_ahead reads a stream-K CTA's lower piece ahead"):
         source(SPEC, "gfx942", tune={"qkv.tail_read_ahead": 1}, tokens=1)
-
-
-# the index q's rows first and the index q made in the GEMV's wait (both off in the spec): the
-# GPU tests' tune (tests/test_minimax_pre_attn_gpu.py IQ_EARLY)
-IQ_EARLY = {"qkv.rows_first": "tokens <= INLINE_NORM_TOKENS",
-            "scores.iq_early": "tokens <= INLINE_NORM_TOKENS and index_heads == 1",
-            "scores.iq_from_out": "tokens > INLINE_NORM_TOKENS and index_heads == 1"}
 
 
 def test_gemv_rows_first():
