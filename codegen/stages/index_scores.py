@@ -164,10 +164,12 @@ def score_scale(sm_scale: float) -> float:
     return float(np.float32(np.float32(sm_scale) * np.float32(LOG2E)))
 
 
-def _earlier_gemv(stage: Model, ctx, knob: str) -> str:
-    """The stage named by ``<knob>_at`` for knob keys_prefetch / early_setup: an earlier
-    gemv_fp8 stage of the build (gemv_fp8.j2 calls prefetch_first_keys / setup where its CTAs
-    wait: for their weights after an inline norm, else for their token rows)."""
+def _earlier_gemv(stage: Model, ctx, knob: str, every_cta: bool = False) -> str:
+    """The stage named by ``<knob>_at`` for knob keys_prefetch / early_setup / iq_early: an
+    earlier gemv_fp8 stage of the build (gemv_fp8.j2 calls prefetch_first_keys / setup /
+    make_index_q_early where its CTAs wait: for their weights after an inline norm, else for
+    their token rows). ``every_cta``: the scorer takes that stage's CTAs as having done the work
+    (setup, index q), so each of them must reach the wait."""
     names = [s.name for s in ctx.loaded.spec.stages]
     at = getattr(stage, f"{knob}_at")
     gemv = next((s for s in ctx.loaded.spec.stages if s.name == at), None)
@@ -176,6 +178,11 @@ def _earlier_gemv(stage: Model, ctx, knob: str) -> str:
     if not ok:
         ctx.fail((f"{knob}_at",), f"{knob} needs an earlier gemv_fp8 stage of this build, got {at!r}",
                  f"name it, or turn {knob} off for this build")
+    gemv = ctx.stage_values(at)  # its lowering's: whether it splits stream-K, its long-step condition
+    if every_cta and (gemv["long_step"] is not None or not gemv["split"]):
+        ctx.fail((f"{knob}_at",), f"stage {at!r} may return before its wait on some of its CTAs (a long step's "
+                 f"condition, or more CTAs than tasks without stream-K): the scorer would take their {knob} as done",
+                 f"name a stream-K gemv_fp8 stage without long_step, or turn {knob} off for this target")
     return at
 
 
@@ -197,7 +204,7 @@ def _iq_early(stage: Model, ctx, heads: int, row0: int, head_dim: int) -> str | 
     [row0, row0 + head_dim) first), or None when off."""
     if not ctx.switch(stage.iq_early.for_target(ctx.target.name), ("iq_early",)):
         return None
-    at = _earlier_gemv(stage, ctx, "iq_early")
+    at = _earlier_gemv(stage, ctx, "iq_early", every_cta=True)
     if heads != 1:
         ctx.fail(("iq_early",), f"iq_early makes the own index-q head's rows, not all {heads} heads'",
                  "give iq_early 'index_heads == 1' (or 0)")
@@ -284,12 +291,7 @@ def lower(stage: Model, ctx) -> dict:
         keys_at = _earlier_gemv(stage, ctx, "keys_prefetch")
     setup_at = None
     if ctx.switch(stage.early_setup.for_target(ctx.target.name), ("early_setup",)):
-        setup_at = _earlier_gemv(stage, ctx, "early_setup")
-        gemv = ctx.stage_values(setup_at)  # its lowering's: whether it splits stream-K, its long-step condition
-        if gemv["long_step"] is not None or not gemv["split"]:
-            ctx.fail(("early_setup_at",), f"stage {setup_at!r} may return before its wait on some of its CTAs (a long "
-                     "step's condition, or more CTAs than tasks without stream-K): the scorer would take them as set up",
-                     "name a stream-K gemv_fp8 stage without long_step, or turn early_setup off for this target")
+        setup_at = _earlier_gemv(stage, ctx, "early_setup", every_cta=True)
         if setup_at == keys_at:  # its barriers would wait for the prefetching thread's chain of loads
             ctx.fail(("early_setup",), f"early_setup and keys_prefetch both wait in stage {setup_at!r}: the setup's "
                      "barriers would hold every thread until the prefetching thread's loads are back",
