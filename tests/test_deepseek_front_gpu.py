@@ -4,7 +4,8 @@
 Builds: S in {1, 2, 3, 6, 16, 17, 48} (16, 17 and 48 through the xq stage; S = 1 and 2 with
 wq_b norming q itself, q_inline, also against the publishing build), TP 2 and 4,
 ratio 0 / 1 / 2, index and tuned on and off, timeline, wq_b's MMAs two ways (native fp8 wgmma,
-the spec's, checked against its own bound; `emulated`: mma.sync), wq_b's
+the spec's, checked against its own bound; `emulated`: mma.sync), the wgmma loops with 2 / 3 / 4
+chunks in flight (the same bits; the spec's 3 at TP4), wq_b's
 weights three ways (registers; TMA into LDS at wq_b's start, lds_weights; at the kernel's start,
 bulk_weights); pad rows (slot -1),
 SWA blocks of 64 and 128 tokens, padded block strides. Each build launches
@@ -40,8 +41,12 @@ X8_IMAGE = {"tune": {"symbols.X8_IMAGE": 1}}
 # the last CTA out advances the epoch by an atomic round trip (the spec's: the CTAs finished over
 # all launches / BLOCKS, each CTA counted out by a reduction nobody waits for)
 EPOCH_LAST_OUT = {"tune": {"mailbox.advance": "last_out"}}
+# wqkv's and wq_b's wgmma loops with 2 / 4 chunks in flight (the spec's: 3 at TP4, wq_b's 2 at
+# TP2); same sums, same order
+DEPTH2 = {"tune": {"wqkv_a.wgmma_depth": 2, "wq_b.wgmma_depth": 2}}
+DEPTH4 = {"tune": {"wqkv_a.wgmma_depth": 4, "wq_b.wgmma_depth": 4}}
 TUNES = {id(BULK): "bulk", id(LDS): "lds", id(EMULATED): "emulated", id(X8_IMAGE): "x8image",
-         id(EPOCH_LAST_OUT): "epoch-last-out"}
+         id(EPOCH_LAST_OUT): "epoch-last-out", id(DEPTH2): "depth2", id(DEPTH4): "depth4"}
 # (tokens, tp, ratio, flags, swa_block, pad rows, swa block padding); wq_b on wgmma unless EMULATED
 # (TP2: 8 units a CTA, two groups of 4), wqkv in K quarters on wgmma at TP4; from S = 16
 # (TP4) / 17 the qkv stage stores QX8 as wq_b's LDS image (one bulk copy; the EMULATED / LDS
@@ -84,6 +89,12 @@ CASES = [
     (17, 2, 1, X8_IMAGE, 64, (0,), 0),  # TP2: the image's places by 16-byte loads
     (1, 4, 1, EPOCH_LAST_OUT, 128, (), 0),
     (16, 4, 2, EPOCH_LAST_OUT, 64, (3,), 0),
+    (1, 4, 1, DEPTH2, 128, (), 0),
+    (48, 4, 2, DEPTH2, 128, (5, 47), 0),
+    (1, 4, 2, DEPTH4, 64, (), 0),
+    (16, 4, 1, DEPTH4, 128, (4,), 0),
+    (48, 4, 0, DEPTH4, 64, (1,), 8),
+    (48, 2, 1, DEPTH4, 64, (7,), 0),  # TP2: wq_b's two groups of 4 units
 ]
 STATS: dict = {}
 
@@ -165,6 +176,26 @@ def test_q_inline_same_bits(s):
         outs.append((args["q"].view(torch.int16).cpu(), args["swa"].cpu()))
     assert torch.equal(outs[0][0], outs[1][0]), "q differs between the q_inline and the publishing build"
     assert torch.equal(outs[0][1], outs[1][1]), "the SWA records differ"
+
+
+@pytest.mark.parametrize("s, tp", [(1, 4), (16, 4), (48, 4), (48, 2)])
+def test_wgmma_depth_same_bits(s, tp):
+    """More chunks in flight changes when the wgmma loop waits, not what it sums nor the order:
+    depth 3 and 4 write depth 2's very partials, QX8, q and records."""
+    builds = [codegen.load(SPEC, tokens=s, tp=tp, tune={"wqkv_a.wgmma_depth": d, "wq_b.wgmma_depth": d})
+              for d in (2, 3, 4)]
+    case = dc.make_case(s, tp, 1, "sm90", seed=41 + s + tp, pad_rows=(1,) if s > 1 else ())
+    outs = []
+    for kernel in builds:
+        args = dc.launch_args(case, kernel.workspace("cuda"))
+        launch(kernel, args)
+        dc.check(case, kernel.ir, args)
+        scratch = dc.read_scratch(kernel.ir, args["scratch"], case.tokens)
+        outs.append((scratch["partials"].view(torch.int32), scratch["qx8"].view(torch.uint8), args["q"].view(torch.int16).cpu(),
+                     args["swa"].cpu()))
+    for d, out in zip((3, 4), outs[1:]):
+        for name, a, b in zip(("partials", "qx8", "q", "swa records"), out, outs[0]):
+            assert torch.equal(a, b), f"depth {d}: {name} differ from depth 2's"
 
 
 @pytest.mark.parametrize("flags", [{}, EPOCH_LAST_OUT], ids=["spec", "epoch-last-out"])

@@ -251,7 +251,8 @@ def test_wqb_wgmma_layout(tp, tokens):
     assert ("epilogue_passes(a, mb, part, lds, b0, i0, UPC, tok0, nt);" in render(ir)) == (tokens > 16)
     text = render(ir)
     wqb = text[text.index("namespace stage_wq_b {"):text.index("}  // namespace stage_wq_b")]
-    assert "constexpr int PART_WAVES = 4;          // partial tiles of a unit: one a warpgroup" in wqb and "mx_gemv64_wgmma<CPWG, GROUPS, NG, SSTRIDE, SWIZZLE>(" in wqb
+    assert "constexpr int PART_WAVES = 4;          // partial tiles of a unit: one a warpgroup" in wqb and "mx_gemv64_wgmma<WGMMA_DEPTH, CPWG, GROUPS, NG, SSTRIDE, SWIZZLE>(" in wqb
+    assert f"constexpr int WGMMA_DEPTH = {3 if tp == 4 else 2};" in wqb  # chunks in flight: the spec's
     assert f"constexpr bool SWIZZLE = {'false' if q_inline else 'true'};" in wqb
     assert "constexpr int PART_TILE = PART_WAVES * PART_WAVE;" in wqb
     rows = wqb[wqb.index("MONO_DEVICE void stage_rows("):]
@@ -390,7 +391,7 @@ def test_wqkv_quarters(tp, tokens):
     assert f"constexpr int QKV_PARTS = {k_parts};" in text
     if quarters:
         wqkv = text[text.index("namespace stage_wqkv_a {"):text.index("}  // namespace stage_wqkv_a")]
-        assert "mx_gemv64_wgmma<CPWG, GROUPS, NG, SSTRIDE, SWIZZLE>(" in wqkv and "(long long)unit_part(u) * NC * 16 * GEMV_K_CHUNK" in wqkv
+        assert "mx_gemv64_wgmma<WGMMA_DEPTH, CPWG, GROUPS, NG, SSTRIDE, SWIZZLE>(" in wqkv and "constexpr int WGMMA_DEPTH = 3;" in wqkv and "(long long)unit_part(u) * NC * 16 * GEMV_K_CHUNK" in wqkv
         rows = wqkv[wqkv.index("MONO_DEVICE void stage_rows("):wqkv.index("MONO_DEVICE void run(")]
         if tokens <= 9:  # x quantized here, straight into core matrices
             assert "xl[item_word(r, it)] = w0;" in rows and "await_rows(" not in wqkv
@@ -441,6 +442,22 @@ def test_gemv_probe_points(stage, tokens):
     run = ns[ns.index("MONO_DEVICE void run("):]
     assert run.index("mx_gemv64_wgmma<") < run.index("if (i0 == 0 && c0 == 0) stamp(lds, TL_SPARE3);") \
         < run.index("epilogue_passes(" if tokens > 16 else "epilogue_group(")
+
+
+@pytest.mark.parametrize("depth", [3, 4])
+def test_wgmma_depth(depth):
+    """wgmma_depth sets the chunks a warp keeps in flight, per stage: its loop's template argument
+    and the device function's ring of d registers; outside 2..4 refused; no effect on mma.sync loops."""
+    text = render(ir_of(tokens=16, tune={"wq_b.wgmma_depth": depth, "wqkv_a.wgmma_depth": 2}))
+    ns = {st: text[text.index(f"namespace stage_{st} {{"):text.index(f"}}  // namespace stage_{st}")] for st in ("wqkv_a", "wq_b")}
+    assert f"constexpr int WGMMA_DEPTH = {depth};" in ns["wq_b"] and "constexpr int WGMMA_DEPTH = 2;" in ns["wqkv_a"]
+    assert "float d[DEPTH][4 * J];" in text and "wgmma_wait<DEPTH - 1>();" in text
+    for bad in (1, 5):
+        with pytest.raises(SpecError, match=f"stages.4.wgmma_depth: .*] {bad} chunks in flight: 2, 3 or 4"):
+            ir_of(tokens=16, tune={"wq_b.wgmma_depth": bad})
+    # the mma.sync loops (wqkv at TP2) take no depth: the same source as the spec's
+    tuned = render(ir_of(tokens=16, tp=2, tune={"wqkv_a.wgmma_depth": depth}))
+    assert tuned.replace(f"// tune:   wqkv_a.wgmma_depth={depth}  (overrides of the spec's knobs)\n", "") == render(ir_of(tokens=16, tp=2))
 
 
 def test_wq_b_weights_point():

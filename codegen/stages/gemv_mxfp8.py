@@ -98,6 +98,11 @@ class Model(StageBase):
     # tensor cores keep about 13 bits of a chunk's sum (up to 2^-12.8 of sum |w x|): sm90's fp8
     # tensor-core precision class (README "Precision")
     wgmma: PerTarget = PerTarget(default=0)
+    # wgmma: a warp's chunks in flight on the tensor cores (2..4): each chunk is one 32-value
+    # block with its own scale, so its wgmma writes fresh registers that are scaled into the sums
+    # after its wait; with depth d the loop waits for chunk i while chunks i + 1 .. i + d - 1 run
+    # (4 d-value register sets a lane at 8 tokens and below, 8 above). No effect on the mma.sync loops
+    wgmma_depth: PerTarget = PerTarget(default=2)
     # the wgmma loop's first group of weight loads issued after the token rows are in LDS (1), not
     # before the rows' wait, so that no load of theirs holds a scoreboard the rows' loads share.
     # The mma.sync loops keep their own load order (ilp, bulk_weights, lds_weights): no effect there
@@ -126,7 +131,7 @@ class Model(StageBase):
     mma_point: Name | None = None  # timeline point: wgmma builds, warp 0's MMAs of the first pass done (before its epilogue)
     weights_point: Name | None = None  # timeline point: bulk_weights / lds_weights: the staged copies landed
 
-    _tile = field_validator("token_tile", "ilp", "bulk_weights", "lds_weights", "wgmma", "late_weights",
+    _tile = field_validator("token_tile", "ilp", "bulk_weights", "lds_weights", "wgmma", "wgmma_depth", "late_weights",
                            "l2_prefetch", "rows_async", mode="before")(
         classmethod(lambda cls, v: per_target(v)))
 
@@ -271,6 +276,10 @@ def lower(stage: Model, ctx) -> dict:
             ctx.fail(("wgmma",), "the wgmma loop cannot run this build: " + "; ".join(why),
                      "turn wgmma off for this build")
         cpw = nc // groups
+    depth = ctx.integer(stage.wgmma_depth.for_target(t.name), ("wgmma_depth",))
+    if not 2 <= depth <= 4:
+        ctx.fail(("wgmma_depth",), f"{depth} chunks in flight: 2, 3 or 4 (each holds 4 or 8 registers "
+                 "a lane; the loop's last waits take 0..3 pending)", "set wgmma_depth to 2, 3 or 4")
     late = ctx.switch(stage.late_weights.for_target(t.name), ("late_weights",)) and wgmma
     l2_at = _l2_prefetch_at(stage, ctx) if ctx.switch(stage.l2_prefetch.for_target(t.name), ("l2_prefetch",)) else None
     rows_async = ctx.switch(stage.rows_async.for_target(t.name), ("rows_async",))
@@ -384,6 +393,7 @@ def lower(stage: Model, ctx) -> dict:
         "lds_scales": lds_scales,  # a group's weight scales in LDS (else in registers)
         "wgmma": wgmma,
         "groups": groups,  # wgmma: warpgroups
+        "wgmma_depth": depth,  # wgmma: a warp's chunks in flight
         "part_waves": part_waves,
         "passes": passes,
         "late_weights": late,

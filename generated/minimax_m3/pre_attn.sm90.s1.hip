@@ -652,6 +652,13 @@ MONO_DEVICE void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "m
 MONO_DEVICE void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
 template <int PENDING>
 MONO_DEVICE void wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(PENDING) : "memory"); }
+// wgmma_wait<min(pending, 3)>: pending is a constant once the caller's loop is unrolled
+MONO_DEVICE void wgmma_wait_upto(int pending) {
+    if (pending >= 3) wgmma_wait<3>();
+    else if (pending == 2) wgmma_wait<2>();
+    else if (pending == 1) wgmma_wait<1>();
+    else wgmma_wait<0>();
+}
 template <int R>
 MONO_DEVICE void fence_regs(float (&d)[R]) {  // the compiler keeps d where the async MMA writes it
 #pragma unroll
@@ -676,19 +683,19 @@ MONO_DEVICE void hold_regs(u32x4& a) { asm volatile("" : "+r"(a.x), "+r"(a.y), "
 // One warp's share of a 16-column pass: its unit's chunks g + GROUPS i (g: the warpgroup, w[i]:
 // their A fragments, sw[i]: their weight block scales), the token rows x (SWIZZLE: swizzle128_word's
 // layout, else core_matrix_word's; from the pass's first 8-token group), xs their block scales. Per chunk and column,
-// acc = fma(d, sx * sw, acc) as the mma.sync loop does; two chunks in flight (d of chunk i + 1
-// issued before chunk i's is scaled). The warp's 16-row tile -> part (PART_ROW a row).
+// acc = fma(d, sx * sw, acc) as the mma.sync loop does; DEPTH chunks in flight (chunks i + 1 ..
+// i + DEPTH - 1 issued before chunk i's d is scaled). The warp's 16-row tile -> part (PART_ROW a row).
 // next (the next unit's row of weights at this lane's 16 bytes, its row of scale codes in
 // next_codes), when not null: as chunk i's MMA completes, w[i] and code[i] take the next unit's
 // chunk i, so its loads stream during this pass's MMAs.
-template <int J, int CPWG, int GROUPS, int NG, int SSTRIDE, bool SWIZZLE>
+template <int J, int DEPTH, int CPWG, int GROUPS, int NG, int SSTRIDE, bool SWIZZLE>
 MONO_DEVICE void mx_gemv64_wgmma_j(u32x4 (&w)[CPWG], const float (&sw)[CPWG], const u8* x, const float* xs, int tokens,
                                    float* part, const u8* next, const u8* next_codes, u32 (&code)[CPWG]) {
     const int g = wave_id() / 4;  // the warpgroup
     const float* s[4];  // this lane's D columns' scale rows
     lane_scale_rows<SSTRIDE>(xs, tokens, s);
     float acc[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
-    float d[2][4 * J];
+    float d[DEPTH][4 * J];
     auto issue = [&](int i, float (&di)[4 * J]) {
         const int c = g + GROUPS * i;  // swizzled: 32 K bytes of segment c / 4, its bytes 32 (c % 4) ..
         constexpr int GB = token_group_bytes(SWIZZLE);
@@ -704,14 +711,16 @@ MONO_DEVICE void mx_gemv64_wgmma_j(u32x4 (&w)[CPWG], const float (&sw)[CPWG], co
     };
     issue(0, d[0]);
 #pragma unroll
+    for (int i = 1; i + 1 < DEPTH && i < CPWG; ++i) issue(i, d[i]);
+#pragma unroll
     for (int i = 0; i < CPWG; ++i) {
-        if (i + 1 < CPWG) {
-            issue(i + 1, d[(i + 1) % 2]);
-            wgmma_wait<1>();
+        if (i + DEPTH - 1 < CPWG) {
+            issue(i + DEPTH - 1, d[(i + DEPTH - 1) % DEPTH]);
+            wgmma_wait<DEPTH - 1>();
         } else {
-            wgmma_wait<0>();
+            wgmma_wait_upto(CPWG - 1 - i);  // the chunks after i, all issued
         }
-        fence_regs(d[i % 2]);
+        fence_regs(d[i % DEPTH]);
         const int c = g + GROUPS * i;
         hold_regs(w[i]);
         if (next != nullptr) {  // uniform
@@ -721,19 +730,19 @@ MONO_DEVICE void mx_gemv64_wgmma_j(u32x4 (&w)[CPWG], const float (&sw)[CPWG], co
 #pragma unroll
         for (int j = 0; j < J; ++j) {
             const float s0 = s[2 * j][c] * sw[i], s1 = s[2 * j + 1][c] * sw[i];
-            acc[j][0] = fma_rn(d[i % 2][4 * j + 0], s0, acc[j][0]);
-            acc[j][1] = fma_rn(d[i % 2][4 * j + 1], s1, acc[j][1]);
-            acc[j][2] = fma_rn(d[i % 2][4 * j + 2], s0, acc[j][2]);
-            acc[j][3] = fma_rn(d[i % 2][4 * j + 3], s1, acc[j][3]);
+            acc[j][0] = fma_rn(d[i % DEPTH][4 * j + 0], s0, acc[j][0]);
+            acc[j][1] = fma_rn(d[i % DEPTH][4 * j + 1], s1, acc[j][1]);
+            acc[j][2] = fma_rn(d[i % DEPTH][4 * j + 2], s0, acc[j][2]);
+            acc[j][3] = fma_rn(d[i % DEPTH][4 * j + 3], s1, acc[j][3]);
         }
     }
     put_tile(part, acc, J == 2);
 }
-template <int CPWG, int GROUPS, int NG, int SSTRIDE, bool SWIZZLE>
+template <int DEPTH, int CPWG, int GROUPS, int NG, int SSTRIDE, bool SWIZZLE>
 MONO_DEVICE void mx_gemv64_wgmma(u32x4 (&w)[CPWG], const float (&sw)[CPWG], const u8* x, const float* xs, int tokens,
                                  float* part, const u8* next, const u8* next_codes, u32 (&code)[CPWG]) {
-    if (tokens > 8) mx_gemv64_wgmma_j<2, CPWG, GROUPS, NG, SSTRIDE, SWIZZLE>(w, sw, x, xs, tokens, part, next, next_codes, code);
-    else mx_gemv64_wgmma_j<1, CPWG, GROUPS, NG, SSTRIDE, SWIZZLE>(w, sw, x, xs, tokens, part, next, next_codes, code);
+    if (tokens > 8) mx_gemv64_wgmma_j<2, DEPTH, CPWG, GROUPS, NG, SSTRIDE, SWIZZLE>(w, sw, x, xs, tokens, part, next, next_codes, code);
+    else mx_gemv64_wgmma_j<1, DEPTH, CPWG, GROUPS, NG, SSTRIDE, SWIZZLE>(w, sw, x, xs, tokens, part, next, next_codes, code);
 }
 
 // ---- shared by every target, on the primitives of its library above -------------------
