@@ -76,7 +76,7 @@ class MinimaxBench:
 
     def make_case(self, s: int, ctx, *, copies: int, compiled, log):
         return self._mod.PreAttnCase(s, ctx, copies=copies, gemm=self.gemm, compiled=compiled, seed=self.args.seed,
-                                     dry_run=self.dry, tune=self.args.tune, log=log)
+                                     dry_run=self.dry, tune=self.args.tune, pdl=not self.args.no_pdl, log=log)
 
     def gemm_note(self) -> str | None:
         if self.gemm == "dequant" and not self.dry:
@@ -110,7 +110,8 @@ class DeepSeekBench:
 
     def make_case(self, s: int, ctx, *, copies: int, compiled, log):
         return self._mod.AttnFrontCase(s, None, copies=copies, compiled=compiled, seed=self.args.seed,
-                                       dry_run=self.dry, tp=self.tp, tune=self.args.tune, log=log)
+                                       dry_run=self.dry, tp=self.tp, tune=self.args.tune, pdl=not self.args.no_pdl,
+                                       log=log)
 
     def gemm_note(self) -> str | None:
         return ("the unfused GEMMs dequantize their MXFP8 operands to bf16 on every call and run a bf16 matmul "
@@ -251,6 +252,8 @@ def parse_args(argv):
                     help="minimax: GEMM of the unfused chain (auto: torch._scaled_mm where the GPU has FP8)")
     ap.add_argument("--compile-backend", default=None, help="torch.compile backend (default inductor; dry run eager)")
     ap.add_argument("--no-compile", action="store_true", help="skip the torch.compile contender")
+    ap.add_argument("--no-pdl", action="store_true",
+                    help="launch ours without programmatic dependent launch (each launch after the previous one's end)")
     ap.add_argument("--no-jit", action="store_true", help="skip the JIT cold/warm timings")
     ap.add_argument("--no-generate", action="store_true", help="skip the make generate timing")
     ap.add_argument("--no-guard", action="store_true", help="time even if the contenders disagree (reported)")
@@ -299,6 +302,13 @@ def run_kernel(kb, args, run: dict, *, timer, bw: float, dev: dict, common: dict
     note = kb.gemm_note()
     if note:
         meta["notes"].append(note)
+    if args.no_pdl:
+        meta["build"] = ", ".join(x for x in (meta["build"], "no PDL") if x)
+    else:
+        meta["notes"].append("ours launches with programmatic dependent launch (sm90): each launch lets the next "
+                             "begin as soon as all its CTAs have started, and waits for the previous one's end before "
+                             "any memory access, so the graph's launches of ours overlap their neighbours' ramp-up "
+                             "and drain; --no-pdl times them one after the other")
 
     def add_notes(notes):
         for n in notes:

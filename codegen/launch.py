@@ -135,6 +135,12 @@ class Kernel:
     source: str
     backend: str | None = None
     cooperative: bool = True
+    # NVIDIA: programmatic dependent launch. The kernel lets the stream's next launch begin
+    # as soon as all its CTAs have started, and waits for the previous launch's completion
+    # before any memory access (kernel.hip.j2), so launches overlap their ramp-up and drain
+    # (H200, DeepSeek S = 1 / 16 / 48: -0.4 / -0.6 / -0.5 us a launch back to back,
+    # bench/NOTES.md). AMD: no such launch; ignored
+    pdl: bool = True
 
     def __post_init__(self):
         self._function = None
@@ -309,7 +315,8 @@ class Kernel:
         args = self.pack(tensors)
         fn = self.compile()
         stream = torch.cuda.current_stream().cuda_stream
-        fn.launch(self.ir.blocks, self.ir.threads, self.dynamic_lds, stream, args, cooperative=self.cooperative)
+        pdl = {"pdl": True} if self.pdl and self.target.vendor == "nvidia" else {}
+        fn.launch(self.ir.blocks, self.ir.threads, self.dynamic_lds, stream, args, cooperative=self.cooperative, **pdl)
         if self.debug:  # every launch is checked, except inside a graph capture (check_errors after replays)
             self._scratch = tensors[self.ir.scratch_arg]
             if not torch.cuda.is_current_stream_capturing():
@@ -322,23 +329,26 @@ def _compute_units() -> int:
 
 
 @functools.lru_cache(maxsize=None)
-def _kernel(name: str, target: str, params: tuple, backend: str | None, cooperative: bool, tune: tuple = ()) -> Kernel:
+def _kernel(name: str, target: str, params: tuple, backend: str | None, cooperative: bool, tune: tuple = (),
+            pdl: bool = True) -> Kernel:
     loaded = load_spec(name, tune)
     build = make_build(loaded, target, **dict(params))
     ir = lower(loaded, build)
-    return Kernel(ir, render(ir), backend, cooperative)
+    return Kernel(ir, render(ir), backend, cooperative, pdl)
 
 
 def load(name: str, tokens: int = 1, target: str | None = None, backend: str | None = None,
-         cooperative: bool = True, tune: dict | None = None, **flags) -> Kernel:
+         cooperative: bool = True, tune: dict | None = None, pdl: bool = True, **flags) -> Kernel:
     """The kernel of spec ``name`` for ``tokens`` rows and build ``flags`` on
     ``target`` (default: torch's current GPU). Compiles on first launch (or
     ``kernel.compile()``); the same build is returned from an in-process cache.
     ``tune``: overrides of the spec's stage fields for a tuning sweep, e.g.
-    ``{"qkv.bulk_copies": 0}`` (checked like the file's values)."""
+    ``{"qkv.bulk_copies": 0}`` (checked like the file's values). ``pdl``
+    (NVIDIA): programmatic dependent launch (``Kernel.pdl``); False launches
+    each kernel after the previous one's completion, as a plain launch does."""
     target = target or detect_target()
     return _kernel(name, target, tuple(sorted(dict(tokens=tokens, **flags).items())), backend, cooperative,
-                   tune_items(tune))
+                   tune_items(tune), pdl)
 
 
 class PrecompileError(RuntimeError):

@@ -5,7 +5,8 @@ overrides (bench.run --tune), timed with bench.run's no-compile path, ours only,
 move by up to ~0.7 us between machines (bench/NOTES.md, DeepSeek session 17).
 
     python3 scripts/ab_variants.py --rounds 2 --bench "--kernels deepseek --tokens 3,6,16" \\
-        --variant main .ab-main --variant new . --variant pairs-off . symbols.QKV_PER_TASK=1
+        --variant main .ab-main --variant new . --variant pairs-off . symbols.QKV_PER_TASK=1 \\
+        --variant no-pdl . run:--no-pdl
 
 Prints a line a run and, at the end, a table: a row a variant, a column a case (S, or S / context),
 the mean of the rounds' medians (us) and, with two rounds or more, their spread. The table goes to
@@ -31,7 +32,8 @@ ROOT = Path(__file__).resolve().parents[1]
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--variant", nargs="+", action="append", required=True, metavar=("NAME DIR", "TUNE"),
-                    help="a variant: its name, its tree (relative to this checkout), then STAGE.FIELD=VALUE overrides")
+                    help="a variant: its name, its tree (relative to this checkout), then STAGE.FIELD=VALUE overrides "
+                         "(or run:OPTION, an option of bench.run for this variant's runs, e.g. run:--no-pdl)")
     ap.add_argument("--rounds", type=int, default=2, help="turns over all variants (default 2)")
     ap.add_argument("--bench", default="--kernels deepseek", help="bench.run's options for every run, one string")
     ap.add_argument("--timeout", type=int, default=300, help="seconds a run may take (default 300)")
@@ -42,9 +44,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             ap.error(f"--variant {' '.join(v)}: NAME DIR [TUNE ...] expected")
         if not (ROOT / v[1] / "bench" / "run.py").is_file():
             ap.error(f"--variant {v[0]}: {v[1]} is no checkout (no bench/run.py under {ROOT / v[1]})")
-        bad = [t for t in v[2:] if "=" not in t]
+        bad = [t for t in v[2:] if "=" not in t and not t.startswith("run:--")]
         if bad:
-            ap.error(f"--variant {v[0]}: {bad[0]!r} is no STAGE.FIELD=VALUE override")
+            ap.error(f"--variant {v[0]}: {bad[0]!r} is no STAGE.FIELD=VALUE override (nor run:--OPTION)")
     names = [v[0] for v in args.variant]
     if len(set(names)) != len(names):
         ap.error(f"variant names must differ: {names}")
@@ -56,7 +58,8 @@ def run_once(tree: Path, tunes: list[str], bench: str, timeout: int, dry: bool, 
     with tempfile.TemporaryDirectory() as tmp:
         cmd = [sys.executable, "-m", "bench.run", "--replays", "30", "--no-jit", "--no-generate", "--no-compile",
                "--no-plot", "--out", tmp, "--results", str(Path(tmp) / "RESULTS.md"), *shlex.split(bench)]
-        cmd += [w for t in tunes for w in ("--tune", t)] + (["--dry-run"] if dry else [])
+        cmd += [w for t in tunes for w in ((t[len("run:"):],) if t.startswith("run:") else ("--tune", t))]
+        cmd += ["--dry-run"] if dry else []
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (os.environ.get("PYTHONPATH", ""), str(tree)) if p))
         try:
             done = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True, timeout=timeout)

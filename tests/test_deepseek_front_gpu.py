@@ -118,9 +118,9 @@ def _builds_compiled():
             json.dump(STATS, f, indent=1)
 
 
-def setup(c, seed=0):
+def setup(c, seed=0, pdl=True):
     s, tp, ratio, flags, blk, pads, pad = c
-    kernel = codegen.load(SPEC, tokens=s, tp=tp, ratio=ratio, **flags)
+    kernel = codegen.load(SPEC, tokens=s, tp=tp, ratio=ratio, pdl=pdl, **flags)
     case = dc.make_case(s, tp, ratio, kernel.target.name, seed=seed + 11 * s + tp + ratio, swa_block=blk,
                         pad_rows=pads, swa_pad=pad)
     ws = kernel.workspace("cuda")
@@ -198,22 +198,25 @@ def test_wgmma_depth_same_bits(s, tp):
             assert torch.equal(a, b), f"depth {d}: {name} differ from depth 2's"
 
 
+@pytest.mark.parametrize("pdl", [True, False], ids=["pdl", "no-pdl"])
 @pytest.mark.parametrize("flags", [{}, EPOCH_LAST_OUT], ids=["spec", "epoch-last-out"])
-def test_graph_replays(flags):
-    """20 replays of a captured launch, nothing cleared in between: the same
-    outputs, the epoch advanced once per replay on the device (both ways of
-    keeping the counter: the last CTA out, or the CTAs counted over all launches)."""
+def test_graph_replays(flags, pdl):
+    """5 replays of a graph of 4 launches in a row, nothing cleared in between: the same
+    outputs, the epoch advanced once per launch on the device (both ways of keeping the
+    counter: the last CTA out, or the CTAs counted over all launches; launches overlapping
+    their neighbours by programmatic dependent launch, the default, or one after the other)."""
     c = (6, 4, 1, flags, 64, (1,), 0)
-    kernel, case, args = setup(c, seed=5)
+    kernel, case, args = setup(c, seed=5, pdl=pdl)
     launch(kernel, args)
     q1 = args["q"].clone()
-    graph = capture(lambda: kernel(**args))
+    graph = capture(lambda: kernel(**args), times=4)
     torch.cuda.synchronize()
     before = kernel.ir.epoch(args["epoch"].cpu())
     want = args["epoch"].cpu().tolist()
-    for _ in range(20):
+    for _ in range(5):
         graph.replay()
-        want = kernel.ir.advanced(want)
+        for _ in range(4):
+            want = kernel.ir.advanced(want)
     torch.cuda.synchronize()
     assert kernel.ir.epoch(args["epoch"].cpu()) == before + 20 and args["epoch"].cpu().tolist() == want
     assert torch.equal(args["q"].view(torch.int16), q1.view(torch.int16))

@@ -414,6 +414,48 @@ def test_cuda_load_and_launch():
     assert torch.equal(x, ref * 0.5)
 
 
+# y[i] = x[i] + 1 after a wait for the previous launch (PDL): chained launches add up only if
+# each waits for the one before (a kernel that does not wait could read x before it is written)
+CUDA_PDL = """\
+extern "C" __global__ void add_one(const float* x, float* y, int n) {
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) y[i] = x[i] + 1.0f;
+}
+"""
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _cuda_gpu(), reason="needs an NVIDIA GPU and PyTorch with CUDA")
+@pytest.mark.parametrize("cooperative", [False, True])
+def test_cuda_pdl_launches_chain(cooperative):
+    """launch(pdl=True): cuLaunchKernelEx with programmatic stream serialization (and the
+    cooperative attribute), on a stream and inside a CUDA graph: 16 launches, each reading what
+    the one before wrote, add up exactly."""
+    import torch
+
+    from tests.graphs import capture
+
+    fn = jit.load_module(jit.compile_binary(CUDA_PDL, "add_one.cu", SM90), SM90).function("add_one")
+    n = 1 << 20
+    bufs = [torch.randint(-1000, 1000, (n,), device="cuda").float(), torch.empty(n, device="cuda")]
+    start = bufs[0].clone()
+
+    def chain():
+        for i in range(16):
+            src, dst = bufs[i % 2], bufs[(i + 1) % 2]
+            fn.launch(fn.max_cooperative_grid(256, 0) if cooperative else 512, 256, 0,
+                      torch.cuda.current_stream().cuda_stream,
+                      [("u64", src.data_ptr()), ("u64", dst.data_ptr()), ("i32", n)], cooperative=cooperative, pdl=True)
+    chain()
+    torch.cuda.synchronize()
+    assert torch.equal(bufs[0], start + 16.0)  # exact: integers
+    graph = capture(chain)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(bufs[0], start + 16.0 + 16.0)
+
+
 CUDA_ARGS = """\
 extern "C" __global__ void echo(unsigned long long* out, float f, int i, long long l, unsigned u,
                                 unsigned long long p) {

@@ -98,13 +98,15 @@ def test_pre_attn_norm_gemv(tokens, tune_id):
     assert (again["qkv_tag"] == expected_tag(1)).all()
 
 
+@pytest.mark.parametrize("pdl", (True, False), ids=("pdl", "no-pdl"))
 @pytest.mark.parametrize("advance", ("last_out", "count"))
 @pytest.mark.parametrize("tokens", (1, 16))
-def test_pre_attn_graph_replays(tokens, advance):
-    """100 replays of a captured launch, nothing cleared in between: identical
-    outputs, and the epoch advanced once per replay on the device (both ways of
-    keeping the counter: mailbox.advance)."""
-    kernel = codegen.load("minimax_m3/pre_attn", tokens=tokens, tune={"mailbox.advance": advance})
+def test_pre_attn_graph_replays(tokens, advance, pdl):
+    """25 replays of a graph of 4 launches in a row, nothing cleared in between: identical
+    outputs, and the epoch advanced once per launch on the device (both ways of keeping the
+    counter: mailbox.advance; launches overlapping their neighbours by programmatic dependent
+    launch, the default, or one after the other)."""
+    kernel = codegen.load("minimax_m3/pre_attn", tokens=tokens, tune={"mailbox.advance": advance}, pdl=pdl)
     inp = make_inputs(tokens, kernel.target.name, seed=7 + tokens)
     ws = kernel.workspace("cuda")
     args = launch_args(inp, ws)
@@ -112,13 +114,14 @@ def test_pre_attn_graph_replays(tokens, advance):
     single = read_mailbox(kernel, ws["scratch"], tokens)
     h_single = args["h_out"].clone()
 
-    graph = capture(lambda: kernel(**args))
+    graph = capture(lambda: kernel(**args), times=4)
     torch.cuda.synchronize()
     step_before = kernel.ir.epoch(ws["step"].cpu())
     want = ws["step"].cpu().tolist()
-    for _ in range(100):
+    for _ in range(25):
         graph.replay()
-        want = kernel.ir.advanced(want)
+        for _ in range(4):
+            want = kernel.ir.advanced(want)
     torch.cuda.synchronize()
     assert kernel.ir.epoch(ws["step"].cpu()) == step_before + 100 and ws["step"].cpu().tolist() == want
     got = read_mailbox(kernel, ws["scratch"], tokens)

@@ -258,6 +258,25 @@ def test_lds_names_declared_before_use(build):
     assert f"constexpr int LDS_BYTES = {ir.lds_bytes};" in text
 
 
+@pytest.mark.parametrize("kernel", ["minimax_m3/pre_attn", "deepseek_v41/attn_front"])
+@pytest.mark.parametrize("target", TARGET_NAMES)
+def test_pdl_wait_before_any_memory_access(kernel, target):
+    """NVIDIA: the kernel body's first statements let the next launch begin and wait for the
+    previous one (programmatic dependent launch, Kernel.pdl), before the arguments, the epoch or
+    any stamp; a launch that reads the epoch early would take a stale one. AMD: no such launch."""
+    for tokens in (1, 16):
+        ir, text = source(kernel, target, tokens=tokens, timeline=True)
+        body = text[text.index(f"MONO_KERNEL {ir.name}("):]
+        body = body[body.index("{\n") + 2:]
+        if target == "sm90":
+            assert body.startswith("    MONO_LDS_DECL(lds, LDS_BYTES);\n"), body[:200]
+            lines = [ln for ln in body.splitlines()[1:] if not ln.lstrip().startswith("//")]
+            assert lines[:2] == ["    launch_dependents();", "    wait_for_previous_launch();"], lines[:3]
+            assert text.count("griddepcontrol.wait;") == 1 and text.count("wait_for_previous_launch();") == 1
+        else:
+            assert "griddepcontrol" not in text and "wait_for_previous_launch" not in text
+
+
 @pytest.mark.parametrize("build", BUILDS, ids=IDS)
 def test_timeline_only_in_timeline_builds(build):
     ir, text = built(*build)

@@ -323,20 +323,43 @@ class CudaFunction:
         stream: int,
         args: Sequence[tuple[str, int | float]],
         cooperative: bool = False,
+        pdl: bool = False,
     ) -> None:
         """Launch on ``stream`` (a raw ``cudaStream_t`` as an int, e.g.
         ``torch.cuda.current_stream().cuda_stream``; 0 is the legacy default
         stream). ``args``: ``(ctype, value)`` pairs in the kernel's parameter
         order, ctype one of u64 (pointers: ``tensor.data_ptr()``), i64, u32,
         i32, f32, f64. ``cooperative`` uses cuLaunchCooperativeKernel, whose
-        grid must be co-resident (see ``max_cooperative_grid``)."""
+        grid must be co-resident (see ``max_cooperative_grid``). ``pdl``:
+        programmatic dependent launch (cuLaunchKernelEx with
+        PROGRAMMATIC_STREAM_SERIALIZATION, and COOPERATIVE when asked): the
+        launch may begin before the stream's previous kernel has completed,
+        so the kernel must run ``griddepcontrol.wait`` before it touches
+        memory that kernel writes (sm90; CUDA graphs keep the edge)."""
         ensure_context()
         driver = _driver()
         gx, gy, gz = _dim3(grid, "grid")
         bx, by, bz = _dim3(block, "block")
         params = pack_args(args)
         hstream = driver.CUstream(int(stream))
-        if cooperative:
+        if pdl:
+            config = driver.CUlaunchConfig()
+            config.gridDimX, config.gridDimY, config.gridDimZ = gx, gy, gz
+            config.blockDimX, config.blockDimY, config.blockDimZ = bx, by, bz
+            config.sharedMemBytes = int(dyn_smem)
+            config.hStream = hstream
+            ids = driver.CUlaunchAttributeID
+            attrs = [driver.CUlaunchAttribute()]
+            attrs[0].id = ids.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+            attrs[0].value.programmaticStreamSerializationAllowed = 1
+            if cooperative:
+                attrs.append(driver.CUlaunchAttribute())
+                attrs[1].id = ids.CU_LAUNCH_ATTRIBUTE_COOPERATIVE
+                attrs[1].value.cooperative = 1
+            config.attrs = attrs
+            config.numAttrs = len(attrs)
+            _driver_call("cuLaunchKernelEx", config, self.handle, params, 0)
+        elif cooperative:
             _driver_call(
                 "cuLaunchCooperativeKernel", self.handle, gx, gy, gz, bx, by, bz, int(dyn_smem), hstream, params
             )

@@ -176,6 +176,10 @@ MONO_DEVICE float rsq(float x) { return __fdiv_rn(1.0f, __fsqrt_rn(x)); }
 MONO_DEVICE float fmax_f32(float a, float b) { return fmaxf(a, b); }
 MONO_DEVICE float fabs_f32(float a) { return fabsf(a); }
 
+// Programmatic dependent launch (griddepcontrol, sm90): no-ops for a launch without the attribute
+MONO_DEVICE void launch_dependents() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
+MONO_DEVICE void wait_for_previous_launch() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+
 // ---- lane exchange ------------------------------------------------------------------
 MONO_DEVICE float shfl_xor(float v, int mask) { return __shfl_xor_sync(0xffffffffu, v, mask); }
 // the max over the warp, in every lane: one redux.sync on the floats' order-preserving u32
@@ -1802,6 +1806,11 @@ MONO_KERNEL deepseek_v41_attn_front(
     long long* __restrict__ tl)
 {
     MONO_LDS_DECL(lds, LDS_BYTES);
+    // Programmatic dependent launch (the launcher's PDL attribute): the stream's next launch
+    // may begin now, and this one waits here, before any memory access, until the previous
+    // launch has completed with its writes visible (at once without the attribute)
+    launch_dependents();
+    wait_for_previous_launch();
     const Args a = {x, x_stride, wqkv, wqkv_s, qn_w, kvn_w, wqb, wqb_s, cos_sin, pos, slot, swa, swa_stride, swa_block, q, swa_idx, swa_lens, comp_block, comp_bt, bt_stride, topk, t2r, kt, klen, qr_out, scratch, epoch, layer, tl};
     // The epoch: the CTAs finished over all launches / BLOCKS. Read here, after every CTA
     // of the earlier launches added itself and before this one does: at most BLOCKS - 1

@@ -163,6 +163,10 @@ MONO_DEVICE float rsq(float x) { return __fdiv_rn(1.0f, __fsqrt_rn(x)); }
 MONO_DEVICE float fmax_f32(float a, float b) { return fmaxf(a, b); }
 MONO_DEVICE float fabs_f32(float a) { return fabsf(a); }
 
+// Programmatic dependent launch (griddepcontrol, sm90): no-ops for a launch without the attribute
+MONO_DEVICE void launch_dependents() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
+MONO_DEVICE void wait_for_previous_launch() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+
 // ---- lane exchange ------------------------------------------------------------------
 MONO_DEVICE float shfl_xor(float v, int mask) { return __shfl_xor_sync(0xffffffffu, v, mask); }
 // the max over the warp, in every lane: one redux.sync on the floats' order-preserving u32
@@ -1894,6 +1898,11 @@ MONO_KERNEL minimax_m3_pre_attn(
     long long* __restrict__ tl)
 {
     MONO_LDS_DECL(lds, LDS_BYTES);
+    // Programmatic dependent launch (the launcher's PDL attribute): the stream's next launch
+    // may begin now, and this one waits here, before any memory access, until the previous
+    // launch has completed with its writes visible (at once without the attribute)
+    launch_dependents();
+    wait_for_previous_launch();
     const Args a = {ar, res, h_out, g_in, w_qkv, s_qkv, g_q, g_k, g_iq, g_ik, cos_sin, positions, slot_mapping, k_cache, v_cache, k_scale, v_scale, index_cache, q_out, iq_out, block_table, seq_lens, bt_width, q_len, iscore, scratch, step, layer, tl};
     // The epoch: the CTAs finished over all launches / BLOCKS. Read here, after every CTA
     // of the earlier launches added itself and before this one does: at most BLOCKS - 1
