@@ -1,5 +1,5 @@
-"""The sm90 probe scripts (scripts/probe_*.py, broadcast_probe.py, run on the lent H200): their CUDA sources
-compile with nvrtc here, and the wgmma probe's fragment layouts are the mma.sync
+"""The sm90 probe scripts (scripts/probe_*.py, broadcast_probe.py, pdl_probe.py, run on the lent H200): their
+CUDA sources compile with nvrtc here, and the wgmma probe's fragment layouts are the mma.sync
 m16n8k32 ones it claims (checked element by element on the CPU); the scoreboard and timeline
 scripts' arithmetic on made-up listings and stamps; the no-MMA probe build (--no-mma); the wgmma
 precision model's arithmetic (scripts/precision_model.py)."""
@@ -11,12 +11,26 @@ import torch
 from codegen.jit import cuda
 from codegen.targets import get_target
 from codegen.reference import minimax_m3
-from scripts import broadcast_probe, no_mma, precision_model, probe_fp8_convert, probe_wgmma_fp8, sass_scoreboards
+from scripts import (broadcast_probe, no_mma, pdl_probe, precision_model, probe_fp8_convert, probe_wgmma_fp8,
+                     sass_scoreboards)
 
 
 def test_probe_sources_compile():
     for mod in (probe_wgmma_fp8, probe_fp8_convert, broadcast_probe):
         assert len(cuda.compile(mod.SOURCE, "probe.cu", get_target("sm90"))) > 1000
+
+
+def test_pdl_probe_wait_only_build():
+    """pdl_probe's `wait only` way: the spec's source without the trigger (still waiting for the
+    previous launch before any access) compiles; the source holds the trigger exactly once."""
+    import codegen
+
+    kernel = codegen.load(pdl_probe.SPEC, tokens=1, tp=4, target="sm90")
+    assert kernel.source.count(pdl_probe.TRIGGER) == 1
+    wait_only = kernel.source.replace(pdl_probe.TRIGGER, "")
+    assert "launch_dependents();" not in wait_only.split("MONO_KERNEL deepseek_v41_attn_front(")[1]
+    assert "    wait_for_previous_launch();\n" in wait_only
+    assert len(cuda.compile(wait_only, kernel.file_name, get_target("sm90"))) > 1000
 
 
 def test_wgmma_probe_layouts():
