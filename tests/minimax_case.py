@@ -18,11 +18,9 @@ CANARY = 0x5A  # cache bytes the kernel must leave alone
 MAX_POS = 4096
 NUM_BLOCKS = 8
 
-# the index q's rows first (qkv.rows_first: CUDA-core dots on CTAs 0..63) and the index q made in
-# the GEMV's wait (scores.iq_early), up to INLINE_NORM_TOKENS rows; both off in the spec
-IQ_EARLY = {"qkv.rows_first": "tokens <= INLINE_NORM_TOKENS",
-            "scores.iq_early": "tokens <= INLINE_NORM_TOKENS and index_heads == 1",
-            "scores.iq_from_out": "tokens > INLINE_NORM_TOKENS and index_heads == 1"}
+# the index q's rows first (qkv.rows_first: CUDA-core dots on CTAs 0..63), up to
+# INLINE_NORM_TOKENS rows; off in the spec
+ROWS_FIRST = {"qkv.rows_first": "tokens <= INLINE_NORM_TOKENS"}
 
 
 def rope_table(max_pos: int = MAX_POS, rotary: int = 64, base: float = 10000.0) -> torch.Tensor:

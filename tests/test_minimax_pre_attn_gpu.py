@@ -17,7 +17,7 @@ from codegen.fp import bf16_rn
 from codegen.reference import minimax_m3 as ref
 from tests.graphs import capture
 from tests.launch_guard import launch
-from tests.minimax_case import (IQ_EARLY, POISON_BF16, context_case, expected_tag, launch_args, make_inputs, read_mailbox,
+from tests.minimax_case import (POISON_BF16, ROWS_FIRST, context_case, expected_tag, launch_args, make_inputs, read_mailbox,
                                 reference_heads, reference_scores)
 
 pytestmark = pytest.mark.gpu
@@ -40,7 +40,7 @@ GEMV_TUNES = {"spec": None,
               "tail-in-turn": {"qkv.tail_read_ahead": 0},  # the tail's lower piece read in its turn (the spec's sm90: ahead)
               # the last CTA out advances the epoch (the spec's: the CTAs finished over all launches / BLOCKS)
               "epoch-last-out": {"mailbox.advance": "last_out"},
-              "rows-first": IQ_EARLY}
+              "rows-first": ROWS_FIRST}
 
 
 @pytest.mark.parametrize("tune_id", GEMV_TUNES)
@@ -270,8 +270,7 @@ SCORER_TUNES = {"spec": None,  # sm90: tensor cores, each item the fewest warps 
                 # the head CTAs (ranks 112..131 from CTA 0) 2 items fewer at every S, whatever the items
                 "late-ctas-2": {"scores.late_ctas": 20, "scores.late_items": 2, "scores.lead_cta": 0, "scores.few_items": 0},
                 # the scorer's setup in its own stage (the spec's sm90: by the qkv GEMV CTAs above 2 rows)
-                "setup-in-stage": {"scores.early_setup": 0},
-                "iq-early": IQ_EARLY}  # the index q made in the GEMV's wait, its rows first (S <= 2)
+                "setup-in-stage": {"scores.early_setup": 0}}
 
 
 def scorer_kernel(tune_id: str, tokens: int, **params):

@@ -13,7 +13,7 @@ from codegen.launch import load
 from codegen.render import source
 from codegen.spec import load_spec, tune_items
 from codegen.targets import get_target
-from tests.minimax_case import IQ_EARLY
+from tests.minimax_case import ROWS_FIRST
 
 SPEC = "minimax_m3/pre_attn"
 BULK_CALL = "stage_weights_bulk(a, lo"  # the sm90 GEMV's bulk-copy issue (bulk_copies on)
@@ -152,7 +152,7 @@ def test_gemv_rows_first():
     from codegen.weights import preshuffle
 
     for tokens in (1, 2):
-        ir, text = source(SPEC, "sm90", tune=IQ_EARLY, tokens=tokens)
+        ir, text = source(SPEC, "sm90", tune=ROWS_FIRST, tokens=tokens)
         qkv = next(st for st in ir.stages if st.name == "qkv")
         assert qkv.values["rows_first"] == (2304, 128) and qkv.values["tasks"] == 152
         gemv = text[text.index("namespace stage_qkv {"):text.index("}  // namespace stage_qkv")]
@@ -207,44 +207,6 @@ def test_gemv_rows_first():
         source(SPEC, "sm90", tune={"qkv.rows_first": 1}, tokens=4)
     with pytest.raises(SpecError, match=r"rows \[2304, 64\] are not one of the row ranges"):
         source(SPEC, "sm90", tune={"qkv.rows_first": 1, "qkv.rows_first_range": ["IQ_OFF", 64]}, tokens=1)
-
-
-def test_scorer_iq_early():
-    """scores.iq_early (off in the spec; with qkv.rows_first): every qkv CTA makes the index q
-    where it waits for its weights, after its rows-first dots and the keys prefetch, into LDS
-    outside the stage union (one 32-lane group a token, then a barrier); the scorer's
-    make_index_q returns at once on those CTAs. Refused without the rows first (the CTAs would wait
-    for rows their own GEMV work computes), with four index heads, and beside iq_from_out."""
-    from codegen.lower import lower, make_build
-    for tokens in (1, 2):
-        ir, text = source(SPEC, "sm90", tune=IQ_EARLY, tokens=tokens)
-        assert next(st for st in ir.stages if st.name == "scores").values["iq_early_at"] == "qkv"
-        gemv = text[text.index("namespace stage_qkv {"):text.index("}  // namespace stage_qkv")]
-        call = "stage_scores::make_index_q_early(a, mb, lds);"
-        order = ["row_pair_dots(mb, t0", "stage_scores::prefetch_first_keys(a);", call, "bulk_wait(wbar"]
-        assert gemv.count(call) == 1 and [gemv.index(o) for o in order] == sorted(gemv.index(o) for o in order)
-        assert "namespace stage_scores { MONO_DEVICE void make_index_q_early(const Args& a, const Mailbox& mb, u8* lds); }" in text
-        scores = text[text.index("namespace stage_scores {\n"):text.index("}  // namespace stage_scores")]
-        made = scores[scores.index("MONO_DEVICE void make_index_q("):]
-        assert "if (made >= 0 && made < stage_qkv::CTAS) return;" in made[:made.index("\n}\n")]
-        early = scores[scores.index("MONO_DEVICE void make_index_q_early("):]
-        early = early[:early.index("\n}\n")]
-        assert "head_values(mb.qkv + tk * QKV_ROWS + IQ_BASE + head * DIM + d0, mb.tag, e);" in early
-        assert "u32* row = reinterpret_cast<u32*>(iq) + (tk) * IQ_WORDS;" in early and early.endswith("barrier();")
-        union = max(b.offset + b.nbytes for b in ir.lds if not b.whole_kernel)
-        iq = next(b for b in ir.lds if b.stage == "scores" and b.name == "iq")
-        assert iq.whole_kernel and iq.offset >= union
-        (report,) = jit.resource_report(text, "iq_early.hip", get_target("sm90"))
-        assert report.spills == 0 and report.scratch_bytes == 0
-    _, plain = source(SPEC, "sm90", tokens=1)
-    assert "make_index_q_early" not in plain and "PAIR_RANGE0" not in plain
-    with pytest.raises(SpecError, match="stage 'qkv' does not compute the index q's rows \\[2304, 2432\\) first"):
-        source(SPEC, "sm90", tune={"scores.iq_early": 1}, tokens=1)
-    with pytest.raises(SpecError, match="iq_early makes the own index-q head's rows, not all 4 heads'"):
-        loaded = load_spec(SPEC, tune_items({**IQ_EARLY, "scores.iq_early": 1}))
-        lower(loaded, make_build(loaded, "sm90", tokens=1, index_heads=4))
-    with pytest.raises(SpecError, match="iq_early makes the index q from the qkv rows; iq_from_out reads the head task's"):
-        source(SPEC, "sm90", tune={**IQ_EARLY, "scores.iq_from_out": 1}, tokens=2)
 
 
 def test_epoch_by_count():

@@ -113,8 +113,8 @@ class Model(StageBase):
     # count / 2 CTAs, two rows each (rows p and p + 8 of a 16-row group: 64 contiguous bytes of
     # each 32-k chunk in the sm90 preshuffle), by CUDA-core dots against the norm's LDS rows, their
     # weights (2 K bytes) asked for before the CTA's share, so that those rows are done long
-    # before the GEMV: the index q's rows, for index_scores iq_early (bench/NOTES.md MiniMax
-    # sessions 22-23, "the index-q rows first")
+    # before the GEMV: the index q's rows (bench/NOTES.md MiniMax sessions 22-24: S = 1 at 4K
+    # -0.4 us, at 64K and S = 2 slower)
     rows_first: PerTarget = PerTarget(default=0)
     rows_first_range: tuple[Expr, Expr] | None = None
     _tile = field_validator("token_tile", "stream_k", "lds_prefetch", "early_weights", "bulk_copies", "segment_waits",

@@ -129,18 +129,11 @@ class Model(StageBase):
     # inputs while it waits for the rows; a scorer starts its loads only at the stage's start
     # (S = 16: ~3 us from there to the index q, bench/NOTES.md MiniMax session 20). One index head
     iq_from_out: PerTarget = PerTarget(default=0)
-    # the index q made in stage iq_early_at (an earlier gemv_fp8 stage that computes the index q's
-    # rows first: rows_first) where its CTAs wait for their weights, into LDS that lives for the
-    # whole kernel (1), not at this stage's start (0). One index head, made from the qkv rows
-    # (not with iq_from_out). The scorer's path after the GEMV is then its setup and its keys
-    # (S = 1: index q ~2.5 us after the stage's entry, bench/NOTES.md MiniMax sessions 21-23)
-    iq_early: PerTarget = PerTarget(default=0)
-    iq_early_at: Name | None = None
 
     _per_target = field_validator("lead_cta", "late_ctas", "late_items", "few_items", "few_lead_cta", "few_late_ctas",
                                   "few_late_items", "mma_dots", "batch_items", "tiles_ahead",
                                   "busy_waves", "keys_prefetch", "early_setup", "iq_first", "iq_from_out",
-                                  "iq_early", mode="before")(
+                                  mode="before")(
         classmethod(lambda cls, v: per_target(v)))
     # analysis stamps (timeline builds; off in the spec): the phases of each CTA's item
     # `stamped_item` (its j-th; a CTA with fewer items stamps none; tensor-core dots: warp 0's
@@ -165,11 +158,11 @@ def score_scale(sm_scale: float) -> float:
 
 
 def _earlier_gemv(stage: Model, ctx, knob: str, every_cta: bool = False) -> str:
-    """The stage named by ``<knob>_at`` for knob keys_prefetch / early_setup / iq_early: an
-    earlier gemv_fp8 stage of the build (gemv_fp8.j2 calls prefetch_first_keys / setup /
-    make_index_q_early where its CTAs wait: for their weights after an inline norm, else for
-    their token rows). ``every_cta``: the scorer takes that stage's CTAs as having done the work
-    (setup, index q), so each of them must reach the wait."""
+    """The stage named by ``<knob>_at`` for knob keys_prefetch / early_setup: an earlier
+    gemv_fp8 stage of the build (gemv_fp8.j2 calls prefetch_first_keys / setup where its CTAs
+    wait: for their weights after an inline norm, else for their token rows). ``every_cta``: the
+    scorer takes that stage's CTAs as having done the work (the setup), so each of them must
+    reach the wait."""
     names = [s.name for s in ctx.loaded.spec.stages]
     at = getattr(stage, f"{knob}_at")
     gemv = next((s for s in ctx.loaded.spec.stages if s.name == at), None)
@@ -197,23 +190,6 @@ def _deal(stage: Model, ctx, prefix: str) -> tuple[int, int, int]:
         ctx.fail((f"{prefix}late_ctas",), f"{late_ctas} late CTAs of the stage's {ctx.stage_ctas}: none would take "
                  "the early rounds", f"give {prefix}late_ctas 0 .. {ctx.stage_ctas - 1}")
     return lead, late_ctas, late_items if late_ctas else 0  # no late rank: the plain rounds
-
-
-def _iq_early(stage: Model, ctx, heads: int, row0: int, head_dim: int) -> str | None:
-    """iq_early's stage (an earlier gemv_fp8 one that computes the own index-q head's rows
-    [row0, row0 + head_dim) first), or None when off."""
-    if not ctx.switch(stage.iq_early.for_target(ctx.target.name), ("iq_early",)):
-        return None
-    at = _earlier_gemv(stage, ctx, "iq_early", every_cta=True)
-    if heads != 1:
-        ctx.fail(("iq_early",), f"iq_early makes the own index-q head's rows, not all {heads} heads'",
-                 "give iq_early 'index_heads == 1' (or 0)")
-    first = ctx.stage_values(at)["rows_first"]
-    if first is None or not first[0] <= row0 < row0 + head_dim <= first[0] + first[1]:
-        ctx.fail(("iq_early_at",), f"stage {at!r} does not compute the index q's rows [{row0}, {row0 + head_dim}) first: "
-                 "its CTAs would wait for them before their own GEMV work, which computes them",
-                 f"turn rows_first on in stage {at!r} with rows_first_range covering them, or iq_early off")
-    return at
 
 
 def lower(stage: Model, ctx) -> dict:
@@ -246,8 +222,6 @@ def lower(stage: Model, ctx) -> dict:
                  f"more than the {16 * MAX_BATCH} allowed", f"give batch_items at most {MAX_BATCH}")
     ahead = ctx.integer(stage.tiles_ahead.for_target(ctx.target.name), ("tiles_ahead",), minimum=1)
     busy = ctx.integer(stage.busy_waves.for_target(ctx.target.name), ("busy_waves",), minimum=1)
-    iq_at = _iq_early(stage, ctx, heads, iq_base + own * head_dim, head_dim)
-    iq_lds = ctx.lds_kernel if iq_at else ctx.lds  # early: the earlier stage's LDS must not clobber it
     if mma:
         ctx.nvidia_only(("mma_dots",), "bf16 m16n8k16 MMA")
         tiles = block // MMA_TILE_KEYS
@@ -263,10 +237,10 @@ def lower(stage: Model, ctx) -> dict:
             ctx.fail(("busy_waves",), f"{busy} busy waves: at most {most} ({waves} waves, {block // MMA_TILE_KEYS} an item)",
                      f"give busy_waves 1 .. {most}")
         # index q as bf16 pairs, rows padded, 8 rows more: a B fragment may read past the last request's
-        iq_lds(stage.name, "iq", "u32", (rows + 8) * (head_dim // 2 + MMA_IQ_PAD))
+        ctx.lds(stage.name, "iq", "u32", (rows + 8) * (head_dim // 2 + MMA_IQ_PAD))
         ctx.lds(stage.name, "best", "float", 2 * waves * rows)  # each warp's maxima of its item, two items
     else:
-        iq_lds(stage.name, "iq", "float", rows * quarters * (head_dim // quarters + IQ_PAD))  # index q, quarters padded
+        ctx.lds(stage.name, "iq", "float", rows * quarters * (head_dim // quarters + IQ_PAD))  # index q, quarters padded
         ctx.lds(stage.name, "best", "float", 2 * batch * rows * waves)  # per-wave maxima, two batches
     iq_first = ctx.switch(stage.iq_first.for_target(ctx.target.name), ("iq_first",))
     if iq_first and not mma:
@@ -276,9 +250,6 @@ def lower(stage: Model, ctx) -> dict:
     if iq_from_out and heads != 1:
         ctx.fail(("iq_from_out",), f"the head tasks write only the own index-q head to iq_out, not all {heads}",
                  "give iq_from_out 'index_heads == 1' (or 0)")
-    if iq_from_out and iq_at:
-        ctx.fail(("iq_from_out",), "iq_early makes the index q from the qkv rows; iq_from_out reads the head task's",
-                 "turn one of them off for this build")
     if iq_from_out and head_dim // 32 % 4:
         ctx.fail(("iq_from_out",), f"iq_from_out reads 4 values a lane at a time ({head_dim // 32} a lane here)",
                  "give iq_from_out 0 for this head size")
@@ -351,7 +322,6 @@ def lower(stage: Model, ctx) -> dict:
         "stamped_item": ctx.integer(stage.stamped_item, ("stamped_item",), minimum=0),
         "keys_prefetch_at": keys_at,  # the gemv_fp8 stage that calls prefetch_first_keys() (None: off)
         "early_setup_at": setup_at,  # the gemv_fp8 stage that calls setup() (None: this stage's start)
-        "iq_early_at": iq_at,  # the gemv_fp8 stage that calls make_index_q_early() (None: this stage's start)
         "keys_prefetch_items": ctx.integer(stage.keys_prefetch_items, ("keys_prefetch_items",), minimum=1),
         "done": src.done,
         "src": src,
