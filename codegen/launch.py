@@ -6,7 +6,8 @@ Checks before any launch (a wrong argument is a pointer read as another,
 silently): names, dtype, shape, device, contiguity, 16-byte alignment, scalar
 ranges. The grid must be co-resident (the stages poll each other's
 mailboxes): the launcher refuses a grid larger than occupancy x SMs and uses
-the backend's cooperative launch.
+the backend's cooperative launch; on NVIDIA also a programmatic dependent
+launch (``Kernel.pdl``).
 
 No tensor is too small for an index the kernel forms from its build: a fixed
 dimension must equal the ABI's exactly (the shape check), and the lowering
@@ -138,8 +139,8 @@ class Kernel:
     # NVIDIA: programmatic dependent launch. The kernel lets the stream's next launch begin
     # as soon as all its CTAs have started, and waits for the previous launch's completion
     # before any memory access (kernel.hip.j2), so launches overlap their ramp-up and drain
-    # (H200, DeepSeek S = 1 / 16 / 48: -0.4 / -0.6 / -0.5 us a launch back to back,
-    # bench/NOTES.md). AMD: no such launch; ignored
+    # (H200 bench, back to back: DeepSeek -0.6..-0.8 us a launch, MiniMax -0.3..-1.5;
+    # bench/NOTES.md session 24). AMD: no such launch; ignored
     pdl: bool = True
 
     def __post_init__(self):
