@@ -106,7 +106,7 @@ class AttnFrontCase(BenchCase):
 
     def __init__(self, tokens: int, context: int | None = None, *, copies: int, compiled=None, seed: int = 0,
                  dry_run: bool = False, target: str | None = None, tp: int = TP, ratio: int = RATIO,
-                 tune: dict | None = None, pdl: bool = True, log=print):
+                 tune: dict | None = None, pdl: bool = True, cooperative: bool = True, log=print):
         self.tokens = tokens
         self.context = context
         self.copies = copies
@@ -120,7 +120,8 @@ class AttnFrontCase(BenchCase):
         self.device = torch.device("cpu" if dry_run else "cuda")
         self.log = log
         self.kernel = codegen.load(KERNEL, tokens=tokens, tp=tp, ratio=ratio,
-                                   target=target or ("sm90" if dry_run else None), tune=tune, pdl=pdl)
+                                   target=target or ("sm90" if dry_run else None), tune=tune, pdl=pdl,
+                                   cooperative=cooperative)
         self.ir = self.kernel.ir
         self.target = get_target(self.ir.target.name)
         self.fp8 = fp8_dtype(self.target)

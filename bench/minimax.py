@@ -149,7 +149,7 @@ class PreAttnCase(BenchCase):
 
     def __init__(self, tokens: int, context: int | None = None, *, copies: int, gemm: str, compiled=None,
                  seed: int = 0, dry_run: bool = False, target: str | None = None, tune: dict | None = None,
-                 pdl: bool = True, log=print):
+                 pdl: bool = True, cooperative: bool = True, log=print):
         self.tokens = tokens
         self.context = context
         self.copies = copies
@@ -164,7 +164,7 @@ class PreAttnCase(BenchCase):
         self.log = log
         self.label = f"S={tokens} ctx={context_label(context)}"
         self.kernel = codegen.load(KERNEL, tokens=tokens, target=target or ("sm90" if dry_run else None), tune=tune,
-                                   pdl=pdl)
+                                   pdl=pdl, cooperative=cooperative)
         self.ir = self.kernel.ir
         self.target = get_target(self.ir.target.name)
         self.fp8 = torch_dtype("fp8", self.target)

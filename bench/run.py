@@ -76,7 +76,8 @@ class MinimaxBench:
 
     def make_case(self, s: int, ctx, *, copies: int, compiled, log):
         return self._mod.PreAttnCase(s, ctx, copies=copies, gemm=self.gemm, compiled=compiled, seed=self.args.seed,
-                                     dry_run=self.dry, tune=self.args.tune, pdl=not self.args.no_pdl, log=log)
+                                     dry_run=self.dry, tune=self.args.tune, pdl=not self.args.no_pdl,
+                                     cooperative=not self.args.no_cooperative, log=log)
 
     def gemm_note(self) -> str | None:
         if self.gemm == "dequant" and not self.dry:
@@ -111,7 +112,7 @@ class DeepSeekBench:
     def make_case(self, s: int, ctx, *, copies: int, compiled, log):
         return self._mod.AttnFrontCase(s, None, copies=copies, compiled=compiled, seed=self.args.seed,
                                        dry_run=self.dry, tp=self.tp, tune=self.args.tune, pdl=not self.args.no_pdl,
-                                       log=log)
+                                       cooperative=not self.args.no_cooperative, log=log)
 
     def gemm_note(self) -> str | None:
         return ("the unfused GEMMs dequantize their MXFP8 operands to bf16 on every call and run a bf16 matmul "
@@ -254,6 +255,9 @@ def parse_args(argv):
     ap.add_argument("--no-compile", action="store_true", help="skip the torch.compile contender")
     ap.add_argument("--no-pdl", action="store_true",
                     help="launch ours without programmatic dependent launch (each launch after the previous one's end)")
+    ap.add_argument("--no-cooperative", action="store_true",
+                    help="launch ours without the cooperative attribute (its grid's co-residency then rests on nothing "
+                         "else running; with PDL the next launch's CTAs may wait on SMs beside it)")
     ap.add_argument("--no-jit", action="store_true", help="skip the JIT cold/warm timings")
     ap.add_argument("--no-generate", action="store_true", help="skip the make generate timing")
     ap.add_argument("--no-guard", action="store_true", help="time even if the contenders disagree (reported)")
@@ -304,6 +308,8 @@ def run_kernel(kb, args, run: dict, *, timer, bw: float, dev: dict, common: dict
         meta["notes"].append(note)
     if args.no_pdl:
         meta["build"] = ", ".join(x for x in (meta["build"], "no PDL") if x)
+    if args.no_cooperative:
+        meta["build"] = ", ".join(x for x in (meta["build"], "not cooperative") if x)
     else:
         meta["notes"].append("ours launches with programmatic dependent launch (sm90): each launch lets the next "
                              "begin as soon as all its CTAs have started, and waits for the previous one's end before "
