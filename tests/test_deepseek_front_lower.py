@@ -512,8 +512,9 @@ def test_q_inline_refusals(tune, field, message):
 
 
 def test_qkv_probe_points():
-    """got_point / summed_point / quant_point stamp the qkv stage's first token: after thread 0's
-    partials' wait and sums, after every thread's, after its QX8 stores (before the flag)."""
+    """got_point / summed_point / norms_point / quant_point stamp the qkv stage's first token: after
+    thread 0's partials' wait and sums, after every thread's, after the sums of squares, after its
+    QX8 stores (before the flag)."""
     text = render(ir_of(tokens=16, timeline=True, tune={"qkv.got_point": "spare", "qkv.quant_point": "spare2"}))
     ns = text[text.index("namespace stage_qkv {"):text.index("}  // namespace stage_qkv")]
     got, quant = ns.index("stamp(lds, TL_SPARE);"), ns.index("stamp(lds, TL_SPARE2);")
@@ -525,6 +526,12 @@ def test_qkv_probe_points():
     ns = text[text.index("namespace stage_qkv {"):text.index("}  // namespace stage_qkv")]
     at = ns.index("stamp(lds, TL_SPARE);")
     assert ns.rindex("barrier();", 0, at) > ns.index("sum_partials<QKV * TOKENS_PER_TASK,") and at < ns.index("q_group_sumsq(xq)")
+    # norms_point: after the barrier that brings every group's sums of squares in, before q's quant
+    text = render(ir_of(tokens=16, timeline=True, tune={"qkv.norms_point": "spare"}))
+    ns = text[text.index("namespace stage_qkv {"):text.index("}  // namespace stage_qkv")]
+    at = ns.index("stamp(lds, TL_SPARE);")
+    assert ns.index("red[RED_KV + tt / 32] = ssk;") < ns.rindex("barrier();", 0, at) and at < ns.index("q_rsq(red + RED_Q)") \
+        < ns.index("q_quant(xq, rq, qw, ys, w0, w1)")
 
 
 @pytest.mark.parametrize("target", list(TARGETS))

@@ -89,6 +89,7 @@ class Model(StageBase):
     qr_out: Name = "qr_out"
     got_point: Name | None = None  # timeline point: thread 0 summed its couples of the CTA's first token's partials
     summed_point: Name | None = None  # timeline point: every thread's partials of the first token summed (the barrier after)
+    norms_point: Name | None = None  # timeline point: the first token's q and kv sums of squares in (the barrier after)
     quant_point: Name | None = None  # timeline point: the first token's QX8 stored (before its flag)
     # QX8 stored as its consumer's LDS image per target (1 = on; sm90): the wgmma's
     # 128-byte-swizzled K-major layout of ceil(S / 8) 8-token groups (swizzle128_word, pad tokens
