@@ -414,6 +414,37 @@ def test_cuda_load_and_launch():
     assert torch.equal(x, ref * 0.5)
 
 
+@pytest.mark.parametrize("cooperative", [False, True])
+def test_cuda_pdl_launch_config(monkeypatch, cooperative):
+    """launch(pdl=True) without a GPU: one cuLaunchKernelEx whose config carries the grid, block,
+    LDS and stream, the programmatic-stream-serialization attribute and, when asked, the
+    cooperative one; the arguments packed as for cuLaunchKernel."""
+    from codegen.jit import cuda as jcuda
+    from codegen.jit._launch import pack_args
+
+    calls = []
+    monkeypatch.setattr(jcuda, "ensure_context", lambda: None)
+    monkeypatch.setattr(jcuda, "_driver_call", lambda name, *args: calls.append((name, args)))
+    fn = jcuda.CudaFunction(None, "k", "handle")
+    args = [("u64", 0x1000), ("f32", 0.5), ("i32", 7)]
+    fn.launch(132, 512, 45840, 0, args, cooperative=cooperative, pdl=True)
+    ((name, (config, handle, params, extra)),) = calls
+    assert (name, handle, extra) == ("cuLaunchKernelEx", "handle", 0)
+    assert [type(v) for v in params[0]] == list(params[1]) == list(pack_args(args)[1])
+    assert [v.value for v in params[0]] == [0x1000, 0.5, 7]
+    assert (config.gridDimX, config.gridDimY, config.gridDimZ, config.blockDimX, config.blockDimY,
+            config.blockDimZ, config.sharedMemBytes) == (132, 1, 1, 512, 1, 1, 45840)
+    ids = jcuda._driver().CUlaunchAttributeID
+    attrs = {a.id: a for a in config.attrs[:config.numAttrs]}
+    assert attrs[ids.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION].value.programmaticStreamSerializationAllowed == 1
+    assert (ids.CU_LAUNCH_ATTRIBUTE_COOPERATIVE in attrs) is cooperative and len(attrs) == 1 + cooperative
+    if cooperative:
+        assert attrs[ids.CU_LAUNCH_ATTRIBUTE_COOPERATIVE].value.cooperative == 1
+    calls.clear()
+    fn.launch(132, 512, 45840, 0, args, cooperative=cooperative)  # no pdl: the plain launch calls
+    assert [c[0] for c in calls] == ["cuLaunchCooperativeKernel" if cooperative else "cuLaunchKernel"]
+
+
 # y[i] = x[i] + 1 after a wait for the previous launch (PDL): chained launches add up only if
 # each waits for the one before (a kernel that does not wait could read x before it is written)
 CUDA_PDL = """\
