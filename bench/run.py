@@ -299,17 +299,20 @@ def run_kernel(kb, args, run: dict, *, timer, bw: float, dev: dict, common: dict
     copies = args.copies or (2 if dry else auto_copies(dev["l2_bytes"], kb.per_copy))
     meta = run["meta"] = dict(common, kernel=kb.kernel, build=kb.build, copies=copies, gemm=kb.gemm,
                               target="sm90" if dry else None, floor_note=kb.floor_note, notes=[])
-    if args.tune:  # a variant of the spec's build: named wherever the run is reported
+    def build_also(label: str) -> None:  # a variant of the spec's build: named wherever the run is reported
+        meta["build"] = ", ".join(x for x in (meta["build"], label) if x)
+
+    if args.tune:
         meta["tune"] = ", ".join(f"{k}={v}" for k, v in args.tune.items())
-        meta["build"] = ", ".join(x for x in (kb.build, f"tune {meta['tune']}") if x)
+        build_also(f"tune {meta['tune']}")
     rows = run["cases"]
     note = kb.gemm_note()
     if note:
         meta["notes"].append(note)
-    if args.no_pdl:
-        meta["build"] = ", ".join(x for x in (meta["build"], "no PDL") if x)
     if args.no_cooperative:
-        meta["build"] = ", ".join(x for x in (meta["build"], "not cooperative") if x)
+        build_also("not cooperative")
+    if args.no_pdl:
+        build_also("no PDL")
     else:
         meta["notes"].append("ours launches with programmatic dependent launch (sm90): each launch lets the next "
                              "begin as soon as all its CTAs have started, and waits for the previous one's end before "

@@ -316,8 +316,8 @@ class Kernel:
         args = self.pack(tensors)
         fn = self.compile()
         stream = torch.cuda.current_stream().cuda_stream
-        pdl = {"pdl": True} if self.pdl and self.target.vendor == "nvidia" else {}
-        fn.launch(self.ir.blocks, self.ir.threads, self.dynamic_lds, stream, args, cooperative=self.cooperative, **pdl)
+        fn.launch(self.ir.blocks, self.ir.threads, self.dynamic_lds, stream, args, cooperative=self.cooperative,
+                  pdl=self.pdl and self.target.vendor == "nvidia")
         if self.debug:  # every launch is checked, except inside a graph capture (check_errors after replays)
             self._scratch = tensors[self.ir.scratch_arg]
             if not torch.cuda.is_current_stream_capturing():

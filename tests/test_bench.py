@@ -87,6 +87,19 @@ def test_tune_option(tmp_path):
         main(["--dry-run", "--kernels", "minimax", "--tune", "tiles_ahead=2"])
 
 
+@pytest.mark.parametrize("flags, build, pdl_note", [([], "", True), (["--no-pdl"], "no PDL", False),
+                                                    (["--no-cooperative"], "not cooperative", True)])
+def test_launch_options(tmp_path, flags, build, pdl_note):
+    """--no-pdl / --no-cooperative name themselves in the build; the PDL note stands exactly when
+    ours launches with PDL."""
+    out = tmp_path / "out"
+    assert main(["--dry-run", "--kernels", "deepseek", "--tokens", "1", "--copies", "1", "--no-jit", "--no-generate",
+                 "--no-plot", "--out", str(out), *flags]) == 0
+    meta = json.loads((out / "bench.json").read_text())["kernels"]["deepseek_v41/attn_front"]["meta"]
+    assert meta["build"].endswith(build)
+    assert any("programmatic dependent launch" in n for n in meta["notes"]) is pdl_note
+
+
 def test_contexts_option():
     assert parse_args([]).contexts == "4096,65536"
     case = PreAttnCase(1, None, copies=1, gemm="dequant", dry_run=True)  # --contexts "": seq_lens 100

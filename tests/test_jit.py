@@ -443,6 +443,11 @@ def test_cuda_pdl_launch_config(monkeypatch, cooperative):
     calls.clear()
     fn.launch(132, 512, 45840, 0, args, cooperative=cooperative)  # no pdl: the plain launch calls
     assert [c[0] for c in calls] == ["cuLaunchCooperativeKernel" if cooperative else "cuLaunchKernel"]
+    # HIP has no such launch: asked for, refused before anything is launched
+    from codegen.jit.hip import HipFunction
+
+    with pytest.raises(ValueError, match="HIP has no programmatic dependent launch"):
+        HipFunction(None, "k", "handle").launch(132, 512, 0, 0, args, cooperative=cooperative, pdl=True)
 
 
 # y[i] = x[i] + 1 after a wait for the previous launch (PDL): chained launches add up only if

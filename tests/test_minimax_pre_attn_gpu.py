@@ -120,8 +120,7 @@ def test_pre_attn_graph_replays(tokens, advance, pdl):
     want = ws["step"].cpu().tolist()
     for _ in range(25):
         graph.replay()
-        for _ in range(4):
-            want = kernel.ir.advanced(want)
+        want = kernel.ir.advanced(want, 4)
     torch.cuda.synchronize()
     assert kernel.ir.epoch(ws["step"].cpu()) == step_before + 100 and ws["step"].cpu().tolist() == want
     got = read_mailbox(kernel, ws["scratch"], tokens)

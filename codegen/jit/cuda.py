@@ -348,14 +348,15 @@ class CudaFunction:
             config.blockDimX, config.blockDimY, config.blockDimZ = bx, by, bz
             config.sharedMemBytes = int(dyn_smem)
             config.hStream = hstream
-            ids = driver.CUlaunchAttributeID
-            attrs = [driver.CUlaunchAttribute()]
-            attrs[0].id = ids.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
-            attrs[0].value.programmaticStreamSerializationAllowed = 1
+            def attribute(name: str, field: str):
+                attr = driver.CUlaunchAttribute()
+                attr.id = getattr(driver.CUlaunchAttributeID, f"CU_LAUNCH_ATTRIBUTE_{name}")
+                setattr(attr.value, field, 1)
+                return attr
+
+            attrs = [attribute("PROGRAMMATIC_STREAM_SERIALIZATION", "programmaticStreamSerializationAllowed")]
             if cooperative:
-                attrs.append(driver.CUlaunchAttribute())
-                attrs[1].id = ids.CU_LAUNCH_ATTRIBUTE_COOPERATIVE
-                attrs[1].value.cooperative = 1
+                attrs.append(attribute("COOPERATIVE", "cooperative"))
             config.attrs = attrs
             config.numAttrs = len(attrs)
             _driver_call("cuLaunchKernelEx", config, self.handle, params, 0)

@@ -260,11 +260,15 @@ class HipFunction:
         stream: int,
         args: Sequence[tuple[str, int | float]],
         cooperative: bool = False,
+        pdl: bool = False,
     ) -> None:
         """As CudaFunction.launch; ``stream`` is a raw hipStream_t as an int
         (``torch.cuda.current_stream().cuda_stream`` on ROCm PyTorch), 0 the
         default stream. Arguments go through ``kernelParams`` (an array of
-        pointers to each value), which HIP lays out from the kernel's metadata."""
+        pointers to each value), which HIP lays out from the kernel's metadata.
+        ``pdl``: HIP has no programmatic dependent launch; True is refused."""
+        if pdl:
+            raise ValueError("HIP has no programmatic dependent launch: launch with pdl=False")
         hip = self.module._hip
         ensure_device()
         gx, gy, gz = _dim3(grid, "grid")
