@@ -2,7 +2,8 @@
 # On the lent GPU machine: install the carried wheels, then run the steps asked for
 # (default: tests), logs under $OUT (more than 8 files: packed into $OUT/logs.tgz, as only 8 come back):
 #   tests     pytest -m gpu (TEST_ARGS picks files, e.g. TEST_ARGS=tests/test_ops_gpu.py; TEST_K a -k
-#             expression, spaces and all, e.g. TEST_K="not index")
+#             expression, spaces and all, e.g. TEST_K="not index"; TEST_N: that many pytest-xdist worker
+#             processes, e.g. TEST_N=8: the MiniMax file's ~270 cases are host-bound, one process ~9 min)
 #   bench     python -m bench.run (its options in BENCH_ARGS, e.g. "--kernels deepseek", or a variant's
 #             "--kernels minimax --tune scores.busy_waves=16": the entry names it); give it
 #             BENCH_COMMIT=<this checkout's HEAD, written out> for RESULTS.md: the lent
@@ -31,7 +32,7 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noh
 status=0
 for what in "${@:-tests}"; do
     case "$what" in
-        tests) python3 -m pytest -q -m gpu -p no:cacheprovider --durations=15 ${TEST_K:+-k "$TEST_K"} ${TEST_ARGS:-tests} 2>&1 \
+        tests) python3 -m pytest -q -m gpu -p no:cacheprovider --durations=15 ${TEST_N:+-n "$TEST_N"} ${TEST_K:+-k "$TEST_K"} ${TEST_ARGS:-tests} 2>&1 \
                 | tee "$OUT/gpu-tests.log"; status=$((status | PIPESTATUS[0])) ;;
         bench) python3 -m bench.run ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log"; status=$((status | PIPESTATUS[0])) ;;
         timeline) { python3 scripts/timeline_probe.py 1 4 16 && python3 scripts/timeline_deepseek_front.py; } 2>&1 \

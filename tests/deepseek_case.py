@@ -159,6 +159,39 @@ def _rows(ir, raw: torch.Tensor, name: str, kind: str, tokens: int, k: int) -> t
     return region[image_offsets(tokens, k, groups)] if groups else region[: tokens * k].view(tokens, k)
 
 
+def tagged_qx8(ir) -> bool:
+    """Whether the build's qkv stage stores QX8 and its codes as tagged pairs (``tagged``: pair i
+    holds word i of the plain layout, with the launch's tag; no QRDY flags)."""
+    return next((st.values.get("tagged", False) for st in ir.stages if st.kind == "mla_norm_rope"), False)
+
+
+def _qx8(ir, raw: torch.Tensor, tokens: int) -> dict:
+    """QX8 [tokens, Q_RANK] (bytes) and QX8S [tokens, Q_RANK / 32] (int32) from the scratch, and,
+    where the build stores them as tagged pairs, the pairs' tags (else None)."""
+    words, codes = _region(ir, raw, "qx8"), _region(ir, raw, "qx8s").view(torch.int32)
+    if not tagged_qx8(ir):
+        return {"qx8": _rows(ir, raw, "qx8", "mla_norm_rope", tokens, ref.Q_RANK),
+                "qx8s": codes[: tokens * ref.Q_RANK // 32].view(tokens, ref.Q_RANK // 32), "qx8_tag": None, "qx8s_tag": None}
+    pairs, cpairs = words.view(torch.int32).view(-1, 2), codes.view(-1, 2)
+    return {"qx8": pairs[:, 0].contiguous().view(torch.uint8).view(tokens, ref.Q_RANK),
+            "qx8s": cpairs[:, 0].contiguous().view(tokens, ref.Q_RANK // 32),
+            "qx8_tag": pairs[:, 1].contiguous().view(tokens, ref.Q_RANK // 4),
+            "qx8s_tag": cpairs[:, 1].contiguous().view(tokens, ref.Q_RANK // 32)}
+
+
+def _put_qx8(ir, raw: torch.Tensor, qx8: torch.Tensor, qs: torch.Tensor, tag: int) -> None:
+    """QX8 (fp8 [tokens, Q_RANK]) and its codes into the scratch as the build stores them (tagged
+    pairs with ``tag``, or words, at the image's places where it stores one)."""
+    if not tagged_qx8(ir):
+        _put_rows(ir, raw, "qx8", "mla_norm_rope", qx8)
+        _region(ir, raw, "qx8s").view(torch.int32).copy_(qs.reshape(-1))
+        return
+    for name, words in (("qx8", qx8.contiguous().view(torch.uint8).view(-1).view(torch.int32)),
+                        ("qx8s", qs.reshape(-1).to(torch.int32))):
+        pairs = torch.stack([words, torch.full_like(words, tag)], -1).reshape(-1)
+        _region(ir, raw, name).view(torch.int32)[: pairs.numel()].copy_(pairs)
+
+
 def _put_rows(ir, raw: torch.Tensor, name: str, kind: str, rows: torch.Tensor) -> None:
     """Rows ``[tokens, k]`` (fp8) into region ``name``, at its image's places where the build stores one."""
     region, groups = _region(ir, raw, name), _image_groups(ir, kind)
@@ -180,8 +213,7 @@ def read_scratch(ir, scratch: torch.Tensor, tokens: int) -> dict:
         "partials_tag": qkvp[..., 1].clone(),
         "x8": _rows(ir, raw, "x8", "mxfp8_quant", s, ref.HIDDEN).view(fp8).clone(),
         "x8s": _region(ir, raw, "x8s").view(torch.int32).view(s, ref.HIDDEN // 32).clone(),
-        "qx8": _rows(ir, raw, "qx8", "mla_norm_rope", s, ref.Q_RANK).view(fp8).clone(),
-        "qx8s": _region(ir, raw, "qx8s").view(torch.int32).view(s, ref.Q_RANK // 32).clone(),
+        **{k: (v.view(fp8) if k == "qx8" else v).clone() for k, v in _qx8(ir, raw, s).items() if v is not None},
         "xrdy": _region(ir, raw, "xrdy").view(torch.int32).view(-1, 2).clone(),
         "qrdy": _region(ir, raw, "qrdy").view(torch.int32).view(-1, 2).clone(),
     }
@@ -240,9 +272,8 @@ def simulate(case: Case, ir, args: dict) -> None:
     _, ys, kn, qx8, qs = from_partials(parts, inp, target)
     publish = publishes_qx8(ir)
     if publish:
-        _put_rows(ir, raw, "qx8", "mla_norm_rope", qx8)
-        _region(ir, raw, "qx8s").view(torch.int32).copy_(qs.reshape(-1))
-    for name in ("xrdy", "qrdy") if publish else ("xrdy",):
+        _put_qx8(ir, raw, qx8, qs, tag)
+    for name in ("xrdy", "qrdy") if publish and not tagged_qx8(ir) else ("xrdy",):
         fl = _region(ir, raw, name).view(torch.int32).view(-1, 2)
         fl[:, 0], fl[:, 1] = 1, tag
     qv = bf16_rn(ref.mx_gemv_kernel_order(qx8, qs, lg["wqb"], lg["wqb_s"], waves, chunk))
@@ -322,8 +353,11 @@ def check(case: Case, ir, args: dict, epoch: int = 0) -> dict:
         bad = (got["qx8"].view(torch.uint8) != qx8.view(torch.uint8)).nonzero()
         expect(bad.numel() == 0, f"QX8 differs at {bad[:5].tolist()} ({bad.shape[0]} bytes)")
         expect(torch.equal(got["qx8s"], qs), "QX8S codes")
-        tags = got["qrdy"].view(-1, q_stride, 2)[:copies, :s]
-        expect((tags[..., 1] == tag).all() and (tags[..., 0] == 1).all(), "QRDY flags (every copy)")
+        if tagged_qx8(ir):  # each pair its own flag: all of this launch
+            expect((got["qx8_tag"] == tag).all() and (got["qx8s_tag"] == tag).all(), "QX8 / QX8S pairs' tags")
+        else:
+            tags = got["qrdy"].view(-1, q_stride, 2)[:copies, :s]
+            expect((tags[..., 1] == tag).all() and (tags[..., 0] == 1).all(), "QRDY flags (every copy)")
         q_in, q_codes = got["qx8"], got["qx8s"]
     else:  # q_inline: wq_b's CTAs computed QX8 in LDS (test_q_inline_same_bits: the published bits)
         q_in, q_codes = qx8, qs

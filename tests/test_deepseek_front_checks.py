@@ -28,7 +28,7 @@ def run_case(tokens, tp=4, ratio=1, target="sm90", tune=None, **flags):
 
 @pytest.mark.parametrize("tokens,tp,ratio,flags", [
     (1, 4, 1, {}), (6, 2, 2, {}), (17, 4, 0, {}), (6, 4, 1, {"index": True}), (17, 4, 2, {"tuned": True}),
-    (1, 4, 2, {"index": True}),
+    (1, 4, 2, {"index": True}), (6, 4, 1, {"tune": {"symbols.QX8_TAGGED": 1}}),
 ])
 def test_simulated_kernel_passes(tokens, tp, ratio, flags):
     ir, case, args = run_case(tokens, tp, ratio, **flags)
@@ -69,6 +69,30 @@ def test_corruptions_are_caught(simulated, corrupt):
         sc[r("qkvp").offset + 8 * 5 + 4] ^= 2
     with pytest.raises(AssertionError):
         dc.check(case, ir, args)
+
+
+@pytest.mark.parametrize("corrupt", [None, "qx8_value", "qx8_tag", "qx8s_tag", "qrdy"])
+def test_tagged_qx8_checks(corrupt):
+    """QX8 as tagged pairs (symbols.QX8_TAGGED): the checks read the values from the pairs and
+    want every pair's tag this launch's, so the simulated kernel passes; a flipped value byte or a
+    stale tag (of QX8 or of its codes) is caught; the QRDY flags, which such a build never
+    writes, are not read."""
+    ir, case, args = run_case(6, 4, 1, tune={"symbols.QX8_TAGGED": 1})
+    assert dc.tagged_qx8(ir) and ir.region("qx8").count == 2 * 6 * 1280 // 4
+    sc, r = args["scratch"], ir.region
+    if corrupt == "qx8_value":
+        sc[r("qx8").offset + 8 * 333 + 1] ^= 1
+    elif corrupt == "qx8_tag":
+        sc[r("qx8").offset + 8 * (6 * 320 - 1) + 4] ^= 2  # the last token's last pair
+    elif corrupt == "qx8s_tag":
+        sc[r("qx8s").offset + 8 * 41 + 4] ^= 2
+    elif corrupt == "qrdy":
+        sc[r("qrdy").offset: r("qrdy").offset + r("qrdy").nbytes] = 0x5A
+    if corrupt in (None, "qrdy"):
+        dc.check(case, ir, args)
+    else:
+        with pytest.raises(AssertionError, match="QX8"):
+            dc.check(case, ir, args)
 
 
 @pytest.mark.parametrize("corrupt", [None, "x8_byte", "x8_pad_only"])

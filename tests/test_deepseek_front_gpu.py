@@ -3,7 +3,8 @@
 
 Builds: S in {1, 2, 3, 6, 16, 17, 48} (16, 17 and 48 through the xq stage; S = 1 and 2 with
 wq_b norming q itself, q_inline, also against the publishing build), TP 2 and 4,
-ratio 0 / 1 / 2, index and tuned on and off, timeline, wq_b's MMAs two ways (native fp8 wgmma,
+ratio 0 / 1 / 2, index and tuned on and off, timeline, QX8 with flags or as tagged pairs,
+wq_b's MMAs two ways (native fp8 wgmma,
 the spec's, checked against its own bound; `emulated`: mma.sync), the wgmma loops with 2 / 3 / 4
 chunks in flight (the same bits; the spec's 3 at TP4), wq_b's
 weights three ways (registers; TMA into LDS at wq_b's start, lds_weights; at the kernel's start,
@@ -45,8 +46,13 @@ EPOCH_LAST_OUT = {"tune": {"mailbox.advance": "last_out"}}
 # TP2); same sums, same order
 DEPTH2 = {"tune": {"wqkv_a.wgmma_depth": 2, "wq_b.wgmma_depth": 2}}
 DEPTH4 = {"tune": {"wqkv_a.wgmma_depth": 4, "wq_b.wgmma_depth": 4}}
+# QX8 and its codes as tagged pairs that wq_b polls (no QRDY flags); with the emulated MMAs too
+TAGGED = {"tune": {"symbols.QX8_TAGGED": 1}}
+TAGGED_EMULATED = {"tune": {"symbols.QX8_TAGGED": 1, "wq_b.wgmma": 0}}
+TUNED_TAGGED = {"tuned": True, **TAGGED}
 TUNES = {id(BULK): "bulk", id(LDS): "lds", id(EMULATED): "emulated", id(X8_IMAGE): "x8image",
-         id(EPOCH_LAST_OUT): "epoch-last-out", id(DEPTH2): "depth2", id(DEPTH4): "depth4"}
+         id(EPOCH_LAST_OUT): "epoch-last-out", id(DEPTH2): "depth2", id(DEPTH4): "depth4", id(TAGGED): "tagged",
+         id(TAGGED_EMULATED): "tagged-emulated", id(TUNED_TAGGED): "tagged"}
 # (tokens, tp, ratio, flags, swa_block, pad rows, swa block padding); wq_b on wgmma unless EMULATED
 # (TP2: 8 units a CTA, two groups of 4), wqkv in K quarters on wgmma at TP4; from S = 16
 # (TP4) / 17 the qkv stage stores QX8 as wq_b's LDS image (one bulk copy; the EMULATED / LDS
@@ -93,6 +99,13 @@ CASES = [
     (48, 4, 2, DEPTH2, 128, (5, 47), 0),
     (1, 4, 2, DEPTH4, 64, (), 0),
     (16, 4, 1, DEPTH4, 128, (4,), 0),
+    (1, 4, 1, TAGGED, 128, (), 0),
+    (6, 4, 2, TAGGED, 64, (1, 4), 64),
+    (15, 4, 1, TAGGED, 128, (3,), 8),  # through the xq stage, the most rows without QX8's image
+    (5, 4, 1, TAGGED, 64, (0,), 0),  # two tokens a qkv task
+    (6, 2, 1, TAGGED, 128, (2,), 0),
+    (3, 4, 2, TAGGED_EMULATED, 64, (1,), 0),
+    (6, 4, 1, TUNED_TAGGED, 64, (), 0),
     (48, 4, 0, DEPTH4, 64, (1,), 8),
     (48, 2, 1, DEPTH4, 64, (7,), 0),  # TP2: wq_b's two groups of 4 units
 ]
@@ -198,8 +211,26 @@ def test_wgmma_depth_same_bits(s, tp):
             assert torch.equal(a, b), f"depth {d}: {name} differ from depth 2's"
 
 
+@pytest.mark.parametrize("s, tp", [(1, 4), (6, 4), (12, 2)])
+def test_tagged_qx8_same_bits(s, tp):
+    """QX8 as tagged pairs changes how wq_b learns that its rows are there, not what they are:
+    the same partials, QX8, q and records as the build with QRDY flags."""
+    builds = [codegen.load(SPEC, tokens=s, tp=tp, tune={"symbols.QX8_TAGGED": t}) for t in (0, 1)]
+    case = dc.make_case(s, tp, 1, "sm90", seed=53 + s + tp, pad_rows=(1,) if s > 1 else ())
+    outs = []
+    for kernel in builds:
+        args = dc.launch_args(case, kernel.workspace("cuda"))
+        launch(kernel, args)
+        dc.check(case, kernel.ir, args)
+        scratch = dc.read_scratch(kernel.ir, args["scratch"], case.tokens)
+        outs.append((scratch["partials"].view(torch.int32), scratch["qx8"].view(torch.uint8), args["q"].view(torch.int16).cpu(),
+                     args["swa"].cpu()))
+    for name, a, b in zip(("partials", "qx8", "q", "swa records"), outs[1], outs[0]):
+        assert torch.equal(a, b), f"tagged: {name} differ from the flagged build's"
+
+
 @pytest.mark.parametrize("pdl", [True, False], ids=["pdl", "no-pdl"])
-@pytest.mark.parametrize("flags", [{}, EPOCH_LAST_OUT], ids=["spec", "epoch-last-out"])
+@pytest.mark.parametrize("flags", [{}, EPOCH_LAST_OUT, TAGGED], ids=["spec", "epoch-last-out", "tagged"])
 def test_graph_replays(flags, pdl):
     """5 replays of a graph of 4 launches in a row, nothing cleared in between: the same
     outputs, the epoch advanced once per launch on the device (both ways of keeping the

@@ -54,7 +54,10 @@ def test_tuned_flag_copies(tokens):
         assert r.count == 8 * stride and r.offset % 256 == 0 and (stride * 8) % 256 == 0
     text = render(ir)
     assert "constexpr int COPIES = 8;" in text
-    assert "block_id() % COPIES" in text  # wq_b's QX8 flags (S = 1 too: no q_inline at sm90 TP4)
+    # wq_b's QX8 flags (S = 1 too: no q_inline at sm90 TP4), where QX8 is not tagged pairs (the spec's
+    # sm90 up to 15 rows but 6: no flags to poll then)
+    flagged = render(ir_of(tokens=tokens, tuned=True, tune={"symbols.QX8_TAGGED": 0}))
+    assert "block_id() % COPIES" in flagged and ("block_id() % COPIES" in text) == (not dc.tagged_qx8(ir) or tokens > 8)
     q_inline = render(ir_of(tokens=1, tp=2, tuned=True))  # TP2 S = 1: wq_b norms q itself, xq is off: no flag waits
     assert "constexpr int COPIES = 8;" in q_inline and "block_id() % COPIES" not in q_inline
 
@@ -258,6 +261,9 @@ def test_wqb_wgmma_layout(tp, tokens):
     rows = wqb[wqb.index("MONO_DEVICE void stage_rows("):]
     if q_inline:  # normed in place (core matrices), made visible to the async proxy
         assert rows.index("xl[item_word(r, tt)] = w0;") < rows.index("fence_proxy_async_lds();")
+    elif dc.tagged_qx8(ir):  # polled from QX8's tagged pairs in row order (the spec's sm90 to 15 rows but 6), swizzled
+        assert not v["tma_rows"] and v["tagged"] and ir.region("qx8").count == 2 * tokens * 320
+        assert rows.index("xl + row_word(i / VECS, i % VECS)) = u32x4{") < rows.index("fence_proxy_async_lds();")
     elif tokens < 16 or (tp, tokens) == (2, 16):  # copied from QX8 in row order (16-byte loads), swizzled
         assert not v["tma_rows"] and ir.region("qx8").count == tokens * 320
         assert rows.index("xl + row_word(i / VECS, i % VECS)) = x;") < rows.index("fence_proxy_async_lds();")
@@ -730,7 +736,7 @@ def test_rows_async():
              "copy_async_wait();", "fence_proxy_async_lds();", "barrier();"]
     assert [rows.index(o) for o in order] == sorted(rows.index(o) for o in order)
     assert "xl + row_word(i / VECS, i % VECS)) = x;" not in rows
-    on = {"wq_b.rows_async": 1}
+    on = {"wq_b.rows_async": 1, "symbols.QX8_TAGGED": 0}  # (tagged pairs are polled, not copied: refused)
     assert [values("wq_b", tokens=s, tune=on)["rows_async"] for s in (1, 2, 6, 15, 16, 48)] \
         == [True, True, True, True, False, False]  # the image from 16
     assert not values("wq_b", tokens=1, tp=2, tune=on)["rows_async"]  # q_inline (TP2)
@@ -744,3 +750,25 @@ def test_rows_async():
     with pytest.raises(SpecError, match="gfx942's device library has no asynchronous global-to-LDS copy") as e:
         ir_of("gfx942", tokens=6, tune=on)
     assert "attn_front.yaml:" in str(e.value) and "rows_async" in str(e.value)
+
+
+def test_tagged_qx8():
+    """symbols.QX8_TAGGED: the qkv stage puts QX8 and its codes as tagged pairs (twice the words)
+    and raises no QRDY flag (no fence either); wq_b polls the pairs, no flag wait and no cp.async
+    of the codes. Refused beside QX8's image (sm90 TP4 S = 16), at the qkv stage's tagged line;
+    and with rows_async, whose copy cannot check tags."""
+    tagged = {"symbols.QX8_TAGGED": 1}
+    plain, ir = ir_of(tokens=6), ir_of(tokens=6, tune=tagged)
+    assert [r.name for r in ir.regions] == [r.name for r in plain.regions]
+    for name in ("qx8", "qx8s"):
+        assert ir.region(name).count == 2 * plain.region(name).count
+    text = render(ir)
+    assert "constexpr bool TAGGED = true;" in text and "constexpr bool TAGGED = false;" in render(plain)
+    assert "mailbox_put2(reinterpret_cast<u64*>(mb.qx8) + qx8_word(t, tt), w0, w1, mb.tag);" in text
+    assert "MONO_DEVICE void await_rows(const Mailbox&, int) {}" in text
+    assert "copy16_async(xs" not in text and "copy16_async(xs" in render(plain)
+    line = next(i for i, t in enumerate(TEXT.splitlines(), 1) if t.strip() == "tagged: QX8_TAGGED")
+    with pytest.raises(SpecError, match=rf"attn_front\.yaml:{line}: .*tagged.*two layouts of QX8"):
+        ir_of(tokens=16, tune=tagged)
+    with pytest.raises(SpecError, match="rows_async.*tagged pairs"):
+        ir_of(tokens=6, tune={**tagged, "wq_b.rows_async": {"default": 0, "sm90": 1}})

@@ -355,16 +355,18 @@ def ds_broken(kernel, stage: str) -> Kernel:
     return broken
 
 
-# (tokens, the stage cut out, the (stage, region) pairs whose wait may give up first)
+# (tokens, the stage cut out, the (stage, region) pairs whose wait may give up first, build flags)
 DS_HANGS = [
-    (4, "qkv", {("wq_b", "qrdy")}),      # S <= 8: wqkv_a quantizes x itself; only wq_b waits (on QX8's flags)
-    (17, "xq", {("wqkv_a", "xrdy")}),    # S > 8: every wqkv unit waits on xq's flags first
+    (4, "qkv", {("wq_b", "qrdy")}, {}),  # S <= 8: wqkv_a quantizes x itself; only wq_b waits (on QX8's flags)
+    (17, "xq", {("wqkv_a", "xrdy")}, {}),  # S > 8: every wqkv unit waits on xq's flags first
+    # QX8 as tagged pairs: wq_b polls the rows and codes themselves
+    (4, "qkv", {("wq_b", "qx8"), ("wq_b", "qx8s")}, {"tune": {"symbols.QX8_TAGGED": 1}}),
 ]
 
 
-@pytest.mark.parametrize("tokens,cut,where", DS_HANGS, ids=["s4-no-qkv", "s17-no-xq"])
-def test_deepseek_unsatisfiable_wait_raises_kernel_hang_within_2s(tokens, cut, where):
-    kernel, case, args = ds_setup(tokens, seed=11, debug=True)
+@pytest.mark.parametrize("tokens,cut,where,flags", DS_HANGS, ids=["s4-no-qkv", "s17-no-xq", "s4-no-qkv-tagged"])
+def test_deepseek_unsatisfiable_wait_raises_kernel_hang_within_2s(tokens, cut, where, flags):
+    kernel, case, args = ds_setup(tokens, seed=11, debug=True, **flags)
     st = {s.name: s for s in kernel.ir.stages}
     if cut == "xq" and kernel.ir.blocks > st["wqkv_a"].tasks:
         where = where | {("wq_b", "qrdy")}  # AMD: CTAs without a wqkv unit go straight to wq_b's wait

@@ -346,6 +346,12 @@ def lower(stage: Model, ctx) -> dict:
     if not (inline or q_inline) and mxfp8_quant.writes_image(src, ctx):
         image_groups = mxfp8_quant.image_groups(tokens)
     tma_rows = bool(image_groups) and swizzle and tile == tokens
+    # a source that stores QX8 as tagged pairs (mla_norm_rope tagged): the rows poll their own
+    # tags, two 16-byte loads a piece (no flag wait, no cp.async: a copy cannot check tags)
+    tagged = src.kind == "mla_norm_rope" and not q_inline and mla_norm_rope.writes_tagged(src, ctx)
+    if tagged and rows_async:
+        ctx.fail(("rows_async",), f"stage {src.name!r} publishes tagged pairs, which the rows' polls check "
+                 "(an asynchronous copy cannot)", "turn rows_async off for this build")
     if tma_rows:
         ctx.lds(stage.name, "rbar", "u64", 1)  # the rows' bulk copy's mbarrier
     part_waves = groups if wgmma else waves  # partial tiles a unit: one a warpgroup (wgmma), else one a wave
@@ -410,13 +416,15 @@ def lower(stage: Model, ctx) -> dict:
         "n_tiles": -(-tokens // tile),
         "xstride": xstride,
         # staging: 8-value items quantized here (16-byte bf16 loads), or 16-byte X8 pieces
-        "row_batch": row_batch(tile * kp // (8 if inline else 16), ctx.threads),
+        # (tagged: the codes' pieces with the rows')
+        "row_batch": row_batch(tile * (kp // 16 + kp // 128) if tagged else tile * kp // (8 if inline else 16), ctx.threads),
         "sstride": sstride,
         "inline": inline,
         "q_inline": q_inline,
         # rows from the source's mailbox: their scale codes by cp.async (NVIDIA; AMD's device
         # library has no asynchronous global-to-LDS copy), not a second round of loads
-        "async_codes": not (inline or q_inline) and t.vendor == "nvidia",
+        "async_codes": not (inline or q_inline or tagged) and t.vendor == "nvidia",
+        "tagged": tagged,  # rows and codes from tagged pairs, polled (no flag wait)
         "rows_async": rows_async and not (inline or q_inline or tma_rows),  # and the rows too (spec rows_async)
         "q_math": q_math,
         "norm_par": norm_par,

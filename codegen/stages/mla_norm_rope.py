@@ -30,7 +30,10 @@ threads 32b .. 32b + 31, ``rcode = ceil_exp(RN(max(amax, 1e-4) / FP8_MAX))``,
 bytes ``fp8(clamp(e * 2^(127 - rcode), +-FP8_MAX))``; RoPE dims as bf16; the 7
 codes and a zero pad byte in the block's scale row. QRDY is raised right after
 QX8's stores (``early_ready``; only QX8 is waited on in this launch), or after
-the record's. With ``publish`` false (the GEMV norms q itself from the
+the record's. ``tagged``: QX8 and its codes are stored as tagged pairs (each
+word with the launch's tag, in twice the words), which the consuming GEMV polls
+themselves: no fence, no QRDY flag, no flag round trip before the rows. With
+``publish`` false (the GEMV norms q itself from the
 partials: gemv_mxfp8 ``q_inline``) neither QX8 nor QRDY is stored. The q
 latent's math is the template macro ``mla_q_math``, which that GEMV emits too."""
 
@@ -74,6 +77,10 @@ class Model(StageBase):
     # QX8, its codes and the QRDY flags (false where the consuming GEMV norms q itself from the
     # partials, gemv_mxfp8 q_inline: nothing in the launch waits for them)
     publish: Expr = True
+    # QX8 and its codes as (word, tag) pairs in twice the words, each one its own ready flag:
+    # the GEMV that reads them polls the pairs (no QRDY flags, no release fence before them). Not
+    # with ``image`` (a TMA copy cannot check tags)
+    tagged: Expr = False
     # tokens a task normalizes at once, NORM_THREADS threads each (1 or 2: the CTA's 512
     # threads); tasks: ceil(tokens / tokens_per_task)
     tokens_per_task: Expr = 1
@@ -104,6 +111,19 @@ class Model(StageBase):
         """What a consumer reads: QX8 regions, one flag a token."""
         return {"words": self.out, "codes": self.codes, "ready": self.ready, "parts": 1,
                 "copies": self.copies, "flag_stride": self.flag_stride}
+
+
+def writes_tagged(stage: Model, ctx) -> bool:
+    """Whether the build stores QX8 as tagged pairs (``tagged``); refused beside the image, which
+    its consumer takes by a TMA copy that cannot check tags. Errors at the stage's own line,
+    whoever asks."""
+    here, ctx.loc = ctx.loc, ("stages", [s.name for s in ctx.loaded.spec.stages].index(stage.name))
+    on = ctx.switch(stage.tagged, ("tagged",))
+    if on and writes_image(stage, ctx):
+        ctx.fail(("tagged",), "tagged QX8 pairs and the LDS image are two layouts of QX8 (the image is taken by "
+                 "one TMA copy, which cannot check tags)", "turn image or tagged off for this build")
+    ctx.loc = here
+    return on
 
 
 def check_producer(stage: Model, ctx, width: int, parts: int) -> None:
@@ -166,9 +186,12 @@ def lower(stage: Model, ctx) -> dict:
     image = writes_image(stage, ctx) and publish
     if image and q_rank % 128:
         ctx.fail(("q_rank",), f"q_rank {q_rank}: the image's rows are whole 128-byte segments", "turn image off")
-    # the image: whole 8-token groups (a consumer's bulk copy reads the pad tokens' bytes too)
-    ctx.region(stage.out, ("out",), kind="words", min_count=(8 * image_groups(s) if image else s) * q_rank // 4)
-    ctx.region(stage.codes, ("codes",), kind="words", min_count=s * q_rank // MX_BLOCK)
+    tagged = writes_tagged(stage, ctx) and publish
+    # the image: whole 8-token groups (a consumer's bulk copy reads the pad tokens' bytes too);
+    # tagged: two words (a pair) a word
+    words = 1 + tagged
+    ctx.region(stage.out, ("out",), kind="words", min_count=(8 * image_groups(s) if image else s) * q_rank // 4 * words)
+    ctx.region(stage.codes, ("codes",), kind="words", min_count=s * q_rank // MX_BLOCK * words)
     ctx.region(stage.ready, ("ready",), kind="pairs")
     copies, stride = check_copies(stage, ctx, s)
     for f, dtype, shape in (("qn_w", "bf16", (q_rank,)), ("kvn_w", "bf16", (kv_dim,)),
@@ -193,6 +216,7 @@ def lower(stage: Model, ctx) -> dict:
         "early_ready": bool(ctx.evaluate(stage.early_ready, ("early_ready",))),
         "publish": publish,
         "image_groups": image_groups(s) if image else 0,  # 0: row-major QX8 (token t at word t * q_rank / 4)
+        "tagged": tagged,  # QX8 and codes as tagged pairs (pair i: word i of the untagged layout)
         "copies": copies,
         "flag_stride": stride,
         "mx_fp8_max": mx_fp8_max(ctx.target),

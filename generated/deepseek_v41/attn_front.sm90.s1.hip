@@ -36,19 +36,19 @@
 //   23 kt         i32   [1, 640]           out   key table: compressed slot | 1 << 31, window slot, or -1 (not written in index builds)
 //   24 klen       i32   [2]                out   KLEN[t] = kv_len, KLEN[S + t] = ntopk (not written in index builds)
 //   25 qr_out     bf16  [1, 1280]          out   index builds: bf16 normed q latent (None: not written)
-//   26 scratch    u8    [65280]            inout mailboxes; zeroed once, never cleared
+//   26 scratch    u8    [66816]            inout mailboxes; zeroed once, never cleared
 //   27 epoch      i32   [2]                inout the epoch counter the kernel advances: one u64, the CTAs finished over all launches (mailbox.advance count; last_out: [epoch, CTAs done])
 //   28 layer      i32   scalar             in    layer id (not part of the tag: B.6)
 //   29 tl         i64   [132, 10]          out   timeline stamps (timeline builds)
 //
-// scratch (65280 bytes; regions 256-byte aligned; tag = epoch[0] * 2 + 1):
+// scratch (66816 bytes; regions 256-byte aligned; tag = epoch[0] * 2 + 1):
 //   x8       @        0      5120 B  1280 words: xq's e4m3 rows: token t at word t * 1280, K part p at + 1280 p / K_PARTS; X8_IMAGE: wqkv's LDS image, 8-token groups of the 128-byte-swizzled layout
 //   x8s      @     5120       640 B  160 words: xq's E8M0 codes (int32): token t at t * 160
 //   xrdy     @     5888        32 B  4 flags: ready flag of (token t, K part p) at K_PARTS t + p (copy c: + c * XRDY_STRIDE)
 //   qkvp     @     6144     57344 B  7168 pairs: wqkv fp32 partials: (p * S + t) * 1792 + row
-//   qx8      @    63488      1280 B  320 words: MXFP8 of the normed q latent: token t at word t * 320; sm90 (qkv image): wq_b's LDS image, 8-token groups of the 128-byte-swizzled layout
-//   qx8s     @    64768       160 B  40 words: its E8M0 codes (int32): token t at t * 40
-//   qrdy     @    65024         8 B  1 flags: ready flag of token t's QX8 (copy c: + c * QRDY_STRIDE)
+//   qx8      @    63488      2560 B  640 words: MXFP8 of the normed q latent: token t at word t * 320; sm90 (qkv image): wq_b's LDS image, 8-token groups of the 128-byte-swizzled layout; QX8_TAGGED: pair i (value, tag) holds word i
+//   qx8s     @    66048       320 B  80 words: its E8M0 codes (int32): token t at t * 40; QX8_TAGGED: pair i holds code i
+//   qrdy     @    66560         8 B  1 flags: ready flag of token t's QX8 (copy c: + c * QRDY_STRIDE)
 //
 // LDS (29104 bytes; stages reuse the same bytes, one after another):
 //   stage_kt::LDS_WINDOW   @      0  128 x int
@@ -105,6 +105,8 @@ constexpr int INLINE_QUANT_TOKENS = 9;
 constexpr int INLINE_Q_TOKENS = 0;
 constexpr bool Q_INLINE = false;  // this build's wq_b CTAs norm q themselves
 constexpr bool QX8_IMAGE = false;
+constexpr bool QX8_TAGGED = true;
+constexpr int QX8_WORDS = 2;  // words a QX8 / QX8S word takes: a pair when tagged
 constexpr int IMAGE_TOKENS = 8;  // token rows of an LDS image: whole 8-token groups
 constexpr int QX8_TOKENS = 1;
 constexpr bool X8_IMAGE = false;
@@ -122,7 +124,7 @@ constexpr int FLAG_ALIGN = 1;  // tuned: every copy starts its own 256-byte stre
 constexpr int XRDY_STRIDE = 4;  // pairs between copies of XRDY
 constexpr int QRDY_STRIDE = 1;  // pairs between copies of QRDY
 constexpr int BLOCKS = 132;  // CTAs of the grid for the build's target
-constexpr int SCRATCH_BYTES = 65280;  // size of the scratch buffer (all regions, 256-byte aligned)
+constexpr int SCRATCH_BYTES = 66816;  // size of the scratch buffer (all regions, 256-byte aligned)
 
 
 // ---- GEMV partial tiles ---------------------------------------------------------------
@@ -240,6 +242,11 @@ MONO_DEVICE void fence_acquire() { asm volatile("fence.acq_rel.gpu;" ::: "memory
 // put: value and tag in one 8-byte store, so a reader that sees the tag sees the value
 MONO_DEVICE void mailbox_put(u64* pair, u32 value, u32 tag) {
     asm volatile("st.relaxed.gpu.global.v2.u32 [%0], {%1, %2};" :: "l"(pair), "r"(value), "r"(tag) : "memory");
+}
+// two adjacent pairs (16-byte aligned) in one 16-byte store: two single-copy-atomic u64s
+MONO_DEVICE void mailbox_put2(u64* pair, u32 value0, u32 value1, u32 tag) {
+    const u64 lo = u64(value0) | (u64(tag) << 32), hi = u64(value1) | (u64(tag) << 32);
+    asm volatile("st.relaxed.gpu.global.v2.u64 [%0], {%1, %2};" :: "l"(pair), "l"(lo), "l"(hi) : "memory");
 }
 MONO_DEVICE void mailbox_load(const u64* pair, u32& value, u32& tag) {
     asm volatile("ld.relaxed.gpu.global.v2.u32 {%0, %1}, [%2];" : "=r"(value), "=r"(tag) : "l"(pair) : "memory");
@@ -907,9 +914,9 @@ struct Mailbox {
     u32* x8s;  // 160 words @ 5120
     u64* xrdy;  // 4 flags @ 5888
     u64* qkvp;  // 7168 pairs @ 6144
-    u32* qx8;  // 320 words @ 63488
-    u32* qx8s;  // 40 words @ 64768
-    u64* qrdy;  // 1 flags @ 65024
+    u32* qx8;  // 640 words @ 63488
+    u32* qx8s;  // 80 words @ 66048
+    u64* qrdy;  // 1 flags @ 66560
 };
 MONO_DEVICE void bulk_wait(u64* bar, u32 phase, u32) { bulk_wait(bar, phase); }  // (debug builds: bounded)
 
@@ -1294,6 +1301,7 @@ constexpr int FLAG_STRIDE = 1;
 constexpr bool WRITE_QR = false;         // index build: qr_out = bf16 normed q latent
 constexpr bool EARLY_READY = true;      // QRDY before the record's stores
 constexpr bool PUBLISH = true;          // QX8 and QRDY (false: its GEMV norms q itself)
+constexpr bool TAGGED = true;           // QX8 and codes as tagged pairs, their own flags (no QRDY)
 constexpr int TOKENS_PER_TASK = 1;      // tokens a task normalizes at once, NORM_THREADS threads each
 // The QX8 word of token t's values 8tt ..: row-major
 MONO_DEVICE int qx8_word(int t, int tt) { return t * (Q_RANK / 4) + 2 * tt; }
@@ -1301,9 +1309,10 @@ constexpr int RED_FLOATS = 32;           // a token's red[] (the lowering sizes 
 constexpr int RED_Q = 0, RED_KV = 8, RED_CODES = 16;  // red[]: q group sums, kv group sums, record codes
 
 // The task's tokens t0 .. (those below TOKENS) have their QX8 published: this CTA's stores
-// drained device-wide, then each token's flag (all copies) by its first threads.
+// drained device-wide, then each token's flag (all copies) by its first threads. (Tagged: each
+// pair is its own flag; nothing to do.)
 MONO_DEVICE void publish(const Mailbox& mb, int t0) {
-    if (!PUBLISH) return;
+    if (!PUBLISH || TAGGED) return;
     fence_release();
     barrier();
     const int h = thread_id() / NORM_THREADS, c = thread_id() % NORM_THREADS;
@@ -1366,8 +1375,9 @@ MONO_DEVICE void token(const Args& a, const Mailbox& mb, u8* lds, float* red_all
     u32 w0, w1;
     const int code = q_quant(xq, rq, qw, ys, w0, w1);
     if (has_q && PUBLISH) {
-        st8(mb.qx8 + qx8_word(t, tt), w0, w1);
-        if (tt % 4 == 0) st4(mb.qx8s + t * (Q_RANK / 32) + tt / 4, u32(code));
+        // pair i of the tagged layout holds word i of the plain one, with this launch's tag
+        mailbox_put2(reinterpret_cast<u64*>(mb.qx8) + qx8_word(t, tt), w0, w1, mb.tag);
+        if (tt % 4 == 0) mailbox_put(reinterpret_cast<u64*>(mb.qx8s) + t * (Q_RANK / 32) + tt / 4, u32(code), mb.tag);
     }
     if (has_q && WRITE_QR && a.qr_out != nullptr) {
         st16(a.qr_out + (long long)t * Q_RANK + 8 * tt,
@@ -1543,36 +1553,50 @@ MONO_DEVICE void prefetch_l2(const Args& a) {
     }
 }
 
-// Tokens tok0 .. tok0 + nt of qkv's qx8 (K part `part`) and their codes into LDS
-// (through L2: written in this launch, published behind the flags).
-MONO_DEVICE void stage_rows(const Args&, const Mailbox& mb, u8* lds, int part, int tok0, int nt, u32* xl, float* xs) {
+// Tokens tok0 .. tok0 + nt of qkv's qx8 (K part `part`) and their codes into LDS,
+// published as tagged pairs (pair i: word i of the plain row-major layout, with the launch's tag):
+// each 16-byte piece is 4 pairs, read by two 16-byte loads and polled until all four carry the tag,
+// so the rows are their own flags (no flag wait, and the writer fences nothing). A thread's
+// ROW_BATCH pieces per round (rows, then codes), their loads out together.
+MONO_DEVICE void stage_rows(const Args&, const Mailbox& mb, u8*, int part, int tok0, int nt, u32* xl, float* xs) {
     constexpr int VECS = KP / 16, SVECS = KP / 128;  // 16-byte pieces of a row part, of its codes
-    auto codes = [&](int i) { return mb.qx8s + (tok0 + i / SVECS) * (K / 32) + part * (KP / 32) + 4 * (i % SVECS); };
-    (void)lds;
-    // the codes first, raw into xs by cp.async: no register and no round trip of their own (they
-    // land while the rows' loads are out); made scales in place below
-    for (int i = thread_id(); i < nt * SVECS; i += THREADS) copy16_async(xs + (i / SVECS) * SSTRIDE + 4 * (i % SVECS), codes(i));
-    // item i = piece i % VECS of token i / VECS: a warp's load reads 512 bytes of a row (whole lines; 16 tokens'
-    // 32-byte sectors a load made it 3-4 us at 48 rows, scripts/broadcast_probe.py); row_word's layout
-    auto row_piece = [&](int i) { return mb.qx8 + (tok0 + i / VECS) * (K / 4) + part * (KP / 4) + 4 * (i % VECS); };
-    copy16_batched<ROW_BATCH>(nt * VECS, row_piece,
-        [&](int i, u32x4 x) { *reinterpret_cast<u32x4*>(xl + row_word(i / VECS, i % VECS)) = x; });
-    fence_proxy_async_lds();  // the wgmma reads them through the async proxy (after the caller's barrier)
-    copy_async_wait();
-    barrier();  // every thread's codes in
-    for (int i = thread_id(); i < nt * (KP / 32); i += THREADS) {
-        float* s = xs + (i / (KP / 32)) * SSTRIDE + i % (KP / 32);
-        *s = e8m0_scale(int(float_as_u32(*s)));
+    const u64* rows = reinterpret_cast<const u64*>(mb.qx8);
+    const u64* codes = reinterpret_cast<const u64*>(mb.qx8s);
+    const int n_rows = nt * VECS, n = n_rows + nt * SVECS;
+    // piece i's first pair: a row piece, then the codes' pieces
+    auto piece = [&](int i) {
+        if (i < n_rows) return rows + (tok0 + i / VECS) * (K / 4) + part * (KP / 4) + 4 * (i % VECS);
+        i -= n_rows;
+        return codes + (tok0 + i / SVECS) * (K / 32) + part * (KP / 32) + 4 * (i % SVECS);
+    };
+    for (int b = thread_id(); b < n; b += ROW_BATCH * THREADS) {
+        const u64* pair[2 * ROW_BATCH];
+#pragma unroll
+        for (int k = 0; k < ROW_BATCH; ++k) {
+            pair[2 * k] = piece(min_i(b + k * THREADS, n - 1));  // past n: a repeat
+            pair[2 * k + 1] = pair[2 * k] + 2;
+        }
+        u32 v[2 * ROW_BATCH][2];
+        mailbox_wait_all2(pair, mb.tag, v);
+#pragma unroll
+        for (int k = 0; k < ROW_BATCH; ++k) {
+            const int i = b + k * THREADS;
+            if (i < n_rows) {
+                *reinterpret_cast<u32x4*>(xl + row_word(i / VECS, i % VECS)) = u32x4{v[2 * k][0], v[2 * k][1], v[2 * k + 1][0], v[2 * k + 1][1]};
+            } else if (i < n) {
+                float* s = xs + ((i - n_rows) / SVECS) * SSTRIDE + 4 * ((i - n_rows) % SVECS);
+                s[0] = e8m0_scale(int(v[2 * k][0]));
+                s[1] = e8m0_scale(int(v[2 * k][1]));
+                s[2] = e8m0_scale(int(v[2 * k + 1][0]));
+                s[3] = e8m0_scale(int(v[2 * k + 1][1]));
+            }
+        }
     }
+    fence_proxy_async_lds();  // the wgmma reads the rows through the async proxy (after the caller's barrier)
 }
 
-// Thread t < TOKENS waits for token t's flag of K part `part` (this CTA's copy); then the
-// CTA reads what the flags' writers published.
-MONO_DEVICE void await_rows(const Mailbox& mb, int part) {
-    const int copy = block_id() % COPIES;
-    if (thread_id() < TOKENS) mailbox_wait<true>(mb.qrdy + copy * FLAG_STRIDE + thread_id() * SRC_PARTS + part % SRC_PARTS, mb.tag);
-    barrier_acquire();
-}
+// The rows carry their own tags (stage_rows polls them all at once): no flag to wait for.
+MONO_DEVICE void await_rows(const Mailbox&, int) {}
 
 // Value i of the LDS cos / sin rows (cs[t * ROPE ..]): token i / ROPE's row at position pos.
 MONO_DEVICE float cos_sin_value(const Args& a, long long pos, int i) {
@@ -1731,8 +1755,8 @@ MONO_KERNEL deepseek_v41_attn_front(
     mb.xrdy = reinterpret_cast<u64*>(scratch + 5888);
     mb.qkvp = reinterpret_cast<u64*>(scratch + 6144);
     mb.qx8 = reinterpret_cast<u32*>(scratch + 63488);
-    mb.qx8s = reinterpret_cast<u32*>(scratch + 64768);
-    mb.qrdy = reinterpret_cast<u64*>(scratch + 65024);
+    mb.qx8s = reinterpret_cast<u32*>(scratch + 66048);
+    mb.qrdy = reinterpret_cast<u64*>(scratch + 66560);
     stamp(lds, TL_START);
 
     stage_kt::run(a, mb, lds);

@@ -46,8 +46,8 @@
 //   x8s      @   245760     30720 B  7680 words: xq's E8M0 codes (int32): token t at t * 160
 //   xrdy     @   276480      1536 B  192 flags: ready flag of (token t, K part p) at K_PARTS t + p (copy c: + c * XRDY_STRIDE)
 //   qkvp     @   278016   2752512 B  344064 pairs: wqkv fp32 partials: (p * S + t) * 1792 + row
-//   qx8      @  3030528     61440 B  15360 words: MXFP8 of the normed q latent: token t at word t * 320; sm90 (qkv image): wq_b's LDS image, 8-token groups of the 128-byte-swizzled layout
-//   qx8s     @  3091968      7680 B  1920 words: its E8M0 codes (int32): token t at t * 40
+//   qx8      @  3030528     61440 B  15360 words: MXFP8 of the normed q latent: token t at word t * 320; sm90 (qkv image): wq_b's LDS image, 8-token groups of the 128-byte-swizzled layout; QX8_TAGGED: pair i (value, tag) holds word i
+//   qx8s     @  3091968      7680 B  1920 words: its E8M0 codes (int32): token t at t * 40; QX8_TAGGED: pair i holds code i
 //   qrdy     @  3099648       384 B  48 flags: ready flag of token t's QX8 (copy c: + c * QRDY_STRIDE)
 //
 // LDS (137488 bytes; stages reuse the same bytes, one after another):
@@ -108,6 +108,8 @@ constexpr int INLINE_QUANT_TOKENS = 9;
 constexpr int INLINE_Q_TOKENS = 0;
 constexpr bool Q_INLINE = false;  // this build's wq_b CTAs norm q themselves
 constexpr bool QX8_IMAGE = true;
+constexpr bool QX8_TAGGED = false;
+constexpr int QX8_WORDS = 1;  // words a QX8 / QX8S word takes: a pair when tagged
 constexpr int IMAGE_TOKENS = 48;  // token rows of an LDS image: whole 8-token groups
 constexpr int QX8_TOKENS = 48;
 constexpr bool X8_IMAGE = true;
@@ -243,6 +245,11 @@ MONO_DEVICE void fence_acquire() { asm volatile("fence.acq_rel.gpu;" ::: "memory
 // put: value and tag in one 8-byte store, so a reader that sees the tag sees the value
 MONO_DEVICE void mailbox_put(u64* pair, u32 value, u32 tag) {
     asm volatile("st.relaxed.gpu.global.v2.u32 [%0], {%1, %2};" :: "l"(pair), "r"(value), "r"(tag) : "memory");
+}
+// two adjacent pairs (16-byte aligned) in one 16-byte store: two single-copy-atomic u64s
+MONO_DEVICE void mailbox_put2(u64* pair, u32 value0, u32 value1, u32 tag) {
+    const u64 lo = u64(value0) | (u64(tag) << 32), hi = u64(value1) | (u64(tag) << 32);
+    asm volatile("st.relaxed.gpu.global.v2.u64 [%0], {%1, %2};" :: "l"(pair), "l"(lo), "l"(hi) : "memory");
 }
 MONO_DEVICE void mailbox_load(const u64* pair, u32& value, u32& tag) {
     asm volatile("ld.relaxed.gpu.global.v2.u32 {%0, %1}, [%2];" : "=r"(value), "=r"(tag) : "l"(pair) : "memory");
@@ -1382,6 +1389,7 @@ constexpr int FLAG_STRIDE = 48;
 constexpr bool WRITE_QR = false;         // index build: qr_out = bf16 normed q latent
 constexpr bool EARLY_READY = true;      // QRDY before the record's stores
 constexpr bool PUBLISH = true;          // QX8 and QRDY (false: its GEMV norms q itself)
+constexpr bool TAGGED = false;           // QX8 and codes as tagged pairs, their own flags (no QRDY)
 constexpr int TOKENS_PER_TASK = 1;      // tokens a task normalizes at once, NORM_THREADS threads each
 constexpr int IMAGE_GROUPS = 6;         // QX8 as wq_b's LDS image: 8-token groups of the swizzled layout
 // The QX8 word of token t's values 8tt ..: bytes 8 (tt % 2) .. of its 16-byte piece tt / 2 in the image
@@ -1390,9 +1398,10 @@ constexpr int RED_FLOATS = 32;           // a token's red[] (the lowering sizes 
 constexpr int RED_Q = 0, RED_KV = 8, RED_CODES = 16;  // red[]: q group sums, kv group sums, record codes
 
 // The task's tokens t0 .. (those below TOKENS) have their QX8 published: this CTA's stores
-// drained device-wide, then each token's flag (all copies) by its first threads.
+// drained device-wide, then each token's flag (all copies) by its first threads. (Tagged: each
+// pair is its own flag; nothing to do.)
 MONO_DEVICE void publish(const Mailbox& mb, int t0) {
-    if (!PUBLISH) return;
+    if (!PUBLISH || TAGGED) return;
     fence_release();
     barrier();
     const int h = thread_id() / NORM_THREADS, c = thread_id() % NORM_THREADS;

@@ -212,6 +212,11 @@ MONO_DEVICE void fence_acquire() { __builtin_amdgcn_fence(__ATOMIC_ACQUIRE, "age
 MONO_DEVICE void mailbox_put(u64* pair, u32 value, u32 tag) {
     __hip_atomic_store(pair, u64(value) | (u64(tag) << 32), __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_AGENT);
 }
+// two adjacent pairs: two 8-byte atomic stores
+MONO_DEVICE void mailbox_put2(u64* pair, u32 value0, u32 value1, u32 tag) {
+    mailbox_put(pair, value0, tag);
+    mailbox_put(pair + 1, value1, tag);
+}
 MONO_DEVICE void mailbox_load(const u64* pair, u32& value, u32& tag) {
     u64 v = __hip_atomic_load(pair, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_AGENT);
     value = u32(v);

@@ -230,6 +230,11 @@ MONO_DEVICE void fence_acquire() { asm volatile("fence.acq_rel.gpu;" ::: "memory
 MONO_DEVICE void mailbox_put(u64* pair, u32 value, u32 tag) {
     asm volatile("st.relaxed.gpu.global.v2.u32 [%0], {%1, %2};" :: "l"(pair), "r"(value), "r"(tag) : "memory");
 }
+// two adjacent pairs (16-byte aligned) in one 16-byte store: two single-copy-atomic u64s
+MONO_DEVICE void mailbox_put2(u64* pair, u32 value0, u32 value1, u32 tag) {
+    const u64 lo = u64(value0) | (u64(tag) << 32), hi = u64(value1) | (u64(tag) << 32);
+    asm volatile("st.relaxed.gpu.global.v2.u64 [%0], {%1, %2};" :: "l"(pair), "l"(lo), "l"(hi) : "memory");
+}
 MONO_DEVICE void mailbox_load(const u64* pair, u32& value, u32& tag) {
     asm volatile("ld.relaxed.gpu.global.v2.u32 {%0, %1}, [%2];" : "=r"(value), "=r"(tag) : "l"(pair) : "memory");
 }
