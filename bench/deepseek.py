@@ -174,8 +174,9 @@ class AttnFrontCase(BenchCase):
 
     def _standin(self, i: int) -> None:
         """Dry run: the simulated kernel outputs (computed once), copied where
-        the kernel writes them, every mailbox tag set to this launch's
-        (2 epoch + 1), then the counter advanced as the kernel advances it."""
+        the kernel writes them, every mailbox tag (QX8's too, where it is tagged
+        pairs) set to this launch's (2 epoch + 1), then the counter advanced as
+        the kernel advances it."""
         args = self._args(i)
         epoch = self.ir.epoch(self.ws["epoch"])
         if self._standin_out is None:
@@ -189,7 +190,7 @@ class AttnFrontCase(BenchCase):
         scratch = self.ws["scratch"]
         scratch.copy_(want["scratch"])
         tag = 2 * epoch + 1
-        for region in ("qkvp", "xrdy", "qrdy"):
+        for region in ("qkvp", "xrdy", "qrdy") + (("qx8", "qx8s") if dc.tagged_qx8(self.ir) else ()):
             r = self.ir.region(region)
             scratch[r.offset: r.offset + r.nbytes].view(torch.int32).view(-1, 2)[:, 1] = tag
         self.ir.advance(self.ws["epoch"])

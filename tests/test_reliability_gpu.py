@@ -357,7 +357,8 @@ def ds_broken(kernel, stage: str) -> Kernel:
 
 # (tokens, the stage cut out, the (stage, region) pairs whose wait may give up first, build flags)
 DS_HANGS = [
-    (4, "qkv", {("wq_b", "qrdy")}, {}),  # S <= 8: wqkv_a quantizes x itself; only wq_b waits (on QX8's flags)
+    # S <= 8: wqkv_a quantizes x itself; only wq_b waits (on QX8's flags, where QX8 is not tagged pairs)
+    (4, "qkv", {("wq_b", "qrdy")}, {"tune": {"symbols.QX8_TAGGED": 0}}),
     (17, "xq", {("wqkv_a", "xrdy")}, {}),  # S > 8: every wqkv unit waits on xq's flags first
     # QX8 as tagged pairs: wq_b polls the rows and codes themselves
     (4, "qkv", {("wq_b", "qx8"), ("wq_b", "qx8s")}, {"tune": {"symbols.QX8_TAGGED": 1}}),
@@ -398,7 +399,7 @@ def test_deepseek_unsatisfiable_wait_raises_kernel_hang_within_2s(tokens, cut, w
 
 
 def test_deepseek_hang_in_graph_replays_is_reported_by_check_errors():
-    kernel, case, args = ds_setup(4, seed=12, debug=True)
+    kernel, case, args = ds_setup(4, seed=12, debug=True, tune={"symbols.QX8_TAGGED": 0})  # a wait on QX8's flags
     broken = ds_broken(kernel, "qkv")
     graph = capture(lambda: broken(**args))
     graph.replay()
