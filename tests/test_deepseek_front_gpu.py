@@ -50,9 +50,12 @@ DEPTH4 = {"tune": {"wqkv_a.wgmma_depth": 4, "wq_b.wgmma_depth": 4}}
 TAGGED = {"tune": {"symbols.QX8_TAGGED": 1}}
 TAGGED_EMULATED = {"tune": {"symbols.QX8_TAGGED": 1, "wq_b.wgmma": 0}}
 TUNED_TAGGED = {"tuned": True, **TAGGED}
+# ... each poll round only the pieces not yet tagged (wq_b pending_polls; not measured yet)
+PENDING = {"tune": {"symbols.QX8_TAGGED": 1, "wq_b.pending_polls": 1}}
 TUNES = {id(BULK): "bulk", id(LDS): "lds", id(EMULATED): "emulated", id(X8_IMAGE): "x8image",
          id(EPOCH_LAST_OUT): "epoch-last-out", id(DEPTH2): "depth2", id(DEPTH4): "depth4", id(TAGGED): "tagged",
-         id(TAGGED_EMULATED): "tagged-emulated", id(TUNED_TAGGED): "tagged"}
+         id(TAGGED_EMULATED): "tagged-emulated", id(TUNED_TAGGED): "tagged",
+         id(PENDING): "tagged-pending"}
 # (tokens, tp, ratio, flags, swa_block, pad rows, swa block padding); wq_b on wgmma unless EMULATED
 # (TP2: 8 units a CTA, two groups of 4), wqkv in K quarters on wgmma at TP4; from S = 16
 # (TP4) / 17 the qkv stage stores QX8 as wq_b's LDS image (one bulk copy; the EMULATED / LDS
@@ -106,6 +109,9 @@ CASES = [
     (6, 2, 1, TAGGED, 128, (2,), 0),
     (3, 4, 2, TAGGED_EMULATED, 64, (1,), 0),
     (6, 4, 1, TUNED_TAGGED, 64, (), 0),
+    (6, 4, 2, PENDING, 128, (1, 4), 0),
+    (15, 4, 1, PENDING, 64, (3,), 8),
+    (12, 2, 1, PENDING, 64, (5,), 0),
     (48, 4, 0, DEPTH4, 64, (1,), 8),
     (48, 2, 1, DEPTH4, 64, (7,), 0),  # TP2: wq_b's two groups of 4 units
 ]

@@ -125,6 +125,12 @@ class Model(StageBase):
     # one hand-off less (the source's QX8 store, fence and flag, this stage's flag poll and row
     # copy); every CTA reads every token's q partials, so for few tokens only
     q_inline: Expr = False
+    # a source that publishes tagged pairs (mla_norm_rope tagged), whose rows each thread polls:
+    # on, a poll round loads only the thread's pieces not yet tagged, none past the CTA's pieces;
+    # off, every slot each round, a slot past them on the CTA's last piece (as the copies repeat
+    # it). H200, TP4 S = 6: 128 CTAs' polls slowed the qkv stage by 1 us (bench/NOTES.md, session
+    # 25). Not yet measured on. No effect where the rows are not tagged pairs
+    pending_polls: Expr = False
     flags_point: Name | None = None  # timeline point: the CTA's first token rows' flags seen (before their copy)
     rows_point: Name | None = None  # timeline point: the CTA's first token rows in LDS
     unit_point: Name | None = None  # timeline point: the CTA's first unit (bulk: group) put
@@ -349,6 +355,7 @@ def lower(stage: Model, ctx) -> dict:
     # a source that stores QX8 as tagged pairs (mla_norm_rope tagged): the rows poll their own
     # tags, two 16-byte loads a piece (no flag wait, no cp.async: a copy cannot check tags)
     tagged = src.kind == "mla_norm_rope" and not q_inline and mla_norm_rope.writes_tagged(src, ctx)
+    pending_polls = ctx.switch(stage.pending_polls, ("pending_polls",)) and tagged
     if tagged and rows_async:
         ctx.fail(("rows_async",), f"stage {src.name!r} publishes tagged pairs, which the rows' polls check "
                  "(an asynchronous copy cannot)", "turn rows_async off for this build")
@@ -425,6 +432,7 @@ def lower(stage: Model, ctx) -> dict:
         # library has no asynchronous global-to-LDS copy), not a second round of loads
         "async_codes": not (inline or q_inline or tagged) and t.vendor == "nvidia",
         "tagged": tagged,  # rows and codes from tagged pairs, polled (no flag wait)
+        "pending_polls": pending_polls,  # ... each round only the pieces not yet tagged
         "rows_async": rows_async and not (inline or q_inline or tma_rows),  # and the rows too (spec rows_async)
         "q_math": q_math,
         "norm_par": norm_par,

@@ -475,6 +475,30 @@ MONO_DEVICE void mailbox_wait_all2(const u64* const (&pair)[N], u32 tag, u32 (&v
     }
 }
 
+// mailbox_wait_all2 over the first `live` couples only, each loaded again only until it carries
+// `tag` (a couple past `live` is neither loaded nor waited for): fewer polls in flight
+template <int N>
+MONO_DEVICE void mailbox_wait_pending2(const u64* const (&pair)[N], int live, u32 tag, u32 (&value)[N][2]) {
+    bool done[N];
+#pragma unroll
+    for (int i = 0; i < N; ++i) done[i] = i >= live;
+    for (;;) {
+        u32 seen[N][2];
+#pragma unroll
+        for (int i = 0; i < N; ++i)
+            if (!done[i]) mailbox_load2(pair[i], value[i], seen[i]);
+        bool all = true;
+#pragma unroll
+        for (int i = 0; i < N; ++i)
+            if (!done[i]) {
+                done[i] = seen[i][0] == tag && seen[i][1] == tag;
+                all = all && done[i];
+            }
+        if (all) return;
+        pause();
+    }
+}
+
 // ---- rows through the L2 ------------------------------------------------------------------
 // n 16-byte pieces: piece i = ld16_coherent(src(i)), handed to put(i, piece) (an LDS store).
 // A thread issues LOADS loads before it stores any (ld16_coherent is a compiler barrier, so a

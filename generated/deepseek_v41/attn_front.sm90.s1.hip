@@ -847,6 +847,30 @@ MONO_DEVICE void mailbox_wait_all2(const u64* const (&pair)[N], u32 tag, u32 (&v
     }
 }
 
+// mailbox_wait_all2 over the first `live` couples only, each loaded again only until it carries
+// `tag` (a couple past `live` is neither loaded nor waited for): fewer polls in flight
+template <int N>
+MONO_DEVICE void mailbox_wait_pending2(const u64* const (&pair)[N], int live, u32 tag, u32 (&value)[N][2]) {
+    bool done[N];
+#pragma unroll
+    for (int i = 0; i < N; ++i) done[i] = i >= live;
+    for (;;) {
+        u32 seen[N][2];
+#pragma unroll
+        for (int i = 0; i < N; ++i)
+            if (!done[i]) mailbox_load2(pair[i], value[i], seen[i]);
+        bool all = true;
+#pragma unroll
+        for (int i = 0; i < N; ++i)
+            if (!done[i]) {
+                done[i] = seen[i][0] == tag && seen[i][1] == tag;
+                all = all && done[i];
+            }
+        if (all) return;
+        pause();
+    }
+}
+
 // ---- rows through the L2 ------------------------------------------------------------------
 // n 16-byte pieces: piece i = ld16_coherent(src(i)), handed to put(i, piece) (an LDS store).
 // A thread issues LOADS loads before it stores any (ld16_coherent is a compiler barrier, so a
@@ -1557,7 +1581,8 @@ MONO_DEVICE void prefetch_l2(const Args& a) {
 // published as tagged pairs (pair i: word i of the plain row-major layout, with the launch's tag):
 // each 16-byte piece is 4 pairs, read by two 16-byte loads and polled until all four carry the tag,
 // so the rows are their own flags (no flag wait, and the writer fences nothing). A thread's
-// ROW_BATCH pieces per round (rows, then codes), their loads out together.
+// ROW_BATCH pieces per round (rows, then codes), their loads out together, every slot each round
+// (a slot past the CTA's pieces on its last one).
 MONO_DEVICE void stage_rows(const Args&, const Mailbox& mb, u8*, int part, int tok0, int nt, u32* xl, float* xs) {
     constexpr int VECS = KP / 16, SVECS = KP / 128;  // 16-byte pieces of a row part, of its codes
     const u64* rows = reinterpret_cast<const u64*>(mb.qx8);
