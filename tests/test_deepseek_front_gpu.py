@@ -197,42 +197,38 @@ def test_q_inline_same_bits(s):
     assert torch.equal(outs[0][1], outs[1][1]), "the SWA records differ"
 
 
+def checked_bits(kernel, case) -> dict:
+    """One launch of ``kernel`` on ``case``, checked against the contract: the bits of its
+    partials, QX8, q and SWA records."""
+    args = dc.launch_args(case, kernel.workspace("cuda"))
+    launch(kernel, args)
+    dc.check(case, kernel.ir, args)
+    scratch = dc.read_scratch(kernel.ir, args["scratch"], case.tokens)
+    return {"partials": scratch["partials"].view(torch.int32), "qx8": scratch["qx8"].view(torch.uint8),
+            "q": args["q"].view(torch.int16).cpu(), "swa records": args["swa"].cpu()}
+
+
 @pytest.mark.parametrize("s, tp", [(1, 4), (16, 4), (48, 4), (48, 2)])
 def test_wgmma_depth_same_bits(s, tp):
     """More chunks in flight changes when the wgmma loop waits, not what it sums nor the order:
     depth 3 and 4 write depth 2's very partials, QX8, q and records."""
-    builds = [codegen.load(SPEC, tokens=s, tp=tp, tune={"wqkv_a.wgmma_depth": d, "wq_b.wgmma_depth": d})
-              for d in (2, 3, 4)]
     case = dc.make_case(s, tp, 1, "sm90", seed=41 + s + tp, pad_rows=(1,) if s > 1 else ())
-    outs = []
-    for kernel in builds:
-        args = dc.launch_args(case, kernel.workspace("cuda"))
-        launch(kernel, args)
-        dc.check(case, kernel.ir, args)
-        scratch = dc.read_scratch(kernel.ir, args["scratch"], case.tokens)
-        outs.append((scratch["partials"].view(torch.int32), scratch["qx8"].view(torch.uint8), args["q"].view(torch.int16).cpu(),
-                     args["swa"].cpu()))
+    outs = [checked_bits(codegen.load(SPEC, tokens=s, tp=tp, tune={"wqkv_a.wgmma_depth": d, "wq_b.wgmma_depth": d}), case)
+            for d in (2, 3, 4)]
     for d, out in zip((3, 4), outs[1:]):
-        for name, a, b in zip(("partials", "qx8", "q", "swa records"), out, outs[0]):
-            assert torch.equal(a, b), f"depth {d}: {name} differ from depth 2's"
+        for name in out:
+            assert torch.equal(out[name], outs[0][name]), f"depth {d}: {name} differ from depth 2's"
 
 
 @pytest.mark.parametrize("s, tp", [(1, 4), (6, 4), (12, 2)])
 def test_tagged_qx8_same_bits(s, tp):
     """QX8 as tagged pairs changes how wq_b learns that its rows are there, not what they are:
     the same partials, QX8, q and records as the build with QRDY flags."""
-    builds = [codegen.load(SPEC, tokens=s, tp=tp, tune={"symbols.QX8_TAGGED": t}) for t in (0, 1)]
     case = dc.make_case(s, tp, 1, "sm90", seed=53 + s + tp, pad_rows=(1,) if s > 1 else ())
-    outs = []
-    for kernel in builds:
-        args = dc.launch_args(case, kernel.workspace("cuda"))
-        launch(kernel, args)
-        dc.check(case, kernel.ir, args)
-        scratch = dc.read_scratch(kernel.ir, args["scratch"], case.tokens)
-        outs.append((scratch["partials"].view(torch.int32), scratch["qx8"].view(torch.uint8), args["q"].view(torch.int16).cpu(),
-                     args["swa"].cpu()))
-    for name, a, b in zip(("partials", "qx8", "q", "swa records"), outs[1], outs[0]):
-        assert torch.equal(a, b), f"tagged: {name} differ from the flagged build's"
+    flagged, tagged = (checked_bits(codegen.load(SPEC, tokens=s, tp=tp, tune={"symbols.QX8_TAGGED": t}), case)
+                       for t in (0, 1))
+    for name in flagged:
+        assert torch.equal(tagged[name], flagged[name]), f"tagged: {name} differ from the flagged build's"
 
 
 @pytest.mark.parametrize("pdl", [True, False], ids=["pdl", "no-pdl"])
