@@ -775,7 +775,7 @@ def test_tagged_qx8():
     # wq_b pending_polls: a poll round loads only this thread's pieces not yet tagged (the debug
     # build's bounded twin in the kernel's preamble); no effect where the rows are not tagged pairs
     pending = {**tagged, "wq_b.pending_polls": 1}
-    call = "mailbox_wait_pending2(pair, 2 * min_i(ROW_BATCH, (n - 1 - b) / THREADS + 1), mb.tag, v);"
+    call = "mailbox_wait_pending2(pair, 2 * min_i(ROW_BATCH, (n - 1 - b) / THREADS + 1), mb.tag, got);"
     assert call in render(ir_of(tokens=6, tune=pending)) and call not in text
     assert "const Tag& tag, u32 (&value)[N][2]" in render(ir_of(tokens=6, debug=True, tune=pending))
     assert not next(s for s in ir_of(tokens=16, tune={"wq_b.pending_polls": 1}).stages if s.name == "wq_b").values["pending_polls"]

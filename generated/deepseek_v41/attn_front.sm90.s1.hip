@@ -1601,19 +1601,19 @@ MONO_DEVICE void stage_rows(const Args&, const Mailbox& mb, u8*, int part, int t
             pair[2 * k] = piece(min_i(b + k * THREADS, n - 1));  // past n: a repeat
             pair[2 * k + 1] = pair[2 * k] + 2;
         }
-        u32 v[2 * ROW_BATCH][2];
-        mailbox_wait_all2(pair, mb.tag, v);
+        u32 got[2 * ROW_BATCH][2];  // the pieces' words
+        mailbox_wait_all2(pair, mb.tag, got);
 #pragma unroll
         for (int k = 0; k < ROW_BATCH; ++k) {
             const int i = b + k * THREADS;
             if (i < n_rows) {
-                *reinterpret_cast<u32x4*>(xl + row_word(i / VECS, i % VECS)) = u32x4{v[2 * k][0], v[2 * k][1], v[2 * k + 1][0], v[2 * k + 1][1]};
+                *reinterpret_cast<u32x4*>(xl + row_word(i / VECS, i % VECS)) = u32x4{got[2 * k][0], got[2 * k][1], got[2 * k + 1][0], got[2 * k + 1][1]};
             } else if (i < n) {
                 float* s = xs + ((i - n_rows) / SVECS) * SSTRIDE + 4 * ((i - n_rows) % SVECS);
-                s[0] = e8m0_scale(int(v[2 * k][0]));
-                s[1] = e8m0_scale(int(v[2 * k][1]));
-                s[2] = e8m0_scale(int(v[2 * k + 1][0]));
-                s[3] = e8m0_scale(int(v[2 * k + 1][1]));
+                s[0] = e8m0_scale(int(got[2 * k][0]));
+                s[1] = e8m0_scale(int(got[2 * k][1]));
+                s[2] = e8m0_scale(int(got[2 * k + 1][0]));
+                s[3] = e8m0_scale(int(got[2 * k + 1][1]));
             }
         }
     }
