@@ -162,7 +162,7 @@ def _rows(ir, raw: torch.Tensor, name: str, kind: str, tokens: int, k: int) -> t
 def tagged_qx8(ir) -> bool:
     """Whether the build's qkv stage stores QX8 and its codes as tagged pairs (``tagged``: pair i
     holds word i of the plain layout, with the launch's tag; no QRDY flags)."""
-    return next((st.values.get("tagged", False) for st in ir.stages if st.kind == "mla_norm_rope"), False)
+    return next(st for st in ir.stages if st.kind == "mla_norm_rope").values["tagged"]
 
 
 def _qx8(ir, raw: torch.Tensor, tokens: int) -> dict:

@@ -354,7 +354,7 @@ def lower(stage: Model, ctx) -> dict:
     tma_rows = bool(image_groups) and swizzle and tile == tokens
     # a source that stores QX8 as tagged pairs (mla_norm_rope tagged): the rows poll their own
     # tags, two 16-byte loads a piece (no flag wait, no cp.async: a copy cannot check tags)
-    tagged = src.kind == "mla_norm_rope" and not q_inline and mla_norm_rope.writes_tagged(src, ctx)
+    tagged = src.kind == "mla_norm_rope" and not q_inline and ctx.stage_values(src.name)["tagged"]
     pending_polls = ctx.switch(stage.pending_polls, ("pending_polls",)) and tagged
     if tagged and rows_async:
         ctx.fail(("rows_async",), f"stage {src.name!r} publishes tagged pairs, which the rows' polls check "

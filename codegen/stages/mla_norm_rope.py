@@ -113,19 +113,6 @@ class Model(StageBase):
                 "copies": self.copies, "flag_stride": self.flag_stride}
 
 
-def writes_tagged(stage: Model, ctx) -> bool:
-    """Whether the build stores QX8 as tagged pairs (``tagged``); refused beside the image, which
-    its consumer takes by a TMA copy that cannot check tags. Errors at the stage's own line,
-    whoever asks."""
-    here, ctx.loc = ctx.loc, ("stages", [s.name for s in ctx.loaded.spec.stages].index(stage.name))
-    on = ctx.switch(stage.tagged, ("tagged",))
-    if on and writes_image(stage, ctx):
-        ctx.fail(("tagged",), "tagged QX8 pairs and the LDS image are two layouts of QX8 (the image is taken by "
-                 "one TMA copy, which cannot check tags)", "turn image or tagged off for this build")
-    ctx.loc = here
-    return on
-
-
 def check_producer(stage: Model, ctx, width: int, parts: int) -> None:
     """The partials come from an earlier gemv_mxfp8 stage of this build (a
     wait on a later one, or on none, never ends) with ``partials`` epilogue
@@ -186,7 +173,10 @@ def lower(stage: Model, ctx) -> dict:
     image = writes_image(stage, ctx) and publish
     if image and q_rank % 128:
         ctx.fail(("q_rank",), f"q_rank {q_rank}: the image's rows are whole 128-byte segments", "turn image off")
-    tagged = writes_tagged(stage, ctx) and publish
+    tagged = ctx.switch(stage.tagged, ("tagged",)) and publish
+    if tagged and image:  # (a consumer reads this lowering's "tagged")
+        ctx.fail(("tagged",), "tagged QX8 pairs and the LDS image are two layouts of QX8 (the image is taken by "
+                 "one TMA copy, which cannot check tags)", "turn image or tagged off for this build")
     # the image: whole 8-token groups (a consumer's bulk copy reads the pad tokens' bytes too);
     # tagged: two words (a pair) a word
     words = 1 + tagged
