@@ -52,10 +52,12 @@ TAGGED_EMULATED = {"tune": {"symbols.QX8_TAGGED": 1, "wq_b.wgmma": 0}}
 TUNED_TAGGED = {"tuned": True, **TAGGED}
 # ... each poll round only the pieces not yet tagged (wq_b pending_polls; not measured yet)
 PENDING = {"tune": {"symbols.QX8_TAGGED": 1, "wq_b.pending_polls": 1}}
+# ... and 256 ns between a thread's poll rounds (wq_b poll_sleep)
+SLEPT = {"tune": {"symbols.QX8_TAGGED": 1, "wq_b.pending_polls": 1, "wq_b.poll_sleep": 256}}
 TUNES = {id(BULK): "bulk", id(LDS): "lds", id(EMULATED): "emulated", id(X8_IMAGE): "x8image",
          id(EPOCH_LAST_OUT): "epoch-last-out", id(DEPTH2): "depth2", id(DEPTH4): "depth4", id(TAGGED): "tagged",
          id(TAGGED_EMULATED): "tagged-emulated", id(TUNED_TAGGED): "tagged",
-         id(PENDING): "tagged-pending"}
+         id(PENDING): "tagged-pending", id(SLEPT): "tagged-slept"}
 # (tokens, tp, ratio, flags, swa_block, pad rows, swa block padding); wq_b on wgmma unless EMULATED
 # (TP2: 8 units a CTA, two groups of 4), wqkv in K quarters on wgmma at TP4; from S = 16
 # (TP4) / 17 the qkv stage stores QX8 as wq_b's LDS image (one bulk copy; the EMULATED / LDS
@@ -112,6 +114,8 @@ CASES = [
     (6, 4, 2, PENDING, 128, (1, 4), 0),
     (15, 4, 1, PENDING, 64, (3,), 8),
     (12, 2, 1, PENDING, 64, (5,), 0),
+    (6, 4, 1, SLEPT, 64, (2,), 8),
+    (1, 4, 2, SLEPT, 128, (), 0),
     (48, 4, 0, DEPTH4, 64, (1,), 8),
     (48, 2, 1, DEPTH4, 64, (7,), 0),  # TP2: wq_b's two groups of 4 units
 ]

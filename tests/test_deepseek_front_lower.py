@@ -366,6 +366,19 @@ def test_a_ctas_wqkv_units_share_their_k_part(target, tokens):
     assert v["row_batch"] >= min(5, tokens) or v["row_batch"] * 512 >= tokens * v["kp"] // 16  # or one round trip
 
 
+@pytest.mark.parametrize("tokens", [4, 5, 6, 7])
+def test_qkv_pairs_without_tagged_qx8(tokens):
+    """sm90 TP4: where QX8 goes by flags, 5 and 6 rows take two tokens a qkv task, on 3 of the 4
+    CTAs without wq_b units; with tagged QX8 (the spec's up to 15 rows) one token a task, on the
+    last 5 / 6 CTAs (H200: faster under the tagged polls, bench/NOTES.md DeepSeek session 26)."""
+    for tagged in (0, 1):
+        st = {s.name: s for s in ir_of(tokens=tokens, tp=4, tune={"symbols.QX8_TAGGED": tagged}).stages}
+        per_task = 2 if not tagged and 5 <= tokens <= 6 else 1
+        tasks = -(-tokens // per_task)
+        assert (st["qkv"].tasks, st["qkv"].values["per_task"], st["qkv"].first) == (tasks, per_task, 132 - tasks)
+        assert st["qkv"].values["tagged"] is bool(tagged)
+
+
 @pytest.mark.parametrize("tp,tokens", [(4, 1), (4, 2), (4, 3), (4, 4), (4, 5), (4, 6), (4, 7), (4, 8), (4, 9), (4, 16), (4, 17), (4, 20), (4, 21), (4, 40), (4, 41), (4, 48),
                                        (2, 6), (2, 16)])
 def test_wqkv_quarters(tp, tokens):
@@ -383,9 +396,9 @@ def test_wqkv_quarters(tp, tokens):
     assert st["kt"].first == free and ("xq" not in st or (st["xq"].first, st["xq"].tasks) == (free, k_parts * tokens))
     # the qkv tasks on the last S CTAs where those have no wqkv unit (quarters, up to 20 tasks), and
     # wq_b's weights into L2 as those CTAs enter the qkv stage; else the first S CTAs
-    # (q_inline, up to 2 rows at TP2: on the last CTA, which has no wq_b unit); at TP4 at 5 and 6
-    # rows two tokens a task, on 3 of the 4 CTAs without wq_b units
-    per_task = 2 if quarters and 5 <= tokens <= 6 else 1
+    # (q_inline, up to 2 rows at TP2: on the last CTA, which has no wq_b unit); one token a task
+    # but at TP4 S = 6, whose QX8 goes by flags (two: test_qkv_pairs_without_tagged_qx8)
+    per_task = 2 if quarters and tokens == 6 else 1
     tasks = -(-tokens // per_task)
     on_last = quarters and tasks <= 20 or tp == 2 and 9 <= tokens <= 20
     q_inline = tp == 2 and tokens <= 2
@@ -480,7 +493,8 @@ def test_q_inline_builds():
     qkv stage publishes nothing, on the last CTA, which has no wq_b unit (sm90); above, QX8 and
     its flags as before. Both emit the one q latent math (mla_q_math). The emulated MMAs' loop (TP2's;
     test_wqb_wgmma_layout has the wgmma loop's rows)."""
-    emulated = {"wq_b.wgmma": 0, "symbols.INLINE_Q_TOKENS": 2}  # q_inline up to 2 rows: TP2's spec (TP4's has none)
+    # q_inline up to 2 rows: TP2's spec (TP4's has none); above, QX8 by flags (not tagged pairs)
+    emulated = {"wq_b.wgmma": 0, "symbols.INLINE_Q_TOKENS": 2, "symbols.QX8_TAGGED": 0}
     for tokens, inline in ((1, True), (6, False)):
         ir = ir_of(tokens=tokens, tune=emulated)
         qkv, wqb = (next(s for s in ir.stages if s.name == n) for n in ("qkv", "wq_b"))
@@ -699,7 +713,7 @@ def test_qkv_token_pairs():
     256.. take the task's second token with their own red[] / vals[]; one wait for both tokens'
     partials (a second token past TOKENS re-reads the last token's, never a pair no launch
     writes); each live token's flag."""
-    ir = ir_of(tokens=5)
+    ir = ir_of(tokens=5, tune={"symbols.QX8_TAGGED": 0})  # (tagged QX8, the spec's: one a task)
     st = {s.name: s for s in ir.stages}
     assert st["wq_b"].ctas == 128 and st["qkv"].first == 129  # the last 3 CTAs: qkv, no wq_b unit
     text = render(ir)
@@ -758,7 +772,7 @@ def test_tagged_qx8():
     of the codes. Refused beside QX8's image (sm90 TP4 S = 16), at the qkv stage's tagged line;
     and with rows_async, whose copy cannot check tags."""
     tagged = {"symbols.QX8_TAGGED": 1}
-    plain, ir = ir_of(tokens=6), ir_of(tokens=6, tune=tagged)
+    plain, ir = ir_of(tokens=6, tune={"symbols.QX8_TAGGED": 0}), ir_of(tokens=6, tune=tagged)
     assert [r.name for r in ir.regions] == [r.name for r in plain.regions]
     for name in ("qx8", "qx8s"):
         assert ir.region(name).count == 2 * plain.region(name).count
@@ -779,3 +793,12 @@ def test_tagged_qx8():
     assert call in render(ir_of(tokens=6, tune=pending)) and call not in text
     assert "const Tag& tag, u32 (&value)[N][2]" in render(ir_of(tokens=6, debug=True, tune=pending))
     assert not next(s for s in ir_of(tokens=16, tune={"wq_b.pending_polls": 1}).stages if s.name == "wq_b").values["pending_polls"]
+    # wq_b poll_sleep: ns between a thread's poll rounds (0: the target's pause()), both waits and
+    # the debug twins take it; no effect on untagged rows; a nap past 10 us refused
+    assert "mailbox_wait_all2(pair, mb.tag, got);" in text
+    assert "mailbox_wait_all2<256>(pair, mb.tag, got);" in render(ir_of(tokens=6, tune={**tagged, "wq_b.poll_sleep": 256}))
+    slept = render(ir_of(tokens=6, debug=True, tune={**pending, "wq_b.poll_sleep": 300}))
+    assert call.replace("2(pair", "2<300>(pair") in slept and "template <int SLEEP_NS = 0, int N>" in slept
+    assert "<256>(pair" not in render(ir_of(tokens=16, tune={"wq_b.poll_sleep": 256}))
+    with pytest.raises(SpecError, match="poll_sleep.*at most 10000"):
+        ir_of(tokens=6, tune={**tagged, "wq_b.poll_sleep": 20000})

@@ -362,11 +362,11 @@ DS_HANGS = [
     (17, "xq", {("wqkv_a", "xrdy")}, {}),  # S > 8: every wqkv unit waits on xq's flags first
     # QX8 as tagged pairs: wq_b polls the rows and codes themselves
     (4, "qkv", {("wq_b", "qx8"), ("wq_b", "qx8s")}, {"tune": {"symbols.QX8_TAGGED": 1}}),
-    (6, "qkv", {("wq_b", "qx8"), ("wq_b", "qx8s")}, {"tune": {"symbols.QX8_TAGGED": 1, "wq_b.pending_polls": 1}}),
+    (6, "qkv", {("wq_b", "qx8"), ("wq_b", "qx8s")}, {"tune": {"symbols.QX8_TAGGED": 1, "wq_b.pending_polls": 1, "wq_b.poll_sleep": 256}}),
 ]
 
 
-@pytest.mark.parametrize("tokens,cut,where,flags", DS_HANGS, ids=["s4-no-qkv", "s17-no-xq", "s4-no-qkv-tagged", "s6-no-qkv-pending-polls"])
+@pytest.mark.parametrize("tokens,cut,where,flags", DS_HANGS, ids=["s4-no-qkv", "s17-no-xq", "s4-no-qkv-tagged", "s6-no-qkv-pending-slept"])
 def test_deepseek_unsatisfiable_wait_raises_kernel_hang_within_2s(tokens, cut, where, flags):
     kernel, case, args = ds_setup(tokens, seed=11, debug=True, **flags)
     st = {s.name: s for s in kernel.ir.stages}

@@ -129,8 +129,13 @@ class Model(StageBase):
     # on, a poll round loads only the thread's pieces not yet tagged, none past the CTA's pieces;
     # off, every slot each round, a slot past them on the CTA's last piece (as the copies repeat
     # it). H200, TP4 S = 6: 128 CTAs' polls slowed the qkv stage by 1 us (bench/NOTES.md, session
-    # 25). Not yet measured on. No effect where the rows are not tagged pairs
+    # 25); on: -0.05..-0.4 us at some S, +0.2..+0.5 at others (session 26). No effect where the
+    # rows are not tagged pairs
     pending_polls: Expr = False
+    # tagged rows: ns a thread sleeps after a poll round that saw an untagged pair (0: the
+    # target's pause(), 64 ns on sm90; AMD sleeps in 64-clock units, up to 127). Longer: fewer
+    # polls in flight while the source still works, a later sight of the rows. Not yet measured
+    poll_sleep: Expr = 0
     flags_point: Name | None = None  # timeline point: the CTA's first token rows' flags seen (before their copy)
     rows_point: Name | None = None  # timeline point: the CTA's first token rows in LDS
     unit_point: Name | None = None  # timeline point: the CTA's first unit (bulk: group) put
@@ -356,6 +361,10 @@ def lower(stage: Model, ctx) -> dict:
     # tags, two 16-byte loads a piece (no flag wait, no cp.async: a copy cannot check tags)
     tagged = src.kind == "mla_norm_rope" and not q_inline and ctx.stage_values(src.name)["tagged"]
     pending_polls = ctx.switch(stage.pending_polls, ("pending_polls",)) and tagged
+    poll_sleep = ctx.integer(stage.poll_sleep, ("poll_sleep",), minimum=0) if tagged else 0
+    if poll_sleep > 10000:
+        ctx.fail(("poll_sleep",), f"{poll_sleep} ns between polls: at most 10000 (a wait, not a nap)",
+                 "set poll_sleep to 0 (the target's pause) .. 10000 ns")
     if tagged and rows_async:
         ctx.fail(("rows_async",), f"stage {src.name!r} publishes tagged pairs, which the rows' polls check "
                  "(an asynchronous copy cannot)", "turn rows_async off for this build")
@@ -433,6 +442,7 @@ def lower(stage: Model, ctx) -> dict:
         "async_codes": not (inline or q_inline or tagged) and t.vendor == "nvidia",
         "tagged": tagged,  # rows and codes from tagged pairs, polled (no flag wait)
         "pending_polls": pending_polls,  # ... each round only the pieces not yet tagged
+        "poll_sleep": poll_sleep,  # ... and this many ns between rounds (0: pause())
         "rows_async": rows_async and not (inline or q_inline or tma_rows),  # and the rows too (spec rows_async)
         "q_math": q_math,
         "norm_par": norm_par,

@@ -276,6 +276,14 @@ MONO_DEVICE void mailbox_load2(const u64* pair, u32 (&value)[2], u32 (&tag)[2]) 
     tag[1] = u32(hi >> 32);
 }
 MONO_DEVICE void pause() { __nanosleep(64); }
+// a pause of about NS ns (0: pause())
+template <int NS>
+MONO_DEVICE void pause_for() {
+    if constexpr (NS == 0)
+        pause();
+    else
+        __nanosleep(NS);
+}
 
 // the shared-window address of an LDS pointer, as the asm below takes it
 MONO_DEVICE u32 lds_address(const void* p) { return u32(__cvta_generic_to_shared(p)); }
@@ -833,7 +841,8 @@ MONO_DEVICE void mailbox_wait_all(const u64* const (&pair)[N], u32 tag, u32 (&va
 }
 // mailbox_wait_all over N couples of adjacent pairs (pair[i], pair[i] + 1; 16-byte aligned):
 // one 16-byte load a couple where the target has it (sm90), so a thread's requests halve
-template <int N>
+// SLEEP_NS: the pause after a round that saw a pair untagged (0: pause()); longer, fewer polls in flight
+template <int SLEEP_NS = 0, int N>
 MONO_DEVICE void mailbox_wait_all2(const u64* const (&pair)[N], u32 tag, u32 (&value)[N][2]) {
     for (;;) {
         u32 seen[N][2];
@@ -843,13 +852,13 @@ MONO_DEVICE void mailbox_wait_all2(const u64* const (&pair)[N], u32 tag, u32 (&v
 #pragma unroll
         for (int i = 0; i < N; ++i) all = all && seen[i][0] == tag && seen[i][1] == tag;
         if (all) return;
-        pause();
+        pause_for<SLEEP_NS>();
     }
 }
 
 // mailbox_wait_all2 over the first `live` couples only, each loaded again only until it carries
 // `tag` (a couple past `live` is neither loaded nor waited for): fewer polls in flight
-template <int N>
+template <int SLEEP_NS = 0, int N>
 MONO_DEVICE void mailbox_wait_pending2(const u64* const (&pair)[N], int live, u32 tag, u32 (&value)[N][2]) {
     bool done[N];
 #pragma unroll
@@ -867,7 +876,7 @@ MONO_DEVICE void mailbox_wait_pending2(const u64* const (&pair)[N], int live, u3
                 all = all && done[i];
             }
         if (all) return;
-        pause();
+        pause_for<SLEEP_NS>();
     }
 }
 
@@ -1581,8 +1590,8 @@ MONO_DEVICE void prefetch_l2(const Args& a) {
 // published as tagged pairs (pair i: word i of the plain row-major layout, with the launch's tag):
 // each 16-byte piece is 4 pairs, read by two 16-byte loads and polled until all four carry the tag,
 // so the rows are their own flags (no flag wait, and the writer fences nothing). A thread's
-// ROW_BATCH pieces per round (rows, then codes), their loads out together, every slot each round
-// (a slot past the CTA's pieces on its last one).
+// ROW_BATCH pieces per round (rows, then codes), their loads out together; a round loads
+// only the pieces not yet tagged, none past the CTA's.
 MONO_DEVICE void stage_rows(const Args&, const Mailbox& mb, u8*, int part, int tok0, int nt, u32* xl, float* xs) {
     constexpr int VECS = KP / 16, SVECS = KP / 128;  // 16-byte pieces of a row part, of its codes
     const u64* rows = reinterpret_cast<const u64*>(mb.qx8);
@@ -1602,7 +1611,7 @@ MONO_DEVICE void stage_rows(const Args&, const Mailbox& mb, u8*, int part, int t
             pair[2 * k + 1] = pair[2 * k] + 2;
         }
         u32 got[2 * ROW_BATCH][2];  // the pieces' words
-        mailbox_wait_all2(pair, mb.tag, got);
+        mailbox_wait_pending2(pair, 2 * min_i(ROW_BATCH, (n - 1 - b) / THREADS + 1), mb.tag, got);  // this thread's pieces only
 #pragma unroll
         for (int k = 0; k < ROW_BATCH; ++k) {
             const int i = b + k * THREADS;

@@ -262,6 +262,14 @@ MONO_DEVICE void mailbox_load2(const u64* pair, u32 (&value)[2], u32 (&tag)[2]) 
     tag[1] = u32(hi >> 32);
 }
 MONO_DEVICE void pause() { __nanosleep(64); }
+// a pause of about NS ns (0: pause())
+template <int NS>
+MONO_DEVICE void pause_for() {
+    if constexpr (NS == 0)
+        pause();
+    else
+        __nanosleep(NS);
+}
 
 // the shared-window address of an LDS pointer, as the asm below takes it
 MONO_DEVICE u32 lds_address(const void* p) { return u32(__cvta_generic_to_shared(p)); }
@@ -819,7 +827,8 @@ MONO_DEVICE void mailbox_wait_all(const u64* const (&pair)[N], u32 tag, u32 (&va
 }
 // mailbox_wait_all over N couples of adjacent pairs (pair[i], pair[i] + 1; 16-byte aligned):
 // one 16-byte load a couple where the target has it (sm90), so a thread's requests halve
-template <int N>
+// SLEEP_NS: the pause after a round that saw a pair untagged (0: pause()); longer, fewer polls in flight
+template <int SLEEP_NS = 0, int N>
 MONO_DEVICE void mailbox_wait_all2(const u64* const (&pair)[N], u32 tag, u32 (&value)[N][2]) {
     for (;;) {
         u32 seen[N][2];
@@ -829,13 +838,13 @@ MONO_DEVICE void mailbox_wait_all2(const u64* const (&pair)[N], u32 tag, u32 (&v
 #pragma unroll
         for (int i = 0; i < N; ++i) all = all && seen[i][0] == tag && seen[i][1] == tag;
         if (all) return;
-        pause();
+        pause_for<SLEEP_NS>();
     }
 }
 
 // mailbox_wait_all2 over the first `live` couples only, each loaded again only until it carries
 // `tag` (a couple past `live` is neither loaded nor waited for): fewer polls in flight
-template <int N>
+template <int SLEEP_NS = 0, int N>
 MONO_DEVICE void mailbox_wait_pending2(const u64* const (&pair)[N], int live, u32 tag, u32 (&value)[N][2]) {
     bool done[N];
 #pragma unroll
@@ -853,7 +862,7 @@ MONO_DEVICE void mailbox_wait_pending2(const u64* const (&pair)[N], int live, u3
                 all = all && done[i];
             }
         if (all) return;
-        pause();
+        pause_for<SLEEP_NS>();
     }
 }
 
