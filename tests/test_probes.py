@@ -12,7 +12,7 @@ from codegen.jit import cuda
 from codegen.targets import get_target
 from codegen.reference import minimax_m3
 from scripts import (broadcast_probe, no_mma, pdl_probe, precision_model, probe_fp8_convert, probe_wgmma_fp8,
-                     sass_scoreboards)
+                     sass_same, sass_scoreboards)
 
 
 def test_probe_sources_compile():
@@ -84,6 +84,17 @@ def test_sass_scoreboards_finds_a_poll_held_by_weight_loads():
     held = sass_scoreboards.held_waits(rows)
     assert len(held) == 1 and held[0].startswith("087f0 LDG.E.128.STRONG.GPU waits for 1 global load(s), e.g. 08090")
     assert sass_scoreboards.held_waits(rows[1:]) == []  # without the weight load in flight: nothing held
+
+
+def test_sass_same_compares_instructions_not_addresses(monkeypatch):
+    """sass_same: the instructions with their operands, in order; the addresses and the control
+    words' lines do not count."""
+    monkeypatch.setattr(sass_scoreboards, "listing", lambda source, name: source)
+    moved = SASS_LINES.replace("/*8090*/", "/*8190*/").replace("0x000362000c1e9d00", "0x000362000c1e9d01")
+    assert sass_same.instructions(SASS_LINES) == sass_same.instructions(moved) == [
+        "@!P2 LDG.E.128.CONSTANT R64, desc[UR6][R14.64]", "LDG.E.128.STRONG.GPU R52, desc[UR6][R72.64+0x3800]",
+        "ISETP.NE.AND P0, PT, R3.reuse, R53, PT"]
+    assert sass_same.instructions(SASS_LINES.replace("R53", "R54")) != sass_same.instructions(SASS_LINES)
 
 
 def test_sass_scoreboards_finds_a_wait_that_splits_a_load_stream():
