@@ -134,7 +134,9 @@ class Model(StageBase):
     pending_polls: Expr = False
     # tagged rows: ns a thread sleeps after a poll round that saw an untagged pair (0: the
     # target's pause(), 64 ns on sm90; AMD sleeps in 64-clock units, up to 127). Longer: fewer
-    # polls in flight while the source still works, a later sight of the rows. Not yet measured
+    # polls in flight while the source still works, a later sight of the rows. H200, TP4 S = 1..15,
+    # 256 and 1000 ns: within +-0.15 us of 64 but at S = 6 with two tokens a qkv task (13.25 ->
+    # 12.73 / 12.71; one token a task is faster still: bench/NOTES.md DeepSeek session 26)
     poll_sleep: Expr = 0
     flags_point: Name | None = None  # timeline point: the CTA's first token rows' flags seen (before their copy)
     rows_point: Name | None = None  # timeline point: the CTA's first token rows in LDS

@@ -818,15 +818,23 @@ MONO_DEVICE void load_unit(const Args& a, int u, u32x4 (&w)[CPW], u32 (&codes)[C
     }
 }
 
+// The source's first word of 16-byte piece v of token t's row, K part `part` (of its codes' piece
+// v), from its words (codes) at `at`: the plain row-major layout. Tagged pairs index the same
+// way (T = u64: pair i holds word i)
+template <typename T>
+MONO_DEVICE const T* src_row_piece(const T* at, int t, int part, int v) { return at + t * (K / 4) + part * (KP / 4) + 4 * v; }
+template <typename T>
+MONO_DEVICE const T* src_code_piece(const T* at, int t, int part, int v) { return at + t * (K / 32) + part * (KP / 32) + 4 * v; }
+
 // Tokens tok0 .. tok0 + nt of xq's x8 (K part `part`) and their codes into LDS
 // (through L2: written in this launch, published behind the flags).
 MONO_DEVICE void stage_rows(const Args&, const Mailbox& mb, u8* lds, int part, int tok0, int nt, u32* xl, float* xs) {
     constexpr int VECS = KP / 16, SVECS = KP / 128;  // 16-byte pieces of a row part, of its codes
-    auto codes = [&](int i) { return mb.x8s + (tok0 + i / SVECS) * (K / 32) + part * (KP / 32) + 4 * (i % SVECS); };
+    auto codes = [&](int i) { return src_code_piece(mb.x8s, tok0 + i / SVECS, part, i % SVECS); };
     (void)lds;
     // item i = piece i % VECS of token i / VECS: a warp's load reads 512 bytes of a row (whole lines; 16 tokens'
     // 32-byte sectors a load made it 3-4 us at 48 rows, scripts/broadcast_probe.py); row_word's layout
-    auto row_piece = [&](int i) { return mb.x8 + (tok0 + i / VECS) * (K / 4) + part * (KP / 4) + 4 * (i % VECS); };
+    auto row_piece = [&](int i) { return src_row_piece(mb.x8, tok0 + i / VECS, part, i % VECS); };
     copy16_batched<ROW_BATCH>(nt * VECS, row_piece,
         [&](int i, u32x4 x) { *reinterpret_cast<u32x4*>(xl + row_word(i / VECS, i % VECS)) = x; });
     copy16_batched<ROW_BATCH>(nt * SVECS, codes, [&](int i, u32x4 code) {
@@ -1218,15 +1226,23 @@ MONO_DEVICE void load_unit(const Args& a, int u, u32x4 (&w)[CPW], u32 (&codes)[C
     }
 }
 
+// The source's first word of 16-byte piece v of token t's row, K part `part` (of its codes' piece
+// v), from its words (codes) at `at`: the plain row-major layout. Tagged pairs index the same
+// way (T = u64: pair i holds word i)
+template <typename T>
+MONO_DEVICE const T* src_row_piece(const T* at, int t, int part, int v) { return at + t * (K / 4) + part * (KP / 4) + 4 * v; }
+template <typename T>
+MONO_DEVICE const T* src_code_piece(const T* at, int t, int part, int v) { return at + t * (K / 32) + part * (KP / 32) + 4 * v; }
+
 // Tokens tok0 .. tok0 + nt of qkv's qx8 (K part `part`) and their codes into LDS
 // (through L2: written in this launch, published behind the flags).
 MONO_DEVICE void stage_rows(const Args&, const Mailbox& mb, u8* lds, int part, int tok0, int nt, u32* xl, float* xs) {
     constexpr int VECS = KP / 16, SVECS = KP / 128;  // 16-byte pieces of a row part, of its codes
-    auto codes = [&](int i) { return mb.qx8s + (tok0 + i / SVECS) * (K / 32) + part * (KP / 32) + 4 * (i % SVECS); };
+    auto codes = [&](int i) { return src_code_piece(mb.qx8s, tok0 + i / SVECS, part, i % SVECS); };
     (void)lds;
     // item i = piece i % VECS of token i / VECS: a warp's load reads 512 bytes of a row (whole lines; 16 tokens'
     // 32-byte sectors a load made it 3-4 us at 48 rows, scripts/broadcast_probe.py); row_word's layout
-    auto row_piece = [&](int i) { return mb.qx8 + (tok0 + i / VECS) * (K / 4) + part * (KP / 4) + 4 * (i % VECS); };
+    auto row_piece = [&](int i) { return src_row_piece(mb.qx8, tok0 + i / VECS, part, i % VECS); };
     copy16_batched<ROW_BATCH>(nt * VECS, row_piece,
         [&](int i, u32x4 x) { *reinterpret_cast<u32x4*>(xl + row_word(i / VECS, i % VECS)) = x; });
     copy16_batched<ROW_BATCH>(nt * SVECS, codes, [&](int i, u32x4 code) {

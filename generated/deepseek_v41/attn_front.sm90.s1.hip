@@ -1586,6 +1586,14 @@ MONO_DEVICE void prefetch_l2(const Args& a) {
     }
 }
 
+// The source's first word of 16-byte piece v of token t's row, K part `part` (of its codes' piece
+// v), from its words (codes) at `at`: the plain row-major layout. Tagged pairs index the same
+// way (T = u64: pair i holds word i)
+template <typename T>
+MONO_DEVICE const T* src_row_piece(const T* at, int t, int part, int v) { return at + t * (K / 4) + part * (KP / 4) + 4 * v; }
+template <typename T>
+MONO_DEVICE const T* src_code_piece(const T* at, int t, int part, int v) { return at + t * (K / 32) + part * (KP / 32) + 4 * v; }
+
 // Tokens tok0 .. tok0 + nt of qkv's qx8 (K part `part`) and their codes into LDS,
 // published as tagged pairs (pair i: word i of the plain row-major layout, with the launch's tag):
 // each 16-byte piece is 4 pairs, read by two 16-byte loads and polled until all four carry the tag,
@@ -1599,9 +1607,9 @@ MONO_DEVICE void stage_rows(const Args&, const Mailbox& mb, u8*, int part, int t
     const int n_rows = nt * VECS, n = n_rows + nt * SVECS;
     // piece i's first pair: a row piece, then the codes' pieces
     auto piece = [&](int i) {
-        if (i < n_rows) return rows + (tok0 + i / VECS) * (K / 4) + part * (KP / 4) + 4 * (i % VECS);
+        if (i < n_rows) return src_row_piece(rows, tok0 + i / VECS, part, i % VECS);
         i -= n_rows;
-        return codes + (tok0 + i / SVECS) * (K / 32) + part * (KP / 32) + 4 * (i % SVECS);
+        return src_code_piece(codes, tok0 + i / SVECS, part, i % SVECS);
     };
     for (int b = thread_id(); b < n; b += ROW_BATCH * THREADS) {
         const u64* pair[2 * ROW_BATCH];

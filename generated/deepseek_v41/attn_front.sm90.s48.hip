@@ -1206,11 +1206,19 @@ MONO_DEVICE void load_unit(const Args& a, int u, u32x4 (&w)[CPW], u32 (&codes)[C
     }
 }
 
+// The source's first word of 16-byte piece v of token t's row, K part `part` (of its codes' piece
+// v), from its words (codes) at `at`: the plain row-major layout. Tagged pairs index the same
+// way (T = u64: pair i holds word i)
+template <typename T>
+MONO_DEVICE const T* src_row_piece(const T* at, int t, int part, int v) { return at + t * (K / 4) + part * (KP / 4) + 4 * v; }
+template <typename T>
+MONO_DEVICE const T* src_code_piece(const T* at, int t, int part, int v) { return at + t * (K / 32) + part * (KP / 32) + 4 * v; }
+
 // Tokens tok0 .. tok0 + nt of xq's x8 (K part `part`) and their codes into LDS
 // (through L2: written in this launch, published behind the flags; the rows by one TMA bulk copy).
 MONO_DEVICE void stage_rows(const Args&, const Mailbox& mb, u8* lds, int part, int tok0, int nt, u32* xl, float* xs) {
     constexpr int VECS = KP / 16, SVECS = KP / 128;  // 16-byte pieces of a row part, of its codes
-    auto codes = [&](int i) { return mb.x8s + (tok0 + i / SVECS) * (K / 32) + part * (KP / 32) + 4 * (i % SVECS); };
+    auto codes = [&](int i) { return src_code_piece(mb.x8s, tok0 + i / SVECS, part, i % SVECS); };
     // the source's rows: this stage's LDS image (IMAGE_GROUPS 8-token groups, swizzle128_word)
     constexpr int IMAGE_GROUPS = 6;
     // ... K part `part` of it (whole 128-byte segments: one stretch), pad tokens too, with one TMA
@@ -1657,11 +1665,19 @@ MONO_DEVICE void load_unit(const Args& a, int u, u32x4 (&w)[CPW], u32 (&codes)[C
     }
 }
 
+// The source's first word of 16-byte piece v of token t's row, K part `part` (of its codes' piece
+// v), from its words (codes) at `at`: the plain row-major layout. Tagged pairs index the same
+// way (T = u64: pair i holds word i)
+template <typename T>
+MONO_DEVICE const T* src_row_piece(const T* at, int t, int part, int v) { return at + t * (K / 4) + part * (KP / 4) + 4 * v; }
+template <typename T>
+MONO_DEVICE const T* src_code_piece(const T* at, int t, int part, int v) { return at + t * (K / 32) + part * (KP / 32) + 4 * v; }
+
 // Tokens tok0 .. tok0 + nt of qkv's qx8 (K part `part`) and their codes into LDS
 // (through L2: written in this launch, published behind the flags; the rows by one TMA bulk copy).
 MONO_DEVICE void stage_rows(const Args&, const Mailbox& mb, u8* lds, int part, int tok0, int nt, u32* xl, float* xs) {
     constexpr int VECS = KP / 16, SVECS = KP / 128;  // 16-byte pieces of a row part, of its codes
-    auto codes = [&](int i) { return mb.qx8s + (tok0 + i / SVECS) * (K / 32) + part * (KP / 32) + 4 * (i % SVECS); };
+    auto codes = [&](int i) { return src_code_piece(mb.qx8s, tok0 + i / SVECS, part, i % SVECS); };
     // the source's rows: this stage's LDS image (IMAGE_GROUPS 8-token groups, swizzle128_word)
     constexpr int IMAGE_GROUPS = 6;
     // ... K part `part` of it (whole 128-byte segments: one stretch), pad tokens too, with one TMA

@@ -1089,8 +1089,9 @@ MONO_DEVICE Deal deal_with(int rank, int early, int late_items, int total) {
     const int own_early = rank < early ? late_items : 0;
     return Deal{rank, early, late_items, total, own_early, late_items * early + rank - own_early * CTAS};
 }
+MONO_DEVICE int rank_after(int lead, int c) { return (c - lead % CTAS + CTAS) % CTAS; }  // c's rank counted from CTA lead
 MONO_DEVICE Deal deal_of(int c, int total) {
-    return deal_with((c - LEAD % CTAS + CTAS) % CTAS, CTAS - LATE_CTAS, LATE_ITEMS, total);
+    return deal_with(rank_after(LEAD, c), CTAS - LATE_CTAS, LATE_ITEMS, total);
 }
 // The work list's items: every request's (the loop unrolled: `reqs` may live in registers).
 MONO_DEVICE int work_items(const Request* reqs, int requests) {
