@@ -11,7 +11,10 @@ GPU busy while the CPU enqueues the start event, the replay and the end event
 (so the CPU's launch cost is hidden, as in a decode loop; the sleep is made
 longer than twice the slowest ``graph.replay()`` call of the warm-up, for
 graphs of thousands of nodes such as the eager DeepSeek chain), and the elapsed
-time is divided by the number of calls. The result is the median (min, p90
+time is divided by the number of calls. The warm-up replays go on for at least
+``warmup_s`` (25 ms, as triton's do_bench): an idle H200 sits at 345 MHz, and a
+contender timed right after seconds of host work (compiling the next case) would
+otherwise meet clocks still rising. The result is the median (min, p90
 and all samples are kept too)."""
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import torch
 
 SLEEP_CYCLES = 200_000  # ~100 us at ~2 GHz: longer than enqueueing one graph replay (of a small graph)
 SLEEP_HZ = 2.0e9  # cycles per second assumed when sizing the sleep from CPU time (H200: <= 1.98 GHz, so longer)
+WARMUP_S = 0.025  # the least time of warm-up replays before the timed ones
 COPY_BYTES = 2 << 30  # 2 GiB device-to-device copy for the bandwidth
 
 
@@ -39,6 +43,7 @@ class Sample:
     us: list[float] = field(default_factory=list)
     fake: bool = False
     sleep_cycles: int | None = None  # the sleep before each timed replay (GpuTimer)
+    warmup_replays: int | None = None  # the untimed replays before them (GpuTimer)
 
     @property
     def median(self) -> float:
@@ -54,18 +59,20 @@ class Sample:
             "samples_us": self.us,
             "fake": self.fake,
             "sleep_cycles": self.sleep_cycles,
+            "warmup_replays": self.warmup_replays,
         }
 
 
 class GpuTimer:
     fake = False
 
-    def __init__(self, replays: int = 50, warmup: int = 10, sleep_cycles: int = SLEEP_CYCLES):
-        if replays < 1 or warmup < 0:
-            raise ValueError("replays must be >= 1 and warmup >= 0")
+    def __init__(self, replays: int = 50, warmup: int = 10, sleep_cycles: int = SLEEP_CYCLES, warmup_s: float = WARMUP_S):
+        if replays < 1 or warmup < 0 or warmup_s < 0:
+            raise ValueError("replays must be >= 1, warmup and warmup_s >= 0")
         self.replays = replays
         self.warmup = warmup
         self.sleep_cycles = sleep_cycles
+        self.warmup_s = warmup_s
 
     @staticmethod
     def _run_eager(calls: Sequence[Callable[[], object]]) -> None:
@@ -87,15 +94,19 @@ class GpuTimer:
                 call()
         torch.cuda.synchronize()
         enqueue_s = 0.0
-        for n in range(max(self.warmup, 2)):  # the first replay also uploads the graph: not counted
+        n, began = 0, time.perf_counter()
+        # at least `warmup` replays and warmup_s seconds; the first also uploads the graph: its
+        # enqueue time not counted
+        while n < max(self.warmup, 2) or time.perf_counter() - began < self.warmup_s:
             t0 = time.perf_counter()
             graph.replay()
             if n:
                 enqueue_s = max(enqueue_s, time.perf_counter() - t0)
             torch.cuda.synchronize()
+            n += 1
         sleep_cycles = max(self.sleep_cycles, int(2 * enqueue_s * SLEEP_HZ))
         out = Sample()
-        out.sleep_cycles = sleep_cycles
+        out.sleep_cycles, out.warmup_replays = sleep_cycles, n
         for _ in range(self.replays):
             start = torch.cuda.Event(enable_timing=True)
             end = torch.cuda.Event(enable_timing=True)
