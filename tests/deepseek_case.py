@@ -165,15 +165,27 @@ def tagged_qx8(ir) -> bool:
     return next(st for st in ir.stages if st.kind == "mla_norm_rope").values["tagged"]
 
 
+def tagged_copies(ir) -> int:
+    """How many copies of the tagged pairs the build stores (``tagged_copies``; 1 untagged)."""
+    return next(st for st in ir.stages if st.kind == "mla_norm_rope").values["tagged_copies"]
+
+
 def _qx8(ir, raw: torch.Tensor, tokens: int) -> dict:
     """QX8 [tokens, Q_RANK] (bytes) and QX8S [tokens, Q_RANK / 32] (int32) from the scratch, and,
-    where the build stores them as tagged pairs, the pairs' tags (else None)."""
+    where the build stores them as tagged pairs, the pairs' tags (else None) and whether every
+    further copy of the pairs (``tagged_copies``) is the first one, values and tags."""
     words, codes = _region(ir, raw, "qx8"), _region(ir, raw, "qx8s").view(torch.int32)
     if not tagged_qx8(ir):
         return {"qx8": _rows(ir, raw, "qx8", "mla_norm_rope", tokens, ref.Q_RANK),
-                "qx8s": codes[: tokens * ref.Q_RANK // 32].view(tokens, ref.Q_RANK // 32), "qx8_tag": None, "qx8s_tag": None}
-    pairs, cpairs = words.view(torch.int32).view(-1, 2), codes.view(-1, 2)
-    return {"qx8": pairs[:, 0].contiguous().view(torch.uint8).view(tokens, ref.Q_RANK),
+                "qx8s": codes[: tokens * ref.Q_RANK // 32].view(tokens, ref.Q_RANK // 32), "qx8_tag": None, "qx8s_tag": None,
+                "qx8_copies_same": None}
+    copies, n, nc = tagged_copies(ir), tokens * ref.Q_RANK // 4, tokens * ref.Q_RANK // 32
+    every, cevery = words.view(torch.int32).view(-1, 2)[: copies * n], codes.view(-1, 2)[: copies * nc]
+    pairs, cpairs = every[:n], cevery[:nc]
+    same = all(torch.equal(every[c * n:(c + 1) * n], pairs) and torch.equal(cevery[c * nc:(c + 1) * nc], cpairs)
+               for c in range(1, copies))
+    return {"qx8_copies_same": torch.tensor(same),
+            "qx8": pairs[:, 0].contiguous().view(torch.uint8).view(tokens, ref.Q_RANK),
             "qx8s": cpairs[:, 0].contiguous().view(tokens, ref.Q_RANK // 32),
             "qx8_tag": pairs[:, 1].contiguous().view(tokens, ref.Q_RANK // 4),
             "qx8s_tag": cpairs[:, 1].contiguous().view(tokens, ref.Q_RANK // 32)}
@@ -188,7 +200,7 @@ def _put_qx8(ir, raw: torch.Tensor, qx8: torch.Tensor, qs: torch.Tensor, tag: in
         return
     for name, words in (("qx8", qx8.contiguous().view(torch.uint8).view(-1).view(torch.int32)),
                         ("qx8s", qs.reshape(-1).to(torch.int32))):
-        pairs = torch.stack([words, torch.full_like(words, tag)], -1).reshape(-1)
+        pairs = torch.stack([words, torch.full_like(words, tag)], -1).reshape(-1).repeat(tagged_copies(ir))
         _region(ir, raw, name).view(torch.int32)[: pairs.numel()].copy_(pairs)
 
 
@@ -355,6 +367,7 @@ def check(case: Case, ir, args: dict, epoch: int = 0) -> dict:
         expect(torch.equal(got["qx8s"], qs), "QX8S codes")
         if tagged_qx8(ir):  # each pair its own flag: all of this launch
             expect((got["qx8_tag"] == tag).all() and (got["qx8s_tag"] == tag).all(), "QX8 / QX8S pairs' tags")
+            expect(bool(got["qx8_copies_same"]), "QX8 / QX8S pairs' copies (tagged_copies) differ from the first")
         else:
             tags = got["qrdy"].view(-1, q_stride, 2)[:copies, :s]
             expect((tags[..., 1] == tag).all() and (tags[..., 0] == 1).all(), "QRDY flags (every copy)")

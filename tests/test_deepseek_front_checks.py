@@ -95,6 +95,26 @@ def test_tagged_qx8_checks(corrupt):
             dc.check(case, ir, args)
 
 
+@pytest.mark.parametrize("corrupt", [None, "copy_value", "copy_code_tag"])
+def test_tagged_copies_checks(corrupt):
+    """Tagged QX8 in 3 copies (symbols.QX8_COPIES): the simulated kernel writes every copy and
+    passes; a flipped value byte in the last copy, or a stale tag among the second copy's codes,
+    is caught (wq_b's CTAs poll one copy each: every copy must be the first's)."""
+    ir, case, args = run_case(6, 4, 1, tune={"symbols.QX8_TAGGED": 1, "symbols.QX8_COPIES": 3})
+    assert dc.tagged_copies(ir) == 3 and ir.region("qx8").count == 3 * 2 * 6 * 1280 // 4
+    assert ir.region("qx8s").count == 3 * 2 * 6 * 1280 // 32
+    sc, r = args["scratch"], ir.region
+    if corrupt == "copy_value":
+        sc[r("qx8").offset + 8 * (2 * 6 * 320 + 77) + 2] ^= 1
+    elif corrupt == "copy_code_tag":
+        sc[r("qx8s").offset + 8 * (6 * 40 + 5) + 4] ^= 2
+    if corrupt is None:
+        dc.check(case, ir, args)
+    else:
+        with pytest.raises(AssertionError, match="QX8"):
+            dc.check(case, ir, args)
+
+
 @pytest.mark.parametrize("corrupt", [None, "x8_byte", "x8_pad_only"])
 def test_x8_image_checks(corrupt):
     """X8 stored as wqkv's LDS image (symbols.X8_IMAGE): the checks read X8 from the image's

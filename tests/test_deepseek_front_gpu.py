@@ -54,10 +54,15 @@ TUNED_TAGGED = {"tuned": True, **TAGGED}
 PENDING = {"tune": {"symbols.QX8_TAGGED": 1, "wq_b.pending_polls": 1}}
 # ... and 256 ns between a thread's poll rounds (wq_b poll_sleep)
 SLEPT = {"tune": {"symbols.QX8_TAGGED": 1, "wq_b.pending_polls": 1, "wq_b.poll_sleep": 256}}
+# tagged QX8 stored 4 times, wq_b's CTA c polling copy c % 4 (QX8_COPIES; not measured yet)
+COPIES = {"tune": {"symbols.QX8_TAGGED": 1, "symbols.QX8_COPIES": 4}}
+# wqkv's weights into L2 before the wait for the previous launch (l2_prefetch_at launch)
+EARLY_PREFETCH = {"tune": {"wqkv_a.l2_prefetch": {"default": 0, "sm90": 1}, "wqkv_a.l2_prefetch_at": "launch"}}
 TUNES = {id(BULK): "bulk", id(LDS): "lds", id(EMULATED): "emulated", id(X8_IMAGE): "x8image",
          id(EPOCH_LAST_OUT): "epoch-last-out", id(DEPTH2): "depth2", id(DEPTH4): "depth4", id(TAGGED): "tagged",
          id(TAGGED_EMULATED): "tagged-emulated", id(TUNED_TAGGED): "tagged",
-         id(PENDING): "tagged-pending", id(SLEPT): "tagged-slept"}
+         id(PENDING): "tagged-pending", id(SLEPT): "tagged-slept", id(COPIES): "tagged-copies",
+         id(EARLY_PREFETCH): "early-prefetch"}
 # (tokens, tp, ratio, flags, swa_block, pad rows, swa block padding); wq_b on wgmma unless EMULATED
 # (TP2: 8 units a CTA, two groups of 4), wqkv in K quarters on wgmma at TP4; from S = 16
 # (TP4) / 17 the qkv stage stores QX8 as wq_b's LDS image (one bulk copy; the EMULATED / LDS
@@ -116,6 +121,10 @@ CASES = [
     (12, 2, 1, PENDING, 64, (5,), 0),
     (6, 4, 1, SLEPT, 64, (2,), 8),
     (1, 4, 2, SLEPT, 128, (), 0),
+    (6, 4, 2, COPIES, 64, (1, 4), 64),
+    (15, 4, 1, COPIES, 128, (3,), 8),
+    (1, 4, 1, EARLY_PREFETCH, 128, (), 0),
+    (16, 4, 2, EARLY_PREFETCH, 64, (3,), 0),
     (48, 4, 0, DEPTH4, 64, (1,), 8),
     (48, 2, 1, DEPTH4, 64, (7,), 0),  # TP2: wq_b's two groups of 4 units
 ]
@@ -141,9 +150,9 @@ def _builds_compiled():
             json.dump(STATS, f, indent=1)
 
 
-def setup(c, seed=0, pdl=True):
+def setup(c, seed=0, pdl=True, cooperative=True):
     s, tp, ratio, flags, blk, pads, pad = c
-    kernel = codegen.load(SPEC, tokens=s, tp=tp, ratio=ratio, pdl=pdl, **flags)
+    kernel = codegen.load(SPEC, tokens=s, tp=tp, ratio=ratio, pdl=pdl, cooperative=cooperative, **flags)
     case = dc.make_case(s, tp, ratio, kernel.target.name, seed=seed + 11 * s + tp + ratio, swa_block=blk,
                         pad_rows=pads, swa_pad=pad)
     ws = kernel.workspace("cuda")
@@ -227,23 +236,30 @@ def test_wgmma_depth_same_bits(s, tp):
 @pytest.mark.parametrize("s, tp", [(1, 4), (6, 4), (12, 2)])
 def test_tagged_qx8_same_bits(s, tp):
     """QX8 as tagged pairs changes how wq_b learns that its rows are there, not what they are:
-    the same partials, QX8, q and records as the build with QRDY flags."""
+    the same partials, QX8, q and records as the build with QRDY flags; so do 3 copies of the
+    pairs (QX8_COPIES: wq_b's CTAs poll one copy each; dc.check wants every copy the first's)."""
     case = dc.make_case(s, tp, 1, "sm90", seed=53 + s + tp, pad_rows=(1,) if s > 1 else ())
-    flagged, tagged = (checked_bits(codegen.load(SPEC, tokens=s, tp=tp, tune={"symbols.QX8_TAGGED": t}), case)
-                       for t in (0, 1))
+    flagged, tagged, copies = (checked_bits(codegen.load(SPEC, tokens=s, tp=tp, tune=tune), case)
+                               for tune in ({"symbols.QX8_TAGGED": 0}, {"symbols.QX8_TAGGED": 1},
+                                            {"symbols.QX8_TAGGED": 1, "symbols.QX8_COPIES": 3}))
     for name in flagged:
         assert torch.equal(tagged[name], flagged[name]), f"tagged: {name} differ from the flagged build's"
+        assert torch.equal(copies[name], flagged[name]), f"tagged, 3 copies: {name} differ from the flagged build's"
 
 
 @pytest.mark.parametrize("pdl", [True, False], ids=["pdl", "no-pdl"])
-@pytest.mark.parametrize("flags", [{}, EPOCH_LAST_OUT, TAGGED], ids=["spec", "epoch-last-out", "tagged"])
+@pytest.mark.parametrize("flags", [{}, EPOCH_LAST_OUT, TAGGED, EARLY_PREFETCH, "not cooperative"],
+                         ids=["spec", "epoch-last-out", "tagged", "early-prefetch", "not-cooperative"])
 def test_graph_replays(flags, pdl):
     """5 replays of a graph of 4 launches in a row, nothing cleared in between: the same
     outputs, the epoch advanced once per launch on the device (both ways of keeping the
     counter: the last CTA out, or the CTAs counted over all launches; launches overlapping
-    their neighbours by programmatic dependent launch, the default, or one after the other)."""
-    c = (6, 4, 1, flags, 64, (1,), 0)
-    kernel, case, args = setup(c, seed=5, pdl=pdl)
+    their neighbours by programmatic dependent launch, the default, or one after the other;
+    wqkv's weights prefetched before the wait for the previous launch, launched without the
+    cooperative attribute as the prefetch is meant to be)."""
+    cooperative = flags != "not cooperative" and flags is not EARLY_PREFETCH
+    c = (6, 4, 1, flags if isinstance(flags, dict) else {}, 64, (1,), 0)
+    kernel, case, args = setup(c, seed=5, pdl=pdl, cooperative=cooperative)
     launch(kernel, args)
     q1 = args["q"].clone()
     graph = capture(lambda: kernel(**args), times=4)

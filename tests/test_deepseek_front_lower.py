@@ -702,10 +702,17 @@ def test_wq_b_l2_prefetch():
         ir_of("gfx950", tokens=16, tune=on)
     with pytest.raises(SpecError, match=r"l2_prefetch needs the earlier stage it starts with, got 'wq_b'") as e:
         ir_of(tokens=16, tune={**on, "wq_b.l2_prefetch_at": "wq_b"})
-    assert "attn_front.yaml:" in str(e.value) and "name one of xq, kt, wqkv_a, qkv" in str(e.value)
+    assert "attn_front.yaml:" in str(e.value) and "name one of xq, kt, wqkv_a, qkv, launch" in str(e.value)
     # a stage the build lacks (xq below 9 rows): the next one present
     v = next(s for s in ir_of(tokens=6, tune={**on, "wq_b.l2_prefetch_at": "xq"}).stages if s.name == "wq_b").values
     assert v["l2_prefetch_at"] == "kt"
+    # `launch`: before the kernel's wait for the previous launch (after it lets the next begin),
+    # the Args already made, so that a CTA resident early streams its weights while it waits
+    early = render(ir_of(tokens=1, tune={"wqkv_a.l2_prefetch": 1, "wqkv_a.l2_prefetch_at": "launch"}))
+    body = early[early.index("MONO_KERNEL"):]
+    assert (body.index("const Args a = {") < body.index("launch_dependents();") < body.index("stage_wqkv_a::prefetch_l2(a);")
+            < body.index("wait_for_previous_launch();") < body.index("stage_wqkv_a::run("))
+    assert "the kernel calls it before its wait for the previous launch's" in early
 
 
 def test_qkv_token_pairs():
@@ -793,6 +800,17 @@ def test_tagged_qx8():
     assert call in render(ir_of(tokens=6, tune=pending)) and call not in text
     assert "const Tag& tag, u32 (&value)[N][2]" in render(ir_of(tokens=6, debug=True, tune=pending))
     assert not next(s for s in ir_of(tokens=16, tune={"wq_b.pending_polls": 1}).stages if s.name == "wq_b").values["pending_polls"]
+    # symbols.QX8_COPIES (the qkv stage's tagged_copies): every copy stored, CTA c of wq_b polls
+    # copy c % copies; no effect untagged
+    three = ir_of(tokens=6, tune={**tagged, "symbols.QX8_COPIES": 3})
+    assert three.region("qx8").count == 3 * ir.region("qx8").count and three.region("qx8s").count == 3 * ir.region("qx8s").count
+    t3 = render(three)
+    assert "constexpr int TAGGED_COPIES = 3, COPY_PAIRS = 1920, COPY_CODE_PAIRS = 240;" in t3
+    assert "mailbox_put2(reinterpret_cast<u64*>(mb.qx8) + c * COPY_PAIRS + qx8_word(t, tt), w0, w1, mb.tag);" in t3
+    assert "constexpr int SRC_COPIES = 3, SRC_COPY_PAIRS = 1920, SRC_COPY_CODE_PAIRS = 240;" in t3
+    assert "const int copy = block_id() % SRC_COPIES;" in t3 and "SRC_COPIES" not in text
+    untagged = ir_of(tokens=6, tune={"symbols.QX8_TAGGED": 0, "symbols.QX8_COPIES": 3})
+    assert untagged.region("qx8").count == plain.region("qx8").count and "COPY_PAIRS" not in render(untagged)
     # wq_b poll_sleep: ns between a thread's poll rounds (0: the target's pause()), both waits and
     # the debug twins take it; no effect on untagged rows; a nap past 10 us refused
     assert "mailbox_wait_all2(pair, mb.tag, got);" in text

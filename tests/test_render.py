@@ -261,9 +261,10 @@ def test_lds_names_declared_before_use(build):
 @pytest.mark.parametrize("kernel", ["minimax_m3/pre_attn", "deepseek_v41/attn_front"])
 @pytest.mark.parametrize("target", TARGET_NAMES)
 def test_pdl_wait_before_any_memory_access(kernel, target):
-    """NVIDIA: the kernel body's first statements let the next launch begin and wait for the
-    previous one (programmatic dependent launch, Kernel.pdl), before the arguments, the epoch or
-    any stamp; a launch that reads the epoch early would take a stale one. AMD: no such launch."""
+    """NVIDIA: the kernel body's first statements (after the Args of the kernel's parameters,
+    which reads no memory) let the next launch begin and wait for the previous one
+    (programmatic dependent launch, Kernel.pdl), before the epoch or any stamp; a launch that
+    reads the epoch early would take a stale one. AMD: no such launch."""
     for tokens in (1, 16):
         ir, text = source(kernel, target, tokens=tokens, timeline=True)
         body = text[text.index(f"MONO_KERNEL {ir.name}("):]
@@ -271,7 +272,8 @@ def test_pdl_wait_before_any_memory_access(kernel, target):
         if target == "sm90":
             assert body.startswith("    MONO_LDS_DECL(lds, LDS_BYTES);\n"), body[:200]
             lines = [ln for ln in body.splitlines()[1:] if not ln.lstrip().startswith("//")]
-            assert lines[:2] == ["    launch_dependents();", "    wait_for_previous_launch();"], lines[:3]
+            assert lines[0].startswith("    const Args a = {") and lines[0].endswith("};"), lines[:3]
+            assert lines[1:3] == ["    launch_dependents();", "    wait_for_previous_launch();"], lines[:4]
             assert text.count("griddepcontrol.wait;") == 1 and text.count("wait_for_previous_launch();") == 1
         else:
             assert "griddepcontrol" not in text and "wait_for_previous_launch" not in text

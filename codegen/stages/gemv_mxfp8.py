@@ -111,9 +111,13 @@ class Model(StageBase):
     # no LDS, no scoreboard) as the CTA enters stage l2_prefetch_at (an earlier one), so that the
     # stage's own loads, issued when it starts, come from L2: for a CTA whose earlier stages take
     # long (the qkv stage's CTAs), its weights stream meanwhile. At the kernel's start they
-    # competed with the first stage's weights (H200: every S 1.1-2.3 us slower, bench/NOTES.md)
+    # competed with the first stage's weights (H200: every S 1.1-2.3 us slower, bench/NOTES.md).
+    # l2_prefetch_at `launch`: before the kernel waits for the previous launch's end (programmatic
+    # dependent launch), so that a CTA resident before that end (one launched without the
+    # cooperative attribute, on an SM the previous launch left early) streams its weights
+    # meanwhile; a prefetch only warms L2, so it reads nothing the previous launch may still write
     l2_prefetch: PerTarget = PerTarget(default=0)
-    l2_prefetch_at: Name | None = None  # l2_prefetch: the stage before whose run the kernel issues it (not in a build: the next one that is)
+    l2_prefetch_at: Name | None = None  # l2_prefetch: the stage before whose run the kernel issues it (not in a build: the next one that is), or launch
     # token rows from the source's mailbox into LDS by cp.async (1 = on; NVIDIA), as the codes are,
     # not by 16-byte loads through registers: no register sits between L2 and LDS, so the copy
     # waits on no scoreboard the CTA's weight loads share (from S = 9 the sm90 SASS held wqkv's X8
@@ -149,15 +153,20 @@ class Model(StageBase):
         classmethod(lambda cls, v: per_target(v)))
 
 
+LAUNCH = "launch"  # l2_prefetch_at: before the wait for the previous launch, not before a stage
+
+
 def _l2_prefetch_at(stage: Model, ctx) -> str:
     """The build's stage before which the kernel issues this stage's L2 prefetch: l2_prefetch_at,
     an earlier stage of the spec, or (not in this build) the first of the build's stages after it."""
     names = [s.name for s in ctx.loaded.spec.stages]
     ctx.nvidia_only(("l2_prefetch",), "L2 prefetch")
     at = stage.l2_prefetch_at
+    if at == LAUNCH:
+        return at
     if at is None or at not in names or names.index(at) >= names.index(stage.name):
         ctx.fail(("l2_prefetch_at",), f"l2_prefetch needs the earlier stage it starts with, got {at!r}",
-                 f"name one of {', '.join(names[:names.index(stage.name)]) or '(none)'}")
+                 f"name one of {', '.join(names[:names.index(stage.name)] + [LAUNCH])}")
     return next(n for n in names[names.index(at):] if ctx.stage_active(n))
 
 
@@ -362,6 +371,7 @@ def lower(stage: Model, ctx) -> dict:
     # a source that stores QX8 as tagged pairs (mla_norm_rope tagged): the rows poll their own
     # tags, two 16-byte loads a piece (no flag wait, no cp.async: a copy cannot check tags)
     tagged = src.kind == "mla_norm_rope" and not q_inline and ctx.stage_values(src.name)["tagged"]
+    src_copies = ctx.stage_values(src.name) if tagged else {"tagged_copies": 1, "copy_pairs": 0, "copy_code_pairs": 0}
     pending_polls = ctx.switch(stage.pending_polls, ("pending_polls",)) and tagged
     poll_sleep = ctx.integer(stage.poll_sleep, ("poll_sleep",), minimum=0) if tagged else 0
     if poll_sleep > 10000:
@@ -445,6 +455,9 @@ def lower(stage: Model, ctx) -> dict:
         "tagged": tagged,  # rows and codes from tagged pairs, polled (no flag wait)
         "pending_polls": pending_polls,  # ... each round only the pieces not yet tagged
         "poll_sleep": poll_sleep,  # ... and this many ns between rounds (0: pause())
+        # ... from one of the source's copies of the pairs (CTA % copies), each copy_pairs pairs
+        # of rows and copy_code_pairs of codes after the one before
+        "src_copies": {k: src_copies[k] for k in ("tagged_copies", "copy_pairs", "copy_code_pairs")},
         "rows_async": rows_async and not (inline or q_inline or tma_rows),  # and the rows too (spec rows_async)
         "q_math": q_math,
         "norm_par": norm_par,

@@ -81,6 +81,10 @@ class Model(StageBase):
     # the GEMV that reads them polls the pairs (no QRDY flags, no release fence before them). Not
     # with ``image`` (a TMA copy cannot check tags)
     tagged: Expr = False
+    # tagged: the pairs stored this many times (copy c after c whole copies of QX8, of its
+    # codes), so that a consumer CTA polls copy (CTA % copies): fewer CTAs poll each line. No
+    # effect where QX8 is not tagged. H200: not measured yet
+    tagged_copies: Expr = 1
     # tokens a task normalizes at once, NORM_THREADS threads each (1 or 2: the CTA's 512
     # threads); tasks: ceil(tokens / tokens_per_task)
     tokens_per_task: Expr = 1
@@ -178,8 +182,9 @@ def lower(stage: Model, ctx) -> dict:
         ctx.fail(("tagged",), "tagged QX8 pairs and the LDS image are two layouts of QX8 (the image is taken by "
                  "one TMA copy, which cannot check tags)", "turn image or tagged off for this build")
     # the image: whole 8-token groups (a consumer's bulk copy reads the pad tokens' bytes too);
-    # tagged: two words (a pair) a word
-    words = 1 + tagged
+    # tagged: two words (a pair) a word, in tagged_copies copies
+    copies_tagged = ctx.integer(stage.tagged_copies, ("tagged_copies",)) if tagged else 1
+    words = (1 + tagged) * copies_tagged
     ctx.region(stage.out, ("out",), kind="words", min_count=(8 * image_groups(s) if image else s) * q_rank // 4 * words)
     ctx.region(stage.codes, ("codes",), kind="words", min_count=s * q_rank // MX_BLOCK * words)
     ctx.region(stage.ready, ("ready",), kind="pairs")
@@ -207,6 +212,9 @@ def lower(stage: Model, ctx) -> dict:
         "publish": publish,
         "image_groups": image_groups(s) if image else 0,  # 0: row-major QX8 (token t at word t * q_rank / 4)
         "tagged": tagged,  # QX8 and codes as tagged pairs (pair i: word i of the untagged layout)
+        "tagged_copies": copies_tagged,  # ... stored this many times, one after the other
+        "copy_pairs": s * q_rank // 4,  # a copy's pairs of QX8 (tagged)
+        "copy_code_pairs": s * q_rank // MX_BLOCK,  # ... of its codes
         "copies": copies,
         "flag_stride": stride,
         "mx_fp8_max": mx_fp8_max(ctx.target),

@@ -46,8 +46,8 @@
 //   x8s      @     5120       640 B  160 words: xq's E8M0 codes (int32): token t at t * 160
 //   xrdy     @     5888        16 B  2 flags: ready flag of (token t, K part p) at K_PARTS t + p (copy c: + c * XRDY_STRIDE)
 //   qkvp     @     6144     28672 B  3584 pairs: wqkv fp32 partials: (p * S + t) * 1792 + row
-//   qx8      @    34816      1280 B  320 words: MXFP8 of the normed q latent: token t at word t * 320; sm90 (qkv image): wq_b's LDS image, 8-token groups of the 128-byte-swizzled layout; QX8_TAGGED: pair i (value, tag) holds word i
-//   qx8s     @    36096       160 B  40 words: its E8M0 codes (int32): token t at t * 40; QX8_TAGGED: pair i holds code i
+//   qx8      @    34816      1280 B  320 words: MXFP8 of the normed q latent: token t at word t * 320; sm90 (qkv image): wq_b's LDS image, 8-token groups of the 128-byte-swizzled layout; QX8_TAGGED: pair i (value, tag) holds word i, copy c (QX8_COPIES) at pair c * tokens * 320
+//   qx8s     @    36096       160 B  40 words: its E8M0 codes (int32): token t at t * 40; QX8_TAGGED: pair i holds code i, copy c at pair c * tokens * 40
 //   qrdy     @    36352         8 B  1 flags: ready flag of token t's QX8 (copy c: + c * QRDY_STRIDE)
 //
 // LDS (15648 bytes; stages reuse the same bytes, one after another):
@@ -108,7 +108,8 @@ constexpr int INLINE_Q_TOKENS = 2;
 constexpr bool Q_INLINE = true;  // this build's wq_b CTAs norm q themselves
 constexpr int QX8_IMAGE = 0;
 constexpr int QX8_TAGGED = 0;
-constexpr int QX8_WORDS = 1;  // words a QX8 / QX8S word takes: a pair when tagged
+constexpr int QX8_COPIES = 1;
+constexpr int QX8_WORDS = 1;  // words a QX8 / QX8S word takes: a pair in each copy when tagged
 constexpr int IMAGE_TOKENS = 8;  // token rows of an LDS image: whole 8-token groups
 constexpr int QX8_TOKENS = 1;
 constexpr int X8_IMAGE = 0;

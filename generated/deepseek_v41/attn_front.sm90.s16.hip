@@ -46,8 +46,8 @@
 //   x8s      @    81920     10240 B  2560 words: xq's E8M0 codes (int32): token t at t * 160
 //   xrdy     @    92160       512 B  64 flags: ready flag of (token t, K part p) at K_PARTS t + p (copy c: + c * XRDY_STRIDE)
 //   qkvp     @    92672    917504 B  114688 pairs: wqkv fp32 partials: (p * S + t) * 1792 + row
-//   qx8      @  1010176     20480 B  5120 words: MXFP8 of the normed q latent: token t at word t * 320; sm90 (qkv image): wq_b's LDS image, 8-token groups of the 128-byte-swizzled layout; QX8_TAGGED: pair i (value, tag) holds word i
-//   qx8s     @  1030656      2560 B  640 words: its E8M0 codes (int32): token t at t * 40; QX8_TAGGED: pair i holds code i
+//   qx8      @  1010176     20480 B  5120 words: MXFP8 of the normed q latent: token t at word t * 320; sm90 (qkv image): wq_b's LDS image, 8-token groups of the 128-byte-swizzled layout; QX8_TAGGED: pair i (value, tag) holds word i, copy c (QX8_COPIES) at pair c * tokens * 320
+//   qx8s     @  1030656      2560 B  640 words: its E8M0 codes (int32): token t at t * 40; QX8_TAGGED: pair i holds code i, copy c at pair c * tokens * 40
 //   qrdy     @  1033216       128 B  16 flags: ready flag of token t's QX8 (copy c: + c * QRDY_STRIDE)
 //
 // LDS (45840 bytes; stages reuse the same bytes, one after another):
@@ -108,7 +108,8 @@ constexpr int INLINE_Q_TOKENS = 0;
 constexpr bool Q_INLINE = false;  // this build's wq_b CTAs norm q themselves
 constexpr bool QX8_IMAGE = true;
 constexpr bool QX8_TAGGED = false;
-constexpr int QX8_WORDS = 1;  // words a QX8 / QX8S word takes: a pair when tagged
+constexpr int QX8_COPIES = 1;
+constexpr int QX8_WORDS = 1;  // words a QX8 / QX8S word takes: a pair in each copy when tagged
 constexpr int IMAGE_TOKENS = 16;  // token rows of an LDS image: whole 8-token groups
 constexpr int QX8_TOKENS = 16;
 constexpr bool X8_IMAGE = false;
@@ -1842,12 +1843,12 @@ MONO_KERNEL deepseek_v41_attn_front(
     long long* __restrict__ tl)
 {
     MONO_LDS_DECL(lds, LDS_BYTES);
+    const Args a = {x, x_stride, wqkv, wqkv_s, qn_w, kvn_w, wqb, wqb_s, cos_sin, pos, slot, swa, swa_stride, swa_block, q, swa_idx, swa_lens, comp_block, comp_bt, bt_stride, topk, t2r, kt, klen, qr_out, scratch, epoch, layer, tl};
     // Programmatic dependent launch (the launcher's PDL attribute): the stream's next launch
     // may begin now, and this one waits here, before any memory access, until the previous
     // launch has completed with its writes visible (at once without the attribute)
     launch_dependents();
     wait_for_previous_launch();
-    const Args a = {x, x_stride, wqkv, wqkv_s, qn_w, kvn_w, wqb, wqb_s, cos_sin, pos, slot, swa, swa_stride, swa_block, q, swa_idx, swa_lens, comp_block, comp_bt, bt_stride, topk, t2r, kt, klen, qr_out, scratch, epoch, layer, tl};
     // The epoch: the CTAs finished over all launches / BLOCKS. Read here, after every CTA
     // of the earlier launches added itself and before this one does: at most BLOCKS - 1
     // of this launch's additions are in, so repeated launches and graph replays need no

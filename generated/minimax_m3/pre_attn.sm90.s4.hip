@@ -1929,12 +1929,12 @@ MONO_KERNEL minimax_m3_pre_attn(
     long long* __restrict__ tl)
 {
     MONO_LDS_DECL(lds, LDS_BYTES);
+    const Args a = {ar, res, h_out, g_in, w_qkv, s_qkv, g_q, g_k, g_iq, g_ik, cos_sin, positions, slot_mapping, k_cache, v_cache, k_scale, v_scale, index_cache, q_out, iq_out, block_table, seq_lens, bt_width, q_len, iscore, scratch, step, layer, tl};
     // Programmatic dependent launch (the launcher's PDL attribute): the stream's next launch
     // may begin now, and this one waits here, before any memory access, until the previous
     // launch has completed with its writes visible (at once without the attribute)
     launch_dependents();
     wait_for_previous_launch();
-    const Args a = {ar, res, h_out, g_in, w_qkv, s_qkv, g_q, g_k, g_iq, g_ik, cos_sin, positions, slot_mapping, k_cache, v_cache, k_scale, v_scale, index_cache, q_out, iq_out, block_table, seq_lens, bt_width, q_len, iscore, scratch, step, layer, tl};
     // The epoch: the CTAs finished over all launches / BLOCKS. Read here, after every CTA
     // of the earlier launches added itself and before this one does: at most BLOCKS - 1
     // of this launch's additions are in, so repeated launches and graph replays need no
