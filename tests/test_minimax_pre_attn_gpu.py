@@ -40,7 +40,9 @@ GEMV_TUNES = {"spec": None,
               "tail-in-turn": {"qkv.tail_read_ahead": 0},  # the tail's lower piece read in its turn (the spec's sm90: ahead)
               # the last CTA out advances the epoch (the spec's: the CTAs finished over all launches / BLOCKS)
               "epoch-last-out": {"mailbox.advance": "last_out"},
-              "rows-first": ROWS_FIRST}
+              "rows-first": ROWS_FIRST,
+              # the CTA's segments into L2 before the wait for the previous launch (l2_prefetch_at launch)
+              "early-prefetch": {"qkv.l2_prefetch": 1, "qkv.l2_prefetch_at": "launch"}}
 
 
 @pytest.mark.parametrize("tune_id", GEMV_TUNES)
@@ -99,14 +101,17 @@ def test_pre_attn_norm_gemv(tokens, tune_id):
 
 
 @pytest.mark.parametrize("pdl", (True, False), ids=("pdl", "no-pdl"))
-@pytest.mark.parametrize("advance", ("last_out", "count"))
+@pytest.mark.parametrize("advance", ("last_out", "count", "count, early prefetch"))
 @pytest.mark.parametrize("tokens", (1, 16))
 def test_pre_attn_graph_replays(tokens, advance, pdl):
     """25 replays of a graph of 4 launches in a row, nothing cleared in between: identical
     outputs, and the epoch advanced once per launch on the device (both ways of keeping the
     counter: mailbox.advance; launches overlapping their neighbours by programmatic dependent
-    launch, the default, or one after the other)."""
-    kernel = codegen.load("minimax_m3/pre_attn", tokens=tokens, tune={"mailbox.advance": advance}, pdl=pdl)
+    launch, the default, or one after the other; and the GEMV's weights prefetched before the
+    wait for the previous launch, launched without the cooperative attribute as that is meant)."""
+    early = advance == "count, early prefetch"
+    tune = {"mailbox.advance": "count", "qkv.l2_prefetch": 1, "qkv.l2_prefetch_at": "launch"} if early else {"mailbox.advance": advance}
+    kernel = codegen.load("minimax_m3/pre_attn", tokens=tokens, tune=tune, pdl=pdl, cooperative=not early)
     inp = make_inputs(tokens, kernel.target.name, seed=7 + tokens)
     ws = kernel.workspace("cuda")
     args = launch_args(inp, ws)

@@ -139,6 +139,33 @@ def test_gemv_tail_read_ahead():
         source(SPEC, "gfx942", tune={"qkv.tail_read_ahead": 1}, tokens=1)
 
 
+def test_gemv_l2_prefetch_at_launch():
+    """qkv.l2_prefetch (sm90 stream-K; off in the spec), l2_prefetch_at launch: thread 0 asks L2
+    for each of the CTA's segments before the kernel's wait for the previous launch, the very
+    bytes its weight copies move (the same address and size as stage_weights_bulk's copy a
+    segment); S = 1 / 16 compile without spills. Refused at a stage (the one place this kind
+    takes is launch), on AMD, and without stream-K."""
+    on = {"qkv.l2_prefetch": {"default": 0, "sm90": 1}, "qkv.l2_prefetch_at": "launch"}
+    seg = "a.w_qkv + task_row0(g) * K + sg.k0 * 16 * GEMV_K_CHUNK"
+    size = "u32(sg.k1 - sg.k0) * 16 * GEMV_K_CHUNK"
+    for tokens in (1, 16):
+        _, text = source(SPEC, "sm90", tune=on, tokens=tokens)
+        body = text[text.index("MONO_KERNEL"):]
+        assert (body.index("launch_dependents();") < body.index("stage_qkv::prefetch_l2(a);")
+                < body.index("wait_for_previous_launch();"))
+        gemv = text[text.index("namespace stage_qkv {"):text.index("}  // namespace stage_qkv")]
+        assert f"bulk_prefetch_l2({seg}, {size});" in gemv
+        (report,) = jit.resource_report(text, "l2_prefetch.hip", get_target("sm90"))
+        assert report.spills == 0 and report.scratch_bytes == 0
+    _, bulk = source(SPEC, "sm90", tokens=1)  # the spec's bulk copies at S = 1: the same bytes a segment
+    assert f"bulk_copy(wl + slot * CHUNK_WORDS, {seg},\n                  {size}, bar);" in bulk
+    assert "stage_qkv::prefetch_l2(a);" not in bulk and "MONO_DEVICE void prefetch_l2" not in bulk
+    with pytest.raises(SpecError, match="prefetches before the wait for the previous launch only, got 'norm'"):
+        source(SPEC, "sm90", tune={**on, "qkv.l2_prefetch_at": "norm"}, tokens=1)
+    with pytest.raises(SpecError, match="gfx942's device library has no L2 prefetch"):
+        source(SPEC, "gfx942", tune={"qkv.l2_prefetch": 1, "qkv.l2_prefetch_at": "launch"}, tokens=1)
+
+
 def test_gemv_rows_first():
     """qkv.rows_first (sm90 with the inline norm; off in the spec, rows_first_range the own
     index-q head): those 128 rows leave the stream-K units (152 row groups, the ranges without

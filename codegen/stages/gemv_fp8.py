@@ -22,6 +22,7 @@ from .rmsnorm_fp8 import check_io, checked_norm_constants, residual_done
 KIND = "gemv_fp8"
 ROWS_PER_TASK = 16  # one MMA tile of output rows
 K_CHUNK = {"amd": 64, "nvidia": 32}  # k per 16-byte weight load of a lane
+LAUNCH = "launch"  # l2_prefetch_at: before the kernel's wait for the previous launch, not before a stage
 CHUNK_BYTES = 16 * 32  # one chunk of a 16-row group: 16 bytes a lane (wave 32; lds_prefetch is NVIDIA-only)
 # 16-byte loads a thread keeps in flight while it stages token rows from the L2 (registers
 # beside the weights'); the batch evens them out: 12 loads a thread go as two batches of 6
@@ -117,8 +118,15 @@ class Model(StageBase):
     # -0.4 us, at 64K and S = 2 slower)
     rows_first: PerTarget = PerTarget(default=0)
     rows_first_range: tuple[Expr, Expr] | None = None
+    # the CTA's stream-K segments' weights into L2 (1 = on; sm90: a TMA prefetch a segment, by
+    # thread 0) before the kernel's wait for the previous launch (l2_prefetch_at: launch, the one
+    # place this kind takes), for a launch without the cooperative attribute whose CTAs may be
+    # resident before the previous launch's end: gemv_mxfp8's l2_prefetch. Not yet measured
+    l2_prefetch: PerTarget = PerTarget(default=0)
+    l2_prefetch_at: Name | None = None
     _tile = field_validator("token_tile", "stream_k", "lds_prefetch", "early_weights", "bulk_copies", "segment_waits",
-                            "tail_read_ahead", "rows_first", mode="before")(classmethod(lambda cls, v: per_target(v)))
+                            "tail_read_ahead", "rows_first", "l2_prefetch", mode="before")(
+        classmethod(lambda cls, v: per_target(v)))
 
 
 def lower(stage: Model, ctx) -> dict:
@@ -248,9 +256,18 @@ def stream_k(stage: Model, ctx, nchunk: int, tasks: int, tokens: int, tile: int)
     if not early and not on:
         ctx.fail(("early_weights",), "a late weight stream is built for stream-K CTAs only",
                  "turn stream_k on for this target, or early_weights back to 1")
+    l2 = ctx.switch(stage.l2_prefetch.for_target(ctx.target.name), ("l2_prefetch",))
+    if l2:
+        ctx.nvidia_only(("l2_prefetch",), "L2 prefetch")
+        if not on:
+            ctx.fail(("l2_prefetch",), "l2_prefetch prefetches a stream-K CTA's segments",
+                     "turn stream_k on for this target, or l2_prefetch off")
+        if stage.l2_prefetch_at != LAUNCH:
+            ctx.fail(("l2_prefetch_at",), f"a {KIND} stage prefetches before the wait for the previous launch only, "
+                     f"got {stage.l2_prefetch_at!r}", f"set l2_prefetch_at: {LAUNCH}")
     if not on:
         return {"split": False, "partials": None, "prefetch": False, "early_weights": True, "bulk": False,
-                "all_staged": False, "segment_waits": False}
+                "all_staged": False, "segment_waits": False, "l2_prefetch_at": None}
     if stage.partials is None:
         ctx.fail(("partials",), "stream_k needs a pairs region for the partial tiles", "add 'partials: <region>'")
     ctx.region(stage.partials, ("partials",), kind="pairs", min_count=tasks * 16 * 16)
@@ -285,4 +302,5 @@ def stream_k(stage: Model, ctx, nchunk: int, tasks: int, tokens: int, tile: int)
         ctx.lds(stage.name, "wbar", "u64", bars)  # the bulk copies' mbarrier(s)
     return {"split": True, "partials": stage.partials, "tasks": tasks, "ctas": ctas, "nchunk": nchunk,
             "prefetch": prefetch, "staged_chunks": staged, "early_weights": early,
-            "bulk": bulk, "all_staged": all_staged, "segment_waits": segment_waits, "tail_read_ahead": read_ahead}
+            "bulk": bulk, "all_staged": all_staged, "segment_waits": segment_waits, "tail_read_ahead": read_ahead,
+            "l2_prefetch_at": LAUNCH if l2 else None}

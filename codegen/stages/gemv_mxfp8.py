@@ -47,7 +47,7 @@ from pydantic import field_validator
 
 from ..spec.models import Expr, Name, PerTarget, StageBase, per_target
 from . import mla_norm_rope, mxfp8_quant
-from .gemv_fp8 import K_CHUNK, part_row, row_batch
+from .gemv_fp8 import K_CHUNK, LAUNCH, part_row, row_batch
 from .mxfp8_quant import MX_BLOCK, check_rows, mx_fp8_max
 
 KIND = "gemv_mxfp8"
@@ -151,9 +151,6 @@ class Model(StageBase):
     _tile = field_validator("token_tile", "ilp", "bulk_weights", "lds_weights", "wgmma", "wgmma_depth", "late_weights",
                            "l2_prefetch", "rows_async", mode="before")(
         classmethod(lambda cls, v: per_target(v)))
-
-
-LAUNCH = "launch"  # l2_prefetch_at: before the wait for the previous launch, not before a stage
 
 
 def _l2_prefetch_at(stage: Model, ctx) -> str:
