@@ -12,9 +12,9 @@ GPU busy while the CPU enqueues the start event, the replay and the end event
 longer than twice the slowest ``graph.replay()`` call of the warm-up, for
 graphs of thousands of nodes such as the eager DeepSeek chain), and the elapsed
 time is divided by the number of calls. The warm-up replays go on for at least
-``warmup_s`` (25 ms, as triton's do_bench): an idle H200 sits at 345 MHz, and a
-contender timed right after seconds of host work (compiling the next case) would
-otherwise meet clocks still rising. The result is the median (min, p90
+``warmup_s`` (25 ms, as triton's do_bench), a precaution: an idle H200 sits at
+345 MHz, and a contender is timed right after seconds of host work (compiling the
+next case). The result is the median (min, p90
 and all samples are kept too)."""
 
 from __future__ import annotations
