@@ -29,6 +29,7 @@ INT_MIN, INT_MAX = -(2**31), 2**31 - 1  # int constants of the generated code
 SCRATCH_ALIGN = 256  # every mailbox region starts on its own 256-byte stretch
 HANG_REGION, HANG_WORDS = "hang", 8  # debug builds' scratch region: the record of a wait that gave up
 LDS_ALIGN = 16  # 16-byte LDS loads and stores
+TL_EXTRA_SLOTS = 3  # timeline builds: LDS_TL after the stamps: the CTA's timer at its start and end, its cycles at the end
 MAX_LDS_ALIGN = 1024  # the dynamic LDS's declared alignment (MONO_LDS_DECL): sm90's 128-byte-swizzled wgmma operands
 REGION_BYTES = {"pairs": 8, "flags": 8, "words": 4}
 CTYPES = {"bf16": "bf16_t", "f32": "float", "i32": "int", "i64": "long long", "u8": "u8", "fp8": "u8"}
@@ -607,13 +608,15 @@ def _lower(loaded: LoadedSpec, build: Build) -> KernelIR:
     offsets, by_stage = _pack_lds(ctx.lds_bufs, ctx.lds_aligns)
     lds = [LdsBuf(stage, name, ctype, count, off) for (stage, name, ctype, count), off in zip(ctx.lds_bufs, offsets)]
     timeline = build["timeline"] if "timeline" in dict(build.params) else False
-    tl_bytes = len(spec.timeline_points) * 8 if timeline else 0
+    # the stamps, then the CTA's timer at its start and end and its cycles at the end (kernel.hip.j2)
+    tl_slots = len(spec.timeline_points) + TL_EXTRA_SLOTS
+    tl_bytes = tl_slots * 8 if timeline else 0
     lds_bytes = max(by_stage.values(), default=0)
     for stage, name, ctype, count in ctx.lds_kernel_bufs:  # kernel-lifetime buffers, after the union
         lds.append(LdsBuf(stage, name, ctype, count, lds_bytes, whole_kernel=True))
         lds_bytes = _align(lds_bytes + lds[-1].nbytes, LDS_ALIGN)
     if tl_bytes:  # the timeline stamps live beside the union, for the whole kernel
-        lds.append(LdsBuf("kernel", "tl", "u64", len(spec.timeline_points), lds_bytes))
+        lds.append(LdsBuf("kernel", "tl", "u64", tl_slots, lds_bytes))
         lds_bytes += tl_bytes
     if lds_bytes > target.lds_bytes:
         worst = max(by_stage, key=by_stage.get)

@@ -21,7 +21,10 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 # Ticks of the targets' timer_now() (templates/targets/*): sm90 reads
-# %globaltimer (nanoseconds), AMD reads s_memrealtime (a 100 MHz clock).
+# %globaltimer (nanoseconds), AMD reads s_memrealtime (a 100 MHz clock). sm90's stamps
+# count the SM's cycles and reach tl as nanoseconds, placed between the CTA's
+# %globaltimer reads at its start and end (templates/kernel.hip.j2: finer than
+# %globaltimer's ~0.26 us steps within a CTA; the CTAs aligned to within one step).
 TICK_NS = {"nvidia": 1.0, "amd": 10.0}
 
 

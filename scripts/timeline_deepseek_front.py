@@ -1,5 +1,5 @@
 """Where a DeepSeek-V4.1 attn_front launch spends its time (sm90): a timeline
-build's per-CTA stamps (%globaltimer, ns), as microseconds after the first
+build's per-CTA stamps (ns: the SM's cycles placed between the CTA's %globaltimer reads), as microseconds after the first
 CTA's start: min / median / max over the CTAs that reached each point.
 
     PYTHONPATH=. python3 scripts/timeline_deepseek_front.py [out.txt] [--cold | --rotate] [--no-mma] [--slowest=POINT] [--tokens=16,48] [stage.field=value ...]

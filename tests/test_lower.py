@@ -220,12 +220,49 @@ def test_token_tile_at_16_tokens(target):
 
 @pytest.mark.parametrize("target", TARGET_NAMES)
 def test_timeline_stamps_beside_the_union(target):
+    """The stamps, then 3 slots (the CTA's timer at its start and end, its cycles at the end:
+    sm90 stamps cycles, turned into timer ticks at the end), beside the stages' union."""
     off, on = build_ir(target, 4), build_ir(target, 4, timeline=True)
-    points = len(on.timeline_points)
-    assert on.lds_bytes == off.lds_bytes + points * 8
+    slots = len(on.timeline_points) + 3
+    assert on.lds_bytes == off.lds_bytes + slots * 8
     (tl,) = [b for b in on.lds if b.stage == "kernel"]
-    assert (tl.name, tl.ctype, tl.count, tl.offset) == ("tl", "u64", points, off.lds_bytes)
+    assert (tl.name, tl.ctype, tl.count, tl.offset) == ("tl", "u64", slots, off.lds_bytes)
     assert tl.offset % 8 == 0 and tl.const_name == "LDS_TL"
+
+
+def test_timeline_stamps_cycles_between_two_timer_reads(tmp_path):
+    """sm90 timeline builds stamp the SM's cycle counter and, at the kernel's end, turn each stamp
+    into timer ticks: the start's timer + its cycles since the start x the CTA's timer ticks per
+    cycle (its start and end). The rendered stamp_ticks, compiled for the host (zig's clang) with
+    a 1.98 GHz clock behind a timer that moves in 256 ns steps, puts a stamp 1000 cycles after
+    the start 505 ns after it (to within the two timer reads' steps), leaves 0 (not reached) 0;
+    AMD stamps its timer as it is."""
+    import subprocess
+    import sys
+    from codegen.render import render
+
+    text = render(build_ir("sm90", 1, timeline=True))
+    a = text.index("constexpr int TL_T0 = 0")
+    fn = text[a:text.index("\n}\n", text.index("MONO_DEVICE long long stamp_ticks", a)) + 3]
+    harness = ("#include <cstdio>\n#define MONO_DEVICE inline\nconstexpr int TL_START = 0, TL_POINTS = 4;\n"
+               "MONO_DEVICE constexpr bool stamp_cycles() { return true; }\n"
+               "MONO_DEVICE int thread_id() { return 0; }\nMONO_DEVICE long long timer_now() { return 0; }\n"
+               "MONO_DEVICE long long stamp_clock() { return 0; }\ntypedef unsigned char u8;\nconstexpr int LDS_TL = 0;\n"
+               + fn + """
+int main() {
+    // start at cycle 5000 and timer 1,000,192 ns (a 256 ns step); end 8 us later: 15840 cycles
+    long long s[7] = {5000, 0, 0, 0, 1000192, 1000192 + 8192, 5000 + 16220};
+    const long long t = stamp_ticks(s, 6000), none = stamp_ticks(s, 0), first = stamp_ticks(s, 5000);
+    printf("%lld %lld %lld\\n", t - 1000192, none, first - 1000192);
+    return 0;
+}
+""")
+    cpp, exe = tmp_path / "ticks.cpp", tmp_path / "ticks"
+    cpp.write_text(harness)
+    subprocess.run([sys.executable, "-m", "ziglang", "c++", "-O1", "-std=c++17", str(cpp), "-o", str(exe)], check=True)
+    dt, none, first = (int(v) for v in subprocess.run([str(exe)], capture_output=True, text=True).stdout.split())
+    assert abs(dt - 505) <= 1 and none == 0 and first == 0
+    assert "MONO_DEVICE constexpr bool stamp_cycles() { return false; }" in render(build_ir("gfx942", 1, timeline=True))
 
 
 @pytest.mark.parametrize("target", TARGET_NAMES)

@@ -275,6 +275,9 @@ MONO_DEVICE void pause_for() {
 // s_memrealtime: a 100 MHz device-wide clock (NVIDIA: %globaltimer in ns)
 MONO_DEVICE long long timer_now() { return (long long)__builtin_amdgcn_s_memrealtime(); }
 constexpr long long TIMER_HZ = 100000000;  // timer_now() ticks per second
+// The timeline's stamps (kernel.hip.j2): the timer itself (10 ns steps)
+MONO_DEVICE constexpr bool stamp_cycles() { return false; }  // (a function: a constant would take global memory)
+MONO_DEVICE long long stamp_clock() { return timer_now(); }
 
 // ---- FP8 MMA: D(16x16) += A(16x32) * B(32x16), v_mfma_f32_16x16x32_fp8_fp8 -------------
 // Lane l holds A row l % 16 and B column l % 16, 8 k values each (k block l / 16);

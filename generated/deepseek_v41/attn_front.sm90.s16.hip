@@ -367,6 +367,11 @@ MONO_DEVICE long long timer_now() {
     return t;
 }
 constexpr long long TIMER_HZ = 1000000000;  // timer_now() ticks per second
+// The timeline's stamps (kernel.hip.j2): the SM's cycle counter, turned into timer_now() ticks
+// at the kernel's end (%globaltimer moves in steps of ~0.26 us on the H200: too coarse for a step
+// of one CTA)
+MONO_DEVICE long long stamp_clock() { return (long long)clock64(); }
+MONO_DEVICE constexpr bool stamp_cycles() { return true; }  // (a function: a constant would take global memory)
 
 // ---- FP8 MMA: D(16x8) += A(16x32 e4m3, rows) * B(32x8 e4m3, columns) -------------------
 // Lane l (g = l / 4, q = l % 4) holds A rows g and g + 8, k 4q..4q+3 and 16+4q..;
