@@ -720,7 +720,7 @@ def test_qkv_token_pairs():
     256.. take the task's second token with their own red[] / vals[]; one wait for both tokens'
     partials (a second token past TOKENS re-reads the last token's, never a pair no launch
     writes); each live token's flag."""
-    ir = ir_of(tokens=5, tune={"symbols.QX8_TAGGED": 0})  # (tagged QX8, the spec's: one a task)
+    ir = ir_of(tokens=5, tune={"symbols.QX8_TAGGED": 0})  # QX8 by flags (tagged, the spec, takes one token a task)
     st = {s.name: s for s in ir.stages}
     assert st["wq_b"].ctas == 128 and st["qkv"].first == 129  # the last 3 CTAs: qkv, no wq_b unit
     text = render(ir)
