@@ -71,6 +71,15 @@ def test_corruptions_are_caught(simulated, corrupt):
         dc.check(case, ir, args)
 
 
+def check_catches_qx8(case, ir, args, corrupted: bool) -> None:
+    """dc.check passes on the simulated kernel's outputs, or, ``corrupted``, fails naming QX8."""
+    if not corrupted:
+        dc.check(case, ir, args)
+        return
+    with pytest.raises(AssertionError, match="QX8"):
+        dc.check(case, ir, args)
+
+
 @pytest.mark.parametrize("corrupt", [None, "qx8_value", "qx8_tag", "qx8s_tag", "qrdy"])
 def test_tagged_qx8_checks(corrupt):
     """QX8 as tagged pairs (symbols.QX8_TAGGED): the checks read the values from the pairs and
@@ -88,11 +97,7 @@ def test_tagged_qx8_checks(corrupt):
         sc[r("qx8s").offset + 8 * 41 + 4] ^= 2
     elif corrupt == "qrdy":
         sc[r("qrdy").offset: r("qrdy").offset + r("qrdy").nbytes] = 0x5A
-    if corrupt in (None, "qrdy"):
-        dc.check(case, ir, args)
-    else:
-        with pytest.raises(AssertionError, match="QX8"):
-            dc.check(case, ir, args)
+    check_catches_qx8(case, ir, args, corrupt not in (None, "qrdy"))
 
 
 @pytest.mark.parametrize("corrupt", [None, "copy_value", "copy_code_tag"])
@@ -108,11 +113,7 @@ def test_tagged_copies_checks(corrupt):
         sc[r("qx8").offset + 8 * (2 * 6 * 320 + 77) + 2] ^= 1
     elif corrupt == "copy_code_tag":
         sc[r("qx8s").offset + 8 * (6 * 40 + 5) + 4] ^= 2
-    if corrupt is None:
-        dc.check(case, ir, args)
-    else:
-        with pytest.raises(AssertionError, match="QX8"):
-            dc.check(case, ir, args)
+    check_catches_qx8(case, ir, args, corrupt is not None)
 
 
 @pytest.mark.parametrize("corrupt", [None, "x8_byte", "x8_pad_only"])

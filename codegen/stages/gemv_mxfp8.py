@@ -368,7 +368,9 @@ def lower(stage: Model, ctx) -> dict:
     # a source that stores QX8 as tagged pairs (mla_norm_rope tagged): the rows poll their own
     # tags, two 16-byte loads a piece (no flag wait, no cp.async: a copy cannot check tags)
     tagged = src.kind == "mla_norm_rope" and not q_inline and ctx.stage_values(src.name)["tagged"]
-    src_copies = ctx.stage_values(src.name) if tagged else {"tagged_copies": 1, "copy_pairs": 0, "copy_code_pairs": 0}
+    # ... stored tagged_copies times, this CTA polling one copy: its count and strides
+    src_copies = ({k: ctx.stage_values(src.name)[k] for k in ("tagged_copies", "copy_pairs", "copy_code_pairs")}
+                  if tagged else {"tagged_copies": 1})
     pending_polls = ctx.switch(stage.pending_polls, ("pending_polls",)) and tagged
     poll_sleep = ctx.integer(stage.poll_sleep, ("poll_sleep",), minimum=0) if tagged else 0
     if poll_sleep > 10000:
@@ -454,7 +456,7 @@ def lower(stage: Model, ctx) -> dict:
         "poll_sleep": poll_sleep,  # ... and this many ns between rounds (0: pause())
         # ... from one of the source's copies of the pairs (CTA % copies), each copy_pairs pairs
         # of rows and copy_code_pairs of codes after the one before
-        "src_copies": {k: src_copies[k] for k in ("tagged_copies", "copy_pairs", "copy_code_pairs")},
+        "src_copies": src_copies,
         "rows_async": rows_async and not (inline or q_inline or tma_rows),  # and the rows too (spec rows_async)
         "q_math": q_math,
         "norm_par": norm_par,

@@ -263,14 +263,9 @@ MONO_DEVICE void mailbox_load2(const u64* pair, u32 (&value)[2], u32 (&tag)[2]) 
     mailbox_load(pair + 1, value[1], tag[1]);
 }
 MONO_DEVICE void pause() { __builtin_amdgcn_s_sleep(1); }
-// a pause of about NS ns (0: pause()): s_sleep counts 64 clocks a unit, ~30 ns at 2.1 GHz
+// a sleep of about NS ns (NS > 0; common.h's pause_for): s_sleep counts 64 clocks a unit, ~30 ns at 2.1 GHz
 template <int NS>
-MONO_DEVICE void pause_for() {
-    if constexpr (NS == 0)
-        pause();
-    else
-        __builtin_amdgcn_s_sleep(NS / 30 < 1 ? 1 : NS / 30 > 127 ? 127 : NS / 30);
-}
+MONO_DEVICE void sleep_ns() { __builtin_amdgcn_s_sleep(NS / 30 < 1 ? 1 : NS / 30 > 127 ? 127 : NS / 30); }
 
 // ---- timer --------------------------------------------------------------------------
 // s_memrealtime: a 100 MHz device-wide clock (NVIDIA: %globaltimer in ns)
@@ -474,6 +469,14 @@ MONO_DEVICE void mailbox_wait_all(const u64* const (&pair)[N], u32 tag, u32 (&va
 }
 // mailbox_wait_all over N couples of adjacent pairs (pair[i], pair[i] + 1; 16-byte aligned):
 // one 16-byte load a couple where the target has it (sm90), so a thread's requests halve
+// a pause of about NS ns (0: the target's pause())
+template <int NS>
+MONO_DEVICE void pause_for() {
+    if constexpr (NS == 0)
+        pause();
+    else
+        sleep_ns<NS>();
+}
 // SLEEP_NS: the pause after a round that saw a pair untagged (0: pause()); longer, fewer polls in flight
 template <int SLEEP_NS = 0, int N>
 MONO_DEVICE void mailbox_wait_all2(const u64* const (&pair)[N], u32 tag, u32 (&value)[N][2]) {

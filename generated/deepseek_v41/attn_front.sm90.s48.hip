@@ -280,14 +280,9 @@ MONO_DEVICE void mailbox_load2(const u64* pair, u32 (&value)[2], u32 (&tag)[2]) 
     tag[1] = u32(hi >> 32);
 }
 MONO_DEVICE void pause() { __nanosleep(64); }
-// a pause of about NS ns (0: pause())
+// a sleep of about NS ns (NS > 0; common.h's pause_for)
 template <int NS>
-MONO_DEVICE void pause_for() {
-    if constexpr (NS == 0)
-        pause();
-    else
-        __nanosleep(NS);
-}
+MONO_DEVICE void sleep_ns() { __nanosleep(NS); }
 
 // the shared-window address of an LDS pointer, as the asm below takes it
 MONO_DEVICE u32 lds_address(const void* p) { return u32(__cvta_generic_to_shared(p)); }
@@ -850,6 +845,14 @@ MONO_DEVICE void mailbox_wait_all(const u64* const (&pair)[N], u32 tag, u32 (&va
 }
 // mailbox_wait_all over N couples of adjacent pairs (pair[i], pair[i] + 1; 16-byte aligned):
 // one 16-byte load a couple where the target has it (sm90), so a thread's requests halve
+// a pause of about NS ns (0: the target's pause())
+template <int NS>
+MONO_DEVICE void pause_for() {
+    if constexpr (NS == 0)
+        pause();
+    else
+        sleep_ns<NS>();
+}
 // SLEEP_NS: the pause after a round that saw a pair untagged (0: pause()); longer, fewer polls in flight
 template <int SLEEP_NS = 0, int N>
 MONO_DEVICE void mailbox_wait_all2(const u64* const (&pair)[N], u32 tag, u32 (&value)[N][2]) {

@@ -264,14 +264,9 @@ MONO_DEVICE void mailbox_load2(const u64* pair, u32 (&value)[2], u32 (&tag)[2]) 
     tag[1] = u32(hi >> 32);
 }
 MONO_DEVICE void pause() { __nanosleep(64); }
-// a pause of about NS ns (0: pause())
+// a sleep of about NS ns (NS > 0; common.h's pause_for)
 template <int NS>
-MONO_DEVICE void pause_for() {
-    if constexpr (NS == 0)
-        pause();
-    else
-        __nanosleep(NS);
-}
+MONO_DEVICE void sleep_ns() { __nanosleep(NS); }
 
 // the shared-window address of an LDS pointer, as the asm below takes it
 MONO_DEVICE u32 lds_address(const void* p) { return u32(__cvta_generic_to_shared(p)); }
@@ -834,6 +829,14 @@ MONO_DEVICE void mailbox_wait_all(const u64* const (&pair)[N], u32 tag, u32 (&va
 }
 // mailbox_wait_all over N couples of adjacent pairs (pair[i], pair[i] + 1; 16-byte aligned):
 // one 16-byte load a couple where the target has it (sm90), so a thread's requests halve
+// a pause of about NS ns (0: the target's pause())
+template <int NS>
+MONO_DEVICE void pause_for() {
+    if constexpr (NS == 0)
+        pause();
+    else
+        sleep_ns<NS>();
+}
 // SLEEP_NS: the pause after a round that saw a pair untagged (0: pause()); longer, fewer polls in flight
 template <int SLEEP_NS = 0, int N>
 MONO_DEVICE void mailbox_wait_all2(const u64* const (&pair)[N], u32 tag, u32 (&value)[N][2]) {
@@ -1141,6 +1144,8 @@ struct Segment {
 MONO_DEVICE Segment segment_of(int g, int lo, int hi) {
     return Segment{g, g * NCHUNK < lo ? lo - g * NCHUNK : 0, (g + 1) * NCHUNK > hi ? hi - g * NCHUNK : NCHUNK};
 }
+// stage CTA t0's first unit (its units: first_unit(t0) .. first_unit(t0 + 1) - 1)
+MONO_DEVICE int first_unit(int t0) { return int((long long)t0 * UNITS / CTAS); }
 // The weight scales of thread (row r = tid % 16, any token) for the CTA's segments, in
 // processing order (g_last down; at most three): loaded at the start, off the epilogue's path.
 struct WeightScales {
@@ -1217,7 +1222,7 @@ MONO_DEVICE void run(const Args& a, const Mailbox& mb, u8* lds) {
     float* xs = reinterpret_cast<float*>(lds + LDS_XS);
     u32x4 w[CHUNKS_PER_WAVE];
     // this CTA's units [lo, hi); its last row group first (a head piece the next CTA waits for)
-    const int lo = int((long long)t0 * UNITS / CTAS), hi = int((long long)(t0 + 1) * UNITS / CTAS);
+    const int lo = first_unit(t0), hi = first_unit(t0 + 1);
     const int g_first = lo / NCHUNK, g_last = (hi - 1) / NCHUNK;
     const int g_reg = register_group(lo, hi);  // in registers; the other segments staged in LDS
     u32* wl = reinterpret_cast<u32*>(lds + LDS_WSTAGE);
