@@ -39,14 +39,16 @@ BUILDS = [dict(tokens=1, tp=4), dict(tokens=16, tp=4), dict(tokens=48, tp=4), di
 def point_stats(samples: list[torch.Tensor], points: list[str]) -> dict[str, tuple[float, float, float, int]]:
     """Per timeline point: (min, median, max) over the CTAs that stamped it, in us after the
     launch's first CTA start, each the median over the launches' stamps `samples` ([CTAs, points]
-    ns each, 0: not stamped); and the CTAs that stamped it (in the last launch). A single launch's
-    numbers moved by about 1 us from one launch to the next (bench/NOTES.md, DeepSeek session 12)."""
+    ns each as int64, 0: not stamped); and the CTAs that stamped it (in the last launch). A single launch's
+    numbers moved by about 1 us from one launch to the next (bench/NOTES.md, DeepSeek session 12).
+    The stamps are subtracted as integers: as doubles, %globaltimer's ~1.8e18 ns keep only 256 ns
+    steps (every timeline until DeepSeek session 27 read in multiples of 0.256 us for that reason)."""
     out = {}
     for p, name in enumerate(points):
         per_launch = []
         for tl in samples:
             v = tl[:, p]
-            v = (v[v > 0] - tl[:, 0].min()) / 1e3
+            v = (v[v > 0] - tl[:, 0].min()).double() / 1e3
             if v.numel():
                 per_launch.append((float(v.min()), float(v.median()), float(v.max()), v.numel()))
         if per_launch:
@@ -93,7 +95,7 @@ def main() -> None:
                     k(**args)
                 samples.append(args["tl"])
             torch.cuda.synchronize()
-        samples = [t.cpu().double() for t in samples]
+        samples = [t.cpu() for t in samples]  # int64 ns: see point_stats
         tl = samples[-1]
         t0 = tl[:, 0].min()
         each = f", each the median of {len(samples)} launches" if len(samples) > 1 else ""
@@ -102,7 +104,7 @@ def main() -> None:
             print(f"  {name:12s} {lo:7.2f} {med:7.2f} {hi:7.2f}  ({n} CTAs)", file=out)
         if slowest is not None:  # the last launch's
             pts = k.ir.timeline_points
-            us = (tl - t0) / 1e3 * (tl > 0)  # 0: not stamped
+            us = (tl - t0).double() / 1e3 * (tl > 0)  # 0: not stamped
             for c in us[:, pts.index(slowest)].argsort(descending=True)[:8].tolist():
                 print(f"  CTA {c:3d}: " + " ".join(f"{n} {us[c, i]:.2f}" for i, n in enumerate(pts) if tl[c, i] > 0), file=out)
         if rotate:  # timed as the bench times them: this stamped build, and its twin without stamps

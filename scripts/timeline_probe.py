@@ -61,18 +61,18 @@ def probe(tokens: int, contexts=(4096,), reps: int = 20, tune: dict | None = Non
         args["w_qkv"] = weights[i % len(weights)]
         kernel(**args)
     torch.cuda.synchronize()
-    tl = args["tl"].cpu().double()
+    tl = args["tl"].cpu()  # int64 ns, subtracted as integers: a double keeps only 256 ns steps of ~1.8e18
     pts = kernel.ir.timeline_points
     t0 = tl[:, 0][tl[:, 0] > 0].min()
     print(f"S={tokens} contexts={list(contexts)} {flags or ''} {tune or ''}{' NO MMA' if NO_MMA else ''}, cold weights ({len(weights)} copies): "
           "us from the first CTA's start, median / max over CTAs that stamp")
     for i, p in enumerate(pts):
         col = tl[:, i]
-        col = (col[col > 0] - t0) / 1000.0
+        col = (col[col > 0] - t0).double() / 1000.0
         if col.numel():
             print(f"  {p:14s} n={col.numel():4d}  median {col.median().item():7.2f}  max {col.max().item():7.2f}")
     if SLOWEST is not None:
-        us = (tl - t0) / 1000.0 * (tl > 0)  # 0: not stamped
+        us = (tl - t0).double() / 1000.0 * (tl > 0)  # 0: not stamped
         for c in us[:, pts.index(SLOWEST)].argsort(descending=True)[:8].tolist():
             print(f"  CTA {c:3d}: " + " ".join(f"{n} {us[c, i]:.2f}" for i, n in enumerate(pts) if tl[c, i] > 0))
     # timed as the bench times them: this stamped build (its per-call time less the stamped span is

@@ -58,11 +58,13 @@ SLEPT = {"tune": {"symbols.QX8_TAGGED": 1, "wq_b.pending_polls": 1, "wq_b.poll_s
 COPIES = {"tune": {"symbols.QX8_TAGGED": 1, "symbols.QX8_COPIES": 4}}
 # wqkv's weights into L2 before the wait for the previous launch (l2_prefetch_at launch)
 EARLY_PREFETCH = {"tune": {"wqkv_a.l2_prefetch": {"default": 0, "sm90": 1}, "wqkv_a.l2_prefetch_at": "launch"}}
+# QX8 by flags and QRDY (the spec tags it up to 15 rows at TP4): 5 and 6 rows take two tokens a qkv task
+FLAGS = {"tune": {"symbols.QX8_TAGGED": 0}}
 TUNES = {id(BULK): "bulk", id(LDS): "lds", id(EMULATED): "emulated", id(X8_IMAGE): "x8image",
          id(EPOCH_LAST_OUT): "epoch-last-out", id(DEPTH2): "depth2", id(DEPTH4): "depth4", id(TAGGED): "tagged",
          id(TAGGED_EMULATED): "tagged-emulated", id(TUNED_TAGGED): "tagged",
          id(PENDING): "tagged-pending", id(SLEPT): "tagged-slept", id(COPIES): "tagged-copies",
-         id(EARLY_PREFETCH): "early-prefetch"}
+         id(EARLY_PREFETCH): "early-prefetch", id(FLAGS): "flags"}
 # (tokens, tp, ratio, flags, swa_block, pad rows, swa block padding); wq_b on wgmma unless EMULATED
 # (TP2: 8 units a CTA, two groups of 4), wqkv in K quarters on wgmma at TP4; from S = 16
 # (TP4) / 17 the qkv stage stores QX8 as wq_b's LDS image (one bulk copy; the EMULATED / LDS
@@ -76,7 +78,9 @@ CASES = [
     (6, 4, 2, {}, 64, (1, 4), 64),
     (16, 4, 0, {}, 128, (3,), 0),
     (17, 4, 1, {}, 64, (0, 16), 8),
-    (5, 4, 2, {}, 64, (0, 4), 8),  # two tokens a qkv task, the last one alone
+    (5, 4, 2, {}, 64, (0, 4), 8),  # tagged QX8, one token a qkv task
+    (5, 4, 2, FLAGS, 64, (0, 4), 8),  # two tokens a qkv task, the last one alone
+    (6, 4, 1, FLAGS, 128, (2,), 0),
     (48, 4, 2, {}, 128, (5, 47), 0),
     (1, 2, 0, {}, 64, (), 0),
     (16, 2, 1, {}, 128, (2,), 64),
@@ -112,7 +116,7 @@ CASES = [
     (1, 4, 1, TAGGED, 128, (), 0),
     (6, 4, 2, TAGGED, 64, (1, 4), 64),
     (15, 4, 1, TAGGED, 128, (3,), 8),  # through the xq stage, the most rows without QX8's image
-    (5, 4, 1, TAGGED, 64, (0,), 0),  # two tokens a qkv task
+    (5, 4, 1, TAGGED, 64, (0,), 0),
     (6, 2, 1, TAGGED, 128, (2,), 0),
     (3, 4, 2, TAGGED_EMULATED, 64, (1,), 0),
     (6, 4, 1, TUNED_TAGGED, 64, (), 0),

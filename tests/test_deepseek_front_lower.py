@@ -397,13 +397,12 @@ def test_wqkv_quarters(tp, tokens):
     # the qkv tasks on the last S CTAs where those have no wqkv unit (quarters, up to 20 tasks), and
     # wq_b's weights into L2 as those CTAs enter the qkv stage; else the first S CTAs
     # (q_inline, up to 2 rows at TP2: on the last CTA, which has no wq_b unit); one token a task
-    # but at TP4 S = 6, whose QX8 goes by flags (two: test_qkv_pairs_without_tagged_qx8)
-    per_task = 2 if quarters and tokens == 6 else 1
-    tasks = -(-tokens // per_task)
+    # (two only where QX8 goes by flags: test_qkv_pairs_without_tagged_qx8)
+    tasks = tokens
     on_last = quarters and tasks <= 20 or tp == 2 and 9 <= tokens <= 20
     q_inline = tp == 2 and tokens <= 2
     assert st["wq_b"].values["q_inline"] is q_inline
-    assert (st["qkv"].tasks, st["qkv"].values["per_task"]) == (tasks, per_task)
+    assert (st["qkv"].tasks, st["qkv"].values["per_task"]) == (tasks, 1)
     assert st["qkv"].first == (132 - tasks if on_last else 131 if q_inline else 0)
     assert st["wq_b"].values["l2_prefetch_at"] == ("qkv" if on_last else None)
     text = render(ir)
