@@ -36,6 +36,22 @@ WARMUP_S = 0.025  # the least time of warm-up replays before the timed ones
 COPY_BYTES = 2 << 30  # 2 GiB device-to-device copy for the bandwidth
 
 
+def warm_clocks(launch: Callable[[int], None], seconds: float = WARMUP_S,
+                sync: Callable[[], None] = torch.cuda.synchronize) -> int:
+    """Call ``launch(i)`` for i = 0, 1, .. until the GPU has run them for at least ``seconds``
+    (``sync`` after every 32 calls); the number of calls. For stamped launches outside a timer,
+    such as the timeline scripts': an idle H200 sits at 345 MHz, and a CTA's serial code runs at
+    the clock it finds (DeepSeek S = 1: the qkv CTA's partials came 1.27 us after wqkv's last
+    CTA without this warm-up, 0.43 with it; bench/NOTES.md DeepSeek session 27)."""
+    n, began = 0, time.perf_counter()
+    while time.perf_counter() - began < seconds:
+        for _ in range(32):
+            launch(n)
+            n += 1
+        sync()
+    return n
+
+
 @dataclass
 class Sample:
     """Per-call microseconds of each timed replay."""

@@ -10,8 +10,8 @@ BUILDS has none;
 --slowest=POINT also lists the 8 CTAs that stamped POINT last, each with all its stamps:
 a straggler's role shows in its other stamps; --cold: the timed launch follows an L2 flush, so the
 weights come from HBM, and so does the kernel's code; --rotate: as the bench, the launches cycle
-through 8 copies of the weights (`layer` = copy), so the stamped launches' weights are cold and their
-code is not: the phases the code's first fetch from HBM slows in a --cold timeline read as in the bench;
+through 8 copies of the weights (`layer` = copy), after 25 ms of them (bench.timing.warm_clocks: the
+clocks up, as in the bench), so the stamped launches' weights are cold and their code is not: the phases the code's first fetch from HBM slows in a --cold timeline read as in the bench;
 each figure is then the median over the second round's 8 launches; --no-mma: the build without its
 fp8 MMAs, scripts/no_mma.py: wrong results, the time they cost). With --rotate it also times the
 stamped build and its twin without stamps from a CUDA graph over the copies, as the bench does: the
@@ -26,7 +26,7 @@ import torch
 
 import codegen
 from bench.deepseek import WEIGHTS  # the tensors the bench copies
-from bench.timing import GpuTimer, Watchdog
+from bench.timing import GpuTimer, Watchdog, warm_clocks
 from codegen.__main__ import name_values
 from scripts.no_mma import without_fp8_mma
 from tests import deepseek_case as dc
@@ -84,6 +84,7 @@ def main() -> None:
         with Watchdog(120).step(f"the timeline launches of S={b['tokens']} tp={b['tp']} {tune or ''}"):
             if rotate:  # two rounds over the copies: the second round's weights were last read a round ago
                 copies = [{w: args[w] for w in WEIGHTS}] + [{w: args[w].clone() for w in WEIGHTS} for _ in range(rotate - 1)]
+                warm_clocks(lambda i: k(**dict(args, **copies[i % rotate], layer=i % rotate)))  # as the bench's warm-up
                 for i in range(2 * rotate):
                     k(**dict(args, **copies[i % rotate], layer=i % rotate))
                     if i >= rotate:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -18,7 +19,7 @@ from bench import report
 from bench.case import GuardError
 from bench.minimax import PreAttnCase, pre_attn_bytes
 from bench.run import auto_copies, main, parse_args
-from bench.timing import Watchdog
+from bench.timing import Watchdog, warm_clocks
 from codegen.reference import minimax_m3 as ref
 from codegen.reference.minimax_m3_unfused import k1_unfused
 
@@ -216,3 +217,14 @@ def test_watchdog_stops_a_step_that_never_ends(tmp_path):
     assert "not reached" not in proc.stdout
     assert "deepseek S=16 still running after 0.3 s" in proc.stderr and "debug=True" in proc.stderr
     assert marker.read_text().startswith("bench: deepseek S=16 still running")
+
+
+def test_warm_clocks_runs_launches_for_the_time_asked():
+    """warm_clocks launches in batches of 32, a sync after each, until the time asked has
+    passed, and passes each launch its index (the timeline scripts rotate weights by it)."""
+    seen, syncs = [], []
+    began = time.perf_counter()
+    n = warm_clocks(seen.append, seconds=0.02, sync=lambda: (syncs.append(len(seen)), time.sleep(0.002)))
+    assert time.perf_counter() - began >= 0.02
+    assert n == len(seen) and seen == list(range(n)) and n % 32 == 0 and n >= 32
+    assert syncs == list(range(32, n + 1, 32))
