@@ -24,7 +24,8 @@ from typing import Any, Callable, Sequence
 # %globaltimer (nanoseconds), AMD reads s_memrealtime (a 100 MHz clock). sm90's stamps
 # count the SM's cycles and reach tl as nanoseconds, placed between the CTA's
 # %globaltimer reads at its start and end (templates/kernel.hip.j2: finer than
-# %globaltimer's ~0.26 us steps within a CTA; the CTAs aligned to within one step).
+# %globaltimer's 32 ns steps within a CTA; the CTAs aligned to within one step). The stamps are
+# ~1.8e18 ns: subtract them as integers (a double keeps only 256 ns steps of them).
 TICK_NS = {"nvidia": 1.0, "amd": 10.0}
 
 
