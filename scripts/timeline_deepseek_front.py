@@ -10,8 +10,9 @@ BUILDS has none;
 --slowest=POINT also lists the 8 CTAs that stamped POINT last, each with all its stamps:
 a straggler's role shows in its other stamps; --cold: the timed launch follows an L2 flush, so the
 weights come from HBM, and so does the kernel's code; --rotate: as the bench, the launches cycle
-through 8 copies of the weights (`layer` = copy), after 25 ms of them (bench.timing.warm_clocks: the
-clocks up, as in the bench), so the stamped launches' weights are cold and their code is not: the phases the code's first fetch from HBM slows in a --cold timeline read as in the bench;
+through 8 copies of the weights (`layer` = copy), after 25 ms of them (bench.timing.warm_clocks:
+the clocks up, as in the bench), so the stamped launches' weights are cold and their code is not:
+the phases the code's first fetch from HBM slows in a --cold timeline read as in the bench;
 each figure is then the median over the second round's 8 launches; --no-mma: the build without its
 fp8 MMAs, scripts/no_mma.py: wrong results, the time they cost). With --rotate it also times the
 stamped build and its twin without stamps from a CUDA graph over the copies, as the bench does: the
