@@ -29,7 +29,9 @@ INT_MIN, INT_MAX = -(2**31), 2**31 - 1  # int constants of the generated code
 SCRATCH_ALIGN = 256  # every mailbox region starts on its own 256-byte stretch
 HANG_REGION, HANG_WORDS = "hang", 8  # debug builds' scratch region: the record of a wait that gave up
 LDS_ALIGN = 16  # 16-byte LDS loads and stores
-TL_EXTRA_SLOTS = 3  # timeline builds: LDS_TL after the stamps: the CTA's timer at its start and end, its cycles at the end
+# timeline builds: LDS_TL's slots after the stamps (kernel.hip.j2 names them TL_<name>): the CTA's
+# timer at its start and at its end, its cycles at the end
+TL_EXTRA_SLOTS = ("T0", "T1", "C1")
 MAX_LDS_ALIGN = 1024  # the dynamic LDS's declared alignment (MONO_LDS_DECL): sm90's 128-byte-swizzled wgmma operands
 REGION_BYTES = {"pairs": 8, "flags": 8, "words": 4}
 CTYPES = {"bf16": "bf16_t", "f32": "float", "i32": "int", "i64": "long long", "u8": "u8", "fp8": "u8"}
@@ -215,6 +217,7 @@ class KernelIR:
     lds_bytes: int
     stages: tuple[StageIR, ...]
     timeline_points: tuple[str, ...]
+    timeline_extra: tuple[str, ...]  # LDS_TL's slots after the stamps (TL_EXTRA_SLOTS)
     scratch_arg: str  # the ABI argument holding the mailboxes
     counter_arg: str  # i32 [2]: how the kernel keeps it is epoch_advance's
     layer_arg: str | None  # i32 scalar mixed into the tag
@@ -609,7 +612,7 @@ def _lower(loaded: LoadedSpec, build: Build) -> KernelIR:
     lds = [LdsBuf(stage, name, ctype, count, off) for (stage, name, ctype, count), off in zip(ctx.lds_bufs, offsets)]
     timeline = build["timeline"] if "timeline" in dict(build.params) else False
     # the stamps, then the CTA's timer at its start and end and its cycles at the end (kernel.hip.j2)
-    tl_slots = len(spec.timeline_points) + TL_EXTRA_SLOTS
+    tl_slots = len(spec.timeline_points) + len(TL_EXTRA_SLOTS)
     tl_bytes = tl_slots * 8 if timeline else 0
     lds_bytes = max(by_stage.values(), default=0)
     for stage, name, ctype, count in ctx.lds_kernel_bufs:  # kernel-lifetime buffers, after the union
@@ -638,7 +641,7 @@ def _lower(loaded: LoadedSpec, build: Build) -> KernelIR:
         spec_path=loaded.path, kernel=spec.kernel, name=spec.c_name, doc=spec.doc.strip(), build=build,
         target=target, threads=threads, blocks=blocks, constants=tuple(constants), abi=tuple(abi),
         regions=tuple(regions), scratch_bytes=scratch_bytes, lds=tuple(lds), lds_bytes=lds_bytes,
-        stages=tuple(stages), timeline_points=tuple(spec.timeline_points),
+        stages=tuple(stages), timeline_points=tuple(spec.timeline_points), timeline_extra=TL_EXTRA_SLOTS,
         scratch_arg=next(a.name for a in spec.abi if a.workspace == "scratch"),
         counter_arg=spec.mailbox.counter, layer_arg=spec.mailbox.layer,
         tag_stride=tag_stride, epoch_advance=spec.mailbox.advance,
