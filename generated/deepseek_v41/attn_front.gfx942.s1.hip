@@ -948,6 +948,10 @@ constexpr bool TAGGED = false;           // QX8 and codes as tagged pairs, their
 constexpr int TOKENS_PER_TASK = 1;      // tokens a task normalizes at once, NORM_THREADS threads each
 // The QX8 word of token t's values 8tt ..: row-major
 MONO_DEVICE int qx8_word(int t, int tt) { return t * (Q_RANK / 4) + 2 * tt; }
+// Token t's E8M0 code of the 32-block of values 8tt .. (thread tt % 4 == 0 stores it) in the
+// codes at `at` (words, or tagged pairs): row-major
+template <typename T>
+MONO_DEVICE T* qx8s_at(T* at, int t, int tt) { return at + t * (Q_RANK / 32) + tt / 4; }
 constexpr int RED_FLOATS = 32;           // a token's red[] (the lowering sizes LDS_RED by it)
 constexpr int RED_Q = 0, RED_KV = 8, RED_CODES = 16;  // red[]: q group sums, kv group sums, record codes
 
@@ -1019,7 +1023,7 @@ MONO_DEVICE void token(const Args& a, const Mailbox& mb, u8* lds, float* red_all
     const int code = q_quant(xq, rq, qw, ys, w0, w1);
     if (has_q && PUBLISH) {
         st8(mb.qx8 + qx8_word(t, tt), w0, w1);
-        if (tt % 4 == 0) st4(mb.qx8s + t * (Q_RANK / 32) + tt / 4, u32(code));
+        if (tt % 4 == 0) st4(qx8s_at(mb.qx8s, t, tt), u32(code));
     }
     if (has_q && WRITE_QR && a.qr_out != nullptr) {
         st16(a.qr_out + (long long)t * Q_RANK + 8 * tt,

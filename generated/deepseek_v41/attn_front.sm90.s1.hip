@@ -1346,6 +1346,10 @@ constexpr bool TAGGED = true;           // QX8 and codes as tagged pairs, their 
 constexpr int TOKENS_PER_TASK = 1;      // tokens a task normalizes at once, NORM_THREADS threads each
 // The QX8 word of token t's values 8tt ..: row-major
 MONO_DEVICE int qx8_word(int t, int tt) { return t * (Q_RANK / 4) + 2 * tt; }
+// Token t's E8M0 code of the 32-block of values 8tt .. (thread tt % 4 == 0 stores it) in the
+// codes at `at` (words, or tagged pairs): row-major
+template <typename T>
+MONO_DEVICE T* qx8s_at(T* at, int t, int tt) { return at + t * (Q_RANK / 32) + tt / 4; }
 constexpr int RED_FLOATS = 32;           // a token's red[] (the lowering sizes LDS_RED by it)
 constexpr int RED_Q = 0, RED_KV = 8, RED_CODES = 16;  // red[]: q group sums, kv group sums, record codes
 
@@ -1418,7 +1422,7 @@ MONO_DEVICE void token(const Args& a, const Mailbox& mb, u8* lds, float* red_all
     if (has_q && PUBLISH) {
         // pair i of the tagged layout holds word i of the plain one, with this launch's tag
         mailbox_put2(reinterpret_cast<u64*>(mb.qx8) + qx8_word(t, tt), w0, w1, mb.tag);
-        if (tt % 4 == 0) mailbox_put(reinterpret_cast<u64*>(mb.qx8s) + t * (Q_RANK / 32) + tt / 4, u32(code), mb.tag);
+        if (tt % 4 == 0) mailbox_put(qx8s_at(reinterpret_cast<u64*>(mb.qx8s), t, tt), u32(code), mb.tag);
     }
     if (has_q && WRITE_QR && a.qr_out != nullptr) {
         st16(a.qr_out + (long long)t * Q_RANK + 8 * tt,
@@ -1601,6 +1605,15 @@ template <typename T>
 MONO_DEVICE const T* src_row_piece(const T* at, int t, int part, int v) { return at + t * (K / 4) + part * (KP / 4) + 4 * v; }
 template <typename T>
 MONO_DEVICE const T* src_code_piece(const T* at, int t, int part, int v) { return at + t * (K / 32) + part * (KP / 32) + 4 * v; }
+// The codes' 16-byte piece i (token i / pieces a row part, codes 4 (i % ..) ..) as block scales in xs
+MONO_DEVICE void put_scales(float* xs, int i, u32x4 code) {
+    constexpr int SVECS = KP / 128;
+    float* s = xs + (i / SVECS) * SSTRIDE + 4 * (i % SVECS);
+    s[0] = e8m0_scale(int(code.x));
+    s[1] = e8m0_scale(int(code.y));
+    s[2] = e8m0_scale(int(code.z));
+    s[3] = e8m0_scale(int(code.w));
+}
 
 // Tokens tok0 .. tok0 + nt of qkv's qx8 (K part `part`) and their codes into LDS,
 // published as tagged pairs (pair i: word i of the plain row-major layout, with the launch's tag):
@@ -1634,11 +1647,7 @@ MONO_DEVICE void stage_rows(const Args&, const Mailbox& mb, u8*, int part, int t
             if (i < n_rows) {
                 *reinterpret_cast<u32x4*>(xl + row_word(i / VECS, i % VECS)) = u32x4{got[2 * k][0], got[2 * k][1], got[2 * k + 1][0], got[2 * k + 1][1]};
             } else if (i < n) {
-                float* s = xs + ((i - n_rows) / SVECS) * SSTRIDE + 4 * ((i - n_rows) % SVECS);
-                s[0] = e8m0_scale(int(got[2 * k][0]));
-                s[1] = e8m0_scale(int(got[2 * k][1]));
-                s[2] = e8m0_scale(int(got[2 * k + 1][0]));
-                s[3] = e8m0_scale(int(got[2 * k + 1][1]));
+                put_scales(xs, i - n_rows, u32x4{got[2 * k][0], got[2 * k][1], got[2 * k + 1][0], got[2 * k + 1][1]});
             }
         }
     }

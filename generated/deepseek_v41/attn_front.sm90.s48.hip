@@ -1221,6 +1221,15 @@ template <typename T>
 MONO_DEVICE const T* src_row_piece(const T* at, int t, int part, int v) { return at + t * (K / 4) + part * (KP / 4) + 4 * v; }
 template <typename T>
 MONO_DEVICE const T* src_code_piece(const T* at, int t, int part, int v) { return at + t * (K / 32) + part * (KP / 32) + 4 * v; }
+// The codes' 16-byte piece i (token i / pieces a row part, codes 4 (i % ..) ..) as block scales in xs
+MONO_DEVICE void put_scales(float* xs, int i, u32x4 code) {
+    constexpr int SVECS = KP / 128;
+    float* s = xs + (i / SVECS) * SSTRIDE + 4 * (i % SVECS);
+    s[0] = e8m0_scale(int(code.x));
+    s[1] = e8m0_scale(int(code.y));
+    s[2] = e8m0_scale(int(code.z));
+    s[3] = e8m0_scale(int(code.w));
+}
 
 // Tokens tok0 .. tok0 + nt of xq's x8 (K part `part`) and their codes into LDS
 // (through L2: written in this launch, published behind the flags; the rows by one TMA bulk copy).
@@ -1443,6 +1452,10 @@ constexpr int TOKENS_PER_TASK = 1;      // tokens a task normalizes at once, NOR
 constexpr int IMAGE_GROUPS = 6;         // QX8 as wq_b's LDS image: 8-token groups of the swizzled layout
 // The QX8 word of token t's values 8tt ..: bytes 8 (tt % 2) .. of its 16-byte piece tt / 2 in the image
 MONO_DEVICE int qx8_word(int t, int tt) { return swizzle128_item_word<IMAGE_GROUPS>(t, tt); }
+// Token t's E8M0 code of the 32-block of values 8tt .. (thread tt % 4 == 0 stores it) in the
+// codes at `at` (words, or tagged pairs): row-major
+template <typename T>
+MONO_DEVICE T* qx8s_at(T* at, int t, int tt) { return at + t * (Q_RANK / 32) + tt / 4; }
 constexpr int RED_FLOATS = 32;           // a token's red[] (the lowering sizes LDS_RED by it)
 constexpr int RED_Q = 0, RED_KV = 8, RED_CODES = 16;  // red[]: q group sums, kv group sums, record codes
 
@@ -1514,7 +1527,7 @@ MONO_DEVICE void token(const Args& a, const Mailbox& mb, u8* lds, float* red_all
     const int code = q_quant(xq, rq, qw, ys, w0, w1);
     if (has_q && PUBLISH) {
         st8(mb.qx8 + qx8_word(t, tt), w0, w1);
-        if (tt % 4 == 0) st4(mb.qx8s + t * (Q_RANK / 32) + tt / 4, u32(code));
+        if (tt % 4 == 0) st4(qx8s_at(mb.qx8s, t, tt), u32(code));
     }
     if (has_q && WRITE_QR && a.qr_out != nullptr) {
         st16(a.qr_out + (long long)t * Q_RANK + 8 * tt,
@@ -1680,6 +1693,15 @@ template <typename T>
 MONO_DEVICE const T* src_row_piece(const T* at, int t, int part, int v) { return at + t * (K / 4) + part * (KP / 4) + 4 * v; }
 template <typename T>
 MONO_DEVICE const T* src_code_piece(const T* at, int t, int part, int v) { return at + t * (K / 32) + part * (KP / 32) + 4 * v; }
+// The codes' 16-byte piece i (token i / pieces a row part, codes 4 (i % ..) ..) as block scales in xs
+MONO_DEVICE void put_scales(float* xs, int i, u32x4 code) {
+    constexpr int SVECS = KP / 128;
+    float* s = xs + (i / SVECS) * SSTRIDE + 4 * (i % SVECS);
+    s[0] = e8m0_scale(int(code.x));
+    s[1] = e8m0_scale(int(code.y));
+    s[2] = e8m0_scale(int(code.z));
+    s[3] = e8m0_scale(int(code.w));
+}
 
 // Tokens tok0 .. tok0 + nt of qkv's qx8 (K part `part`) and their codes into LDS
 // (through L2: written in this launch, published behind the flags; the rows by one TMA bulk copy).
