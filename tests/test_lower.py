@@ -683,8 +683,7 @@ int main() {
 
 
 def test_scorer_early_setup():
-    """early_setup (the spec's sm90 above 2 rows; early_setup_at: qkv; not with keys_prefetch, the
-    spec's at S <= 2): the scorer's setup (requests, context
+    """early_setup (the spec's sm90 above 2 rows; early_setup_at: qkv): the scorer's setup (requests, context
     lengths, first pages) is a function that the qkv GEMV calls with every thread where its CTAs
     wait (S <= 2: after the inline norm's rows, before the staged weights' wait; above: before the
     wait for the norm stage's rows), into LDS after the union; run() sets up only on CTAs outside
@@ -726,10 +725,45 @@ def test_scorer_early_setup():
         build({"scores.early_setup": 1, "scores.early_setup_at": "heads"}, 16)
     with pytest.raises(SpecError, match="stage 'qkv' may return before its wait on some of its CTAs"):
         build({"scores.early_setup": 1}, 16, "gfx942")  # no stream-K there
-    with pytest.raises(SpecError, match="early_setup and keys_prefetch both wait in stage 'qkv'"):
-        build({"scores.early_setup": 1}, 1)  # the spec's keys_prefetch at S <= 2
     ir, _ = build({"scores.early_setup": "tokens > INLINE_NORM_TOKENS"}, 2)  # the tune the A/B uses
     assert stage_named(ir, "scores").values["early_setup_at"] is None
+
+
+def test_scorer_keys_prefetch_from_setup():
+    """keys_prefetch and early_setup in the same stage (qkv; off in the spec above 2 rows): the
+    prefetch takes the CTA's first keys_prefetch_items pages from the setup's LDS, one TMA
+    prefetch a thread (prefetch_set_up_keys: no global load, so the setup's barriers wait for
+    nobody's chain), and goes out once the GEMV's token rows are in LDS: after the rows' copy
+    above 2 rows, after the setup at S = 1 (inline norm). prefetch_first_keys is not built; the
+    builds compile without spills. Refused for more items than the setup's pages (THREADS)."""
+    from codegen.render import render
+
+    def build(tune, tokens):
+        loaded = load_spec(SPEC, tune_items(tune))
+        ir = lower(loaded, make_build(loaded, "sm90", tokens=tokens))
+        return ir, render(ir)
+
+    call = "stage_scores::prefetch_set_up_keys(a, lds);"
+    setup = "stage_scores::setup(a, lds);"
+    for tokens, after in ((1, setup), (4, "copy16_batched<ROW_BATCH>("), (16, "copy16_batched<ROW_BATCH>(")):
+        ir, text = build({"scores.keys_prefetch": 1, "scores.keys_prefetch_items": 8, "scores.early_setup": 1}, tokens)
+        scores = stage_named(ir, "scores").values
+        assert (scores["keys_prefetch_at"], scores["early_setup_at"], scores["keys_from_setup"]) == ("qkv", "qkv", True)
+        gemv = text[text.index("namespace stage_qkv {"):text.index("}  // namespace stage_qkv")]
+        assert gemv.count(call) == 1 and gemv.index(setup) <= gemv.index(after) < gemv.index(call)
+        assert "prefetch_first_keys" not in text
+        assert "namespace stage_scores { MONO_DEVICE void prefetch_set_up_keys(const Args& a, const u8* lds); }" in text
+        body = text[text.index("MONO_DEVICE void prefetch_set_up_keys(const Args& a, const u8* lds) {"):]
+        body = body[:body.index("\n}\n")]
+        assert "tid >= 8) return;" in body and "a.index_cache" in body and "pages[tid]" in body
+        assert "a.seq_lens" not in body and "a.block_table" not in body  # no global load
+        from codegen import jit
+        (report,) = jit.resource_report(text, "keys_from_setup.hip", get_target("sm90"))
+        assert report.spills == 0 and report.scratch_bytes == 0
+    ir, _ = build({"scores.keys_prefetch": 1, "scores.early_setup": 0}, 4)  # apart: the old way, before the wait
+    assert stage_named(ir, "scores").values["keys_from_setup"] is False
+    with pytest.raises(SpecError, match="takes the setup's pages of the CTA's first 512 items"):
+        build({"scores.keys_prefetch": 1, "scores.keys_prefetch_items": 600}, 4)
 
 
 def test_scorer_index_q_knobs():

@@ -266,6 +266,8 @@ SCORER_TUNES = {"spec": None,  # sm90: tensor cores, each item the fewest warps 
                 "cuda-cores-batch1": {"scores.mma_dots": 0},
                 # the first 4 items' keys into L2 during the GEMV at every S
                 "keys-prefetch-4": {"scores.keys_prefetch": 1, "scores.keys_prefetch_items": 4, "scores.early_setup": 0},
+                # ... above 2 rows from the early setup's pages, once the GEMV's rows are in
+                "keys-prefetch-set-up": {"scores.keys_prefetch": 1, "scores.keys_prefetch_items": 8},
                 "iq-first": {"scores.iq_first": 1},  # the index q made before the first key tiles are asked for
                 "iq-from-out": {"scores.iq_from_out": 1},  # the index q read from the head task's iq_out (the spec's above one row)
                 # every rank a round in turn (the spec's sm90: the late CTAs 4 / 6 items fewer, above 2

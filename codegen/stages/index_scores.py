@@ -115,8 +115,10 @@ class Model(StageBase):
     # (an earlier gemv_fp8 stage) where its CTAs wait, as keys_prefetch is (1), not at this stage's
     # start (0): two L2 round trips and two barriers off the scorer's path (S = 16: 1.3-1.5 us from
     # the stage's entry to its setup, bench/NOTES.md MiniMax session 21). CTAs outside that stage
-    # still set up here. Not with keys_prefetch in the same stage (its thread's loads would hold
-    # the setup's barriers).
+    # still set up here. With keys_prefetch in the same stage, the prefetch takes the first items'
+    # pages from this setup (no loads of its own, which would hold the setup's barriers) and goes
+    # out once that stage's token rows are in (the weights mostly landed, the HBM about to idle
+    # through the GEMV's MMAs), not before its wait for them.
     early_setup: PerTarget = PerTarget(default=0)
     early_setup_at: Name | None = None
     # tensor-core dots: make the index q before the warps ask for their first key tiles (0: after,
@@ -263,10 +265,13 @@ def lower(stage: Model, ctx) -> dict:
     setup_at = None
     if ctx.switch(stage.early_setup.for_target(ctx.target.name), ("early_setup",)):
         setup_at = _earlier_gemv(stage, ctx, "early_setup", every_cta=True)
-        if setup_at == keys_at:  # its barriers would wait for the prefetching thread's chain of loads
-            ctx.fail(("early_setup",), f"early_setup and keys_prefetch both wait in stage {setup_at!r}: the setup's "
-                     "barriers would hold every thread until the prefetching thread's loads are back",
-                     "turn one of them off for this build (e.g. early_setup: tokens > INLINE_NORM_TOKENS)")
+    # both in one stage: the prefetch takes the setup's pages from LDS (no loads of its own, whose
+    # chain would hold the setup's barriers) and goes out once that stage's token rows are in
+    from_setup = keys_at is not None and setup_at == keys_at
+    items = ctx.integer(stage.keys_prefetch_items, ("keys_prefetch_items",), minimum=1)
+    if from_setup and items > ctx.threads:
+        ctx.fail(("keys_prefetch_items",), f"with early_setup in the same stage the prefetch takes the setup's pages "
+                 f"of the CTA's first {ctx.threads} items (one a thread), not {items}", f"at most {ctx.threads}")
     setup_lds = ctx.lds_kernel if setup_at else ctx.lds  # early: the earlier stage's LDS must not clobber it
     setup_lds(stage.name, "reqs", "u32", REQUEST_WORDS * ctx.tokens)  # each request's work (the template's Request)
     setup_lds(stage.name, "seq", "u32", ctx.tokens)  # each row's context length
@@ -322,7 +327,8 @@ def lower(stage: Model, ctx) -> dict:
         "stamped_item": ctx.integer(stage.stamped_item, ("stamped_item",), minimum=0),
         "keys_prefetch_at": keys_at,  # the gemv_fp8 stage that calls prefetch_first_keys() (None: off)
         "early_setup_at": setup_at,  # the gemv_fp8 stage that calls setup() (None: this stage's start)
-        "keys_prefetch_items": ctx.integer(stage.keys_prefetch_items, ("keys_prefetch_items",), minimum=1),
+        "keys_prefetch_items": items,
+        "keys_from_setup": from_setup,  # prefetch_set_up_keys(), after the rows, not prefetch_first_keys()
         "done": src.done,
         "src": src,
         "start_point": stage.start_point,  # checked by the lowering for every stage
