@@ -595,6 +595,11 @@ def _lower(loaded: LoadedSpec, build: Build) -> KernelIR:
                  f"keep the range inside 0..{blocks - 1} for {target.name}")
         for field in (f for f in type(s).model_fields if f.endswith("_point")):  # start_point, done_point, kinds' own
             point = getattr(s, field)
+            if point is not None and field in ("start_point", "done_point") and field not in KINDS[s.kind].STAMPED_POINTS:
+                own = [f for f in type(s).model_fields if f.endswith("_point") and f not in ("start_point", "done_point")]
+                stamped = list(KINDS[s.kind].STAMPED_POINTS) + own
+                fail(loc + (field,), f"a {s.kind} stage does not stamp {field}",
+                     f"use one of the points it stamps ({', '.join(stamped)})" if stamped else f"remove {field}: this kind stamps none")
             if point is not None and point not in spec.timeline_points:
                 if field in s.model_fields_set:
                     fail(loc + (field,), f"no timeline point {point!r}", f"use one of {', '.join(spec.timeline_points)}")

@@ -431,6 +431,9 @@ REFUSALS = [
      "gfx950", 1, "iq_first: 1", "iq_first orders the tensor-core dots' start"),
     ("scores-too-busy", [("busy_waves: 8 ", "busy_waves: {default: 8, sm90: 200} ")], "sm90", 16,
      "busy_waves: {default: 8, sm90: 200}", "200 busy waves: at most 128 (16 waves, 8 an item)"),
+    # a generic timeline point a kind does not stamp is refused, not left at 0
+    ("heads-done-point-unstamped", [("    ik_off: IK_OFF\n", "    ik_off: IK_OFF\n    done_point: spare\n")], "sm90", 1,
+     "done_point: spare", "a head_norm_rope stage does not stamp done_point"),
     # the head tasks: one per q head, then k, v, index q, index k
     ("heads-tasks-vs-q-heads", [("tasks: N_HEAD_TASKS", "tasks: N_HEAD_TASKS - 1")], "gfx950", 3,
      "tasks: N_HEAD_TASKS - 1", "19 tasks != q_heads + 4 = 20"),

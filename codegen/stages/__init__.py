@@ -4,7 +4,9 @@ in ``codegen/reference/`` and its tests, all named alike.
 
 To add a kind: write ``codegen/stages/<kind>.py`` with ``Model`` (a
 ``StageBase`` whose ``kind`` is ``Literal["<kind>"]``) and ``lower(stage, ctx)``,
-add it to ``KINDS`` below, and write its template."""
+add it to ``KINDS`` below, and write its template. ``STAMPED_POINTS`` names the
+generic timeline points (``start_point`` / ``done_point``) its template stamps:
+a spec that sets another is refused rather than left unstamped."""
 
 from . import gemv_fp8, gemv_mxfp8, head_norm_rope, index_scores, key_table, mla_norm_rope, mxfp8_quant, rmsnorm_fp8
 

@@ -18,6 +18,7 @@ from typing import Literal
 from ..spec.models import Expr, Name, StageBase
 
 KIND = "head_norm_rope"
+STAMPED_POINTS = ()  # the StageBase points (start_point / done_point) its template stamps
 LANES = 32  # lanes per token
 ELEMS = 4  # dims per lane
 PAGE16 = 16  # tokens per page-16 page
