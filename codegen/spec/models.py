@@ -245,10 +245,8 @@ class StageBase(Model):
     placement: Placement = Field(default_factory=lambda: RoundRobin(round_robin=RoundRobinArgs()))
     placement_by_target: dict[Literal["gfx942", "gfx950", "sm90"], Placement] = {}
     waits_on: list[Name] = []
-    # timeline points stamped as a CTA enters / leaves the stage, where the kind stamps them (its
-    # STAMPED_POINTS; a kind that stamps neither refuses them)
-    start_point: Name | None = None
-    done_point: Name | None = None
+    start_point: Name | None = None  # timeline point stamped as a CTA enters the stage (kinds that stamp it: STAMPED_POINTS; others refuse it)
+    done_point: Name | None = None  # timeline point stamped as a CTA leaves the stage (kinds that stamp it: STAMPED_POINTS; others refuse it)
 
     _exprs = field_validator("tasks", "when")(classmethod(lambda cls, v: _check_expr(v)))
 
