@@ -428,13 +428,13 @@ def test_minimax_flag_waits_acquire_in_the_polling_threads(target):
 
 
 def test_norm_done_point():
-    """norm.done_point (rmsnorm_fp8, off in the spec): each norm CTA stamps it once its rows' flags
-    are put (timeline builds; S > 2, where the norm stage runs); start_point, which the kind does
-    not stamp, is refused by name."""
+    """norm.done_point (rmsnorm_fp8, off in the spec): a norm CTA stamps it after each of its rows'
+    flags is put, so only the CTAs with a task stamp it, at their last row (timeline builds; S > 2,
+    where the norm stage runs); start_point, which the kind does not stamp, is refused by name."""
     _, text = source(SPEC, "sm90", tune={"norm.done_point": "spare"}, tokens=4, timeline=True)
     norm = text[text.index("namespace stage_norm {"):text.index("}  // namespace stage_norm")]
     run = norm[norm.index("MONO_DEVICE void run("):]
-    assert run.index("mailbox_put(mb.x8s + tk") < run.index("stamp(lds, TL_SPARE);  // the CTA's rows published")
+    assert run.index("mailbox_put(mb.x8s + tk") < run.index("stamp(lds, TL_SPARE);  // the CTA's (last) row published")
     _, spec = source(SPEC, "sm90", tokens=4, timeline=True)
     assert "TL_SPARE);  // the CTA's rows" not in spec
     with pytest.raises(SpecError, match="a rmsnorm_fp8 stage does not stamp start_point"):
