@@ -65,7 +65,7 @@
 //   stage_wq_b::LDS_CS     @ 125200  3072 x float
 //
 // stages (every CTA runs them in this order; a stage waits only on earlier ones):
-//   0. xq     mxfp8_quant  192 tasks on CTAs 112..131 (round_robin)
+//   0. xq     mxfp8_quant  192 tasks on CTAs 68..131 (round_robin)
 //   1. kt     key_table    48 tasks on CTAs 112..131 (round_robin)
 //   2. wqkv_a gemv_mxfp8   448 tasks on CTAs 0..111 (round_robin), waits on xq
 //   3. qkv    mla_norm_rope 48 tasks on CTAs 0..131 (round_robin), waits on wqkv_a
@@ -983,8 +983,8 @@ MONO_DEVICE void stamp(u8*, int) {}  // timeline off
 // stage 0: xq (mxfp8_quant) -- S > INLINE_QUANT_TOKENS: x's (token, K part) units -> MXFP8 X8 / X8S, a flag each
 namespace stage_xq {
 constexpr int TASKS = 192;  // task t runs on CTA FIRST + t % CTAS
-constexpr int FIRST = 112;
-constexpr int CTAS = 20;
+constexpr int FIRST = 68;
+constexpr int CTAS = 64;
 
 constexpr int K = 5120;                  // values of a row of x
 constexpr int PARTS = 4;            // unit u = token u / PARTS, K part u % PARTS
