@@ -821,3 +821,42 @@ def test_tagged_qx8():
     assert "<256>(pair" not in render(ir_of(tokens=16, tune={"wq_b.poll_sleep": 256}))
     with pytest.raises(SpecError, match="poll_sleep.*at most 10000"):
         ir_of(tokens=6, tune={**tagged, "wq_b.poll_sleep": 20000})
+
+
+def test_qkv_warm_code():
+    """qkv.warm_code (off in the spec): each qkv CTA runs its first task once dry before it, through
+    the same loop body (one copy of token() in the SASS: `dry` is opaque, so the compiler cannot
+    peel the dry iteration off), with no wait for its partials and every global store and publish
+    of token() guarded by !dry. sm90 and gfx950 compile without spills at S = 1 / 6 / 16 (TP4) and
+    16 (TP2). The GPU cases (warm-code) check that nothing of the dry run reaches wq_b or the
+    outputs."""
+    from codegen import jit
+
+    for tokens, tp in ((1, 4), (6, 4), (16, 4), (16, 2)):
+        for target in ("sm90", "gfx950"):
+            text = render(ir_of(tokens=tokens, tp=tp, target=target, tune={"qkv.warm_code": 1}))
+            ns = text[text.index("namespace stage_qkv {"):text.index("}  // namespace stage_qkv")]
+            token = ns[ns.index("MONO_DEVICE void token("):ns.index("MONO_DEVICE void run(")]
+            run = ns[ns.index("MONO_DEVICE void run("):]
+            assert "int u, bool dry) {" in token
+            assert token.index("    if (!dry)  // (warm_code") < token.index("sum_partials<")
+            for guarded in ("if (has_q && PUBLISH && !dry) {", "nullptr && !dry) {", "if (EARLY_READY && !dry) publish(mb, t0);",
+                            "if (mine && slot >= 0 && !dry) {", "if (!EARLY_READY && !dry) publish(mb, t0);"):
+                assert token.count(guarded) == 1, guarded
+            # every store and put of token() lies in a block one of whose enclosing `if (` lines
+            # (each less indented than the last, up to the function body's) has !dry
+            lines = token.splitlines()
+            stores = [i for i, l in enumerate(lines) if any(w in l for w in ("mailbox_put", "st4(", "st8(", "st16("))]
+            assert stores
+            for i in stores:
+                indent, ancestors = len(lines[i]) - len(lines[i].lstrip()), []
+                for l in reversed(lines[:i]):
+                    if l.strip() and len(l) - len(l.lstrip()) < indent:
+                        indent = len(l) - len(l.lstrip())
+                        ancestors.append(l)
+                assert any(l.strip().startswith("if (") and "!dry" in l for l in ancestors), lines[i]
+            assert "bool dry = opaque(1u) != 0u;" in run and run.count("token(a, mb, lds, red, vals, u, dry);") == 1
+            (report,) = jit.resource_report(text, "warm_code.hip", TARGETS[target])
+            assert report.spills == 0 and report.scratch_bytes == 0
+    plain = render(ir_of(tokens=6))
+    assert "bool dry" not in plain and "for (int u = b0; u < TASKS; u += CTAS) token(a, mb, lds, red, vals, u);" in plain
