@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from statistics import median_low
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -63,6 +64,31 @@ def slices(tl: Any, points: Sequence[str], tick_ns: float = 1.0) -> list[Slice]:
         stamps = sorted((t, i) for i, t in enumerate(row) if t != 0)
         for (t0, i0), (t1, i1) in zip(stamps, stamps[1:]):
             out.append(Slice(cta, points[i1], points[i0], (t0 - origin) * tick_ns, (t1 - t0) * tick_ns))
+    return out
+
+
+def point_stats(samples: Sequence[Any], points: Sequence[str], tick_ns: float = 1.0) -> dict[str, tuple[float, float, float, int]]:
+    """Per timeline point, over several launches' stamps (each [CTAs, points], 0: not reached):
+    (min, median, max) over the CTAs that stamped it, in microseconds after that launch's first
+    CTA start (points[0] is the spec's start), each the median over the launches; and how many
+    CTAs stamped it in the last launch. A single launch's figures move by about 1 us from one
+    launch to the next (bench/NOTES.md, DeepSeek session 12). Medians are the lower middle value
+    (as torch.median); the stamps are subtracted as integers (TICK_NS)."""
+    launches = [_rows(tl, points) for tl in samples]
+    out = {}
+    for p, name in enumerate(points):
+        per_launch = []
+        for rows in launches:
+            starts = [row[0] for row in rows if row[0] != 0]
+            if not starts:
+                continue
+            t0 = min(starts)
+            v = sorted((row[p] - t0) * tick_ns / 1e3 for row in rows if row[p] != 0)
+            if v:
+                per_launch.append((v[0], median_low(v), v[-1], len(v)))
+        if per_launch:
+            out[name] = (median_low([x[0] for x in per_launch]), median_low([x[1] for x in per_launch]),
+                         median_low([x[2] for x in per_launch]), per_launch[-1][3])
     return out
 
 

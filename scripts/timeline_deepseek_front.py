@@ -29,34 +29,13 @@ import codegen
 from bench.deepseek import WEIGHTS  # the tensors the bench copies
 from bench.timing import GpuTimer, Watchdog, warm_clocks
 from codegen.__main__ import name_values
+from codegen.trace import point_stats
 from scripts.no_mma import without_fp8_mma
 from tests import deepseek_case as dc
 
 SPEC = "deepseek_v41/attn_front"
 COPIES = 8  # --rotate: 8 x 19.7 MB of weights, over twice the H200's 60 MiB L2 (the bench's count)
 BUILDS = [dict(tokens=1, tp=4), dict(tokens=16, tp=4), dict(tokens=48, tp=4), dict(tokens=48, tp=2)]
-
-
-def point_stats(samples: list[torch.Tensor], points: list[str]) -> dict[str, tuple[float, float, float, int]]:
-    """Per timeline point: (min, median, max) over the CTAs that stamped it, in us after the
-    launch's first CTA start, each the median over the launches' stamps `samples` ([CTAs, points]
-    ns each as int64, 0: not stamped); and the CTAs that stamped it (in the last launch). A single launch's
-    numbers moved by about 1 us from one launch to the next (bench/NOTES.md, DeepSeek session 12).
-    The stamps are subtracted as integers: as doubles, %globaltimer's ~1.8e18 ns keep only 256 ns
-    steps (every timeline until DeepSeek session 27 read in multiples of 0.256 us for that reason)."""
-    out = {}
-    for p, name in enumerate(points):
-        per_launch = []
-        for tl in samples:
-            v = tl[:, p]
-            v = (v[v > 0] - tl[:, 0].min()).double() / 1e3
-            if v.numel():
-                per_launch.append((float(v.min()), float(v.median()), float(v.max()), v.numel()))
-        if per_launch:
-            stats = torch.tensor([x[:3] for x in per_launch], dtype=torch.float64)
-            lo, med, hi = stats.median(dim=0).values.tolist()
-            out[name] = (lo, med, hi, per_launch[-1][3])
-    return out
 
 
 def main() -> None:

@@ -1,9 +1,10 @@
 """Per-stage time of one MiniMax pre_attn launch from its timeline stamps
-(GPU): for each point, the median / max over CTAs of (stamp - earliest start),
-in microseconds; and the per-call time of the same build without stamps,
-replayed from a CUDA graph (bench.timing). Weights cold as in the bench: the
-launches rotate over enough copies of w_qkv to overflow the L2, and the stamps
-are the last launch's.
+(GPU): for each point, the min / median / max over CTAs of (stamp - earliest
+start), in microseconds, each the median over the last round's launches; and the
+per-call time of the same build without stamps, replayed from a CUDA graph
+(bench.timing). Weights cold as in the bench: the launches rotate over enough
+copies of w_qkv to overflow the L2, the stamps are those of the last round over
+them (--slowest: the last launch's).
 
 Usage: python scripts/timeline_probe.py [--cold-keys] [--no-mma] [--slowest=POINT] [tokens ...] [flag=value ...]
 (flags: build parameters, e.g. timeline-free ones like static_kv_scale=true, or
@@ -20,6 +21,7 @@ import torch
 
 import codegen
 from codegen.__main__ import name_values
+from codegen.trace import point_stats
 from bench.run import auto_copies
 from bench.timing import GpuTimer, warm_clocks
 from scripts.no_mma import without_fp8_mma
@@ -63,19 +65,21 @@ def probe(tokens: int, contexts=(4096,), reps: int = 20, tune: dict | None = Non
         kernel(**args)
 
     warm_clocks(launch)  # 25 ms of launches first: the clocks up, as in the bench
-    for i in range(max(reps, 2 * len(weights))):  # the last launch's stamps are read; its weights cold
+    runs = max(reps, 2 * len(weights))
+    samples = []  # the last round's stamps: each launch's weights cold (last read a round ago)
+    for i in range(runs):
         launch(i)
+        if i >= runs - len(weights):
+            samples.append(args["tl"].clone())  # stream order: after this launch
     torch.cuda.synchronize()
-    tl = args["tl"].cpu()  # int64 ns, subtracted as integers: a double keeps only 256 ns steps of ~1.8e18
+    samples = [t.cpu() for t in samples]  # int64 ns, subtracted as integers (codegen.trace.point_stats)
+    tl = samples[-1]
     pts = kernel.ir.timeline_points
     t0 = tl[:, 0][tl[:, 0] > 0].min()
     print(f"S={tokens} contexts={list(contexts)} {flags or ''} {tune or ''}{' NO MMA' if NO_MMA else ''}, cold weights ({len(weights)} copies): "
-          "us from the first CTA's start, median / max over CTAs that stamp")
-    for i, p in enumerate(pts):
-        col = tl[:, i]
-        col = (col[col > 0] - t0).double() / 1000.0
-        if col.numel():
-            print(f"  {p:14s} n={col.numel():4d}  median {col.median().item():7.2f}  max {col.max().item():7.2f}")
+          f"us from the first CTA's start, min / median / max over CTAs that stamp, each the median of {len(samples)} launches")
+    for p, (lo, med, hi, n) in point_stats(samples, pts).items():
+        print(f"  {p:14s} n={n:4d}  min {lo:7.2f}  median {med:7.2f}  max {hi:7.2f}")
     if SLOWEST is not None:
         us = (tl - t0).double() / 1000.0 * (tl > 0)  # 0: not stamped
         for c in us[:, pts.index(SLOWEST)].argsort(descending=True)[:8].tolist():

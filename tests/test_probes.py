@@ -119,15 +119,18 @@ def test_sass_scoreboards_finds_a_wait_that_splits_a_load_stream():
 
 
 def test_timeline_point_stats_take_the_median_launch():
-    """scripts/timeline_deepseek_front.py: per point, min / median / max over the CTAs that
-    stamped it (us after the launch's first start), each the median over the launches."""
+    """codegen.trace.point_stats (both timeline scripts): per point, min / median / max over the
+    CTAs that stamped it (us after the launch's first start), each the median over the launches;
+    the stamps subtracted as integers (at ~1.8e18 ns a double keeps only 256 ns steps)."""
     import torch
 
-    from scripts.timeline_deepseek_front import point_stats
+    from codegen.trace import point_stats
     launches = []
+    base = 1_800_000_000_000_000_000  # %globaltimer's size
     for shift, late in ((0, 3000), (500, 9000), (200, 4000)):  # ns; point "b": CTA 2 did not stamp it
         launches.append(torch.tensor([[1000 + shift, 2000 + shift], [1100 + shift, 2500 + shift],
-                                      [1100 + shift, 0], [1200 + shift, 1000 + late + shift]], dtype=torch.float64))
+                                      [1100 + shift, 0], [1200 + shift, 1000 + late + shift]], dtype=torch.int64)
+                        + torch.tensor([[base, base], [base, base], [base, 0], [base, base]]))
     stats = point_stats(launches, ["a", "b"])
     assert stats["a"] == (0.0, 0.1, 0.2, 4)  # every launch alike, relative to its own first start
     lo, med, hi, n = stats["b"]
