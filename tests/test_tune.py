@@ -100,7 +100,7 @@ def test_gemv_segment_waits():
         if bulk:
             assert "bulk_wait(wbar, 0, mb.tag);" in plain and "bulk_wait(wbar, 0, mb.tag);" not in gemv
             assert "bulk_wait(wbar + staged, 0, mb.tag);" in loop and "++bar;  // the next segment's" in gemv
-            assert "bulk_expect(bar, u32(sg.k1 - sg.k0) * 16 * GEMV_K_CHUNK);" in gemv  # each its own bytes
+            assert "bulk_expect(bar, segment_bytes(sg));" in gemv  # each its own bytes
             assert "constexpr int LDS_WBAR" in tuned and "stage_qkv::LDS_WBAR    @" in tuned
             assert [l for l in tuned.splitlines() if "stage_qkv::LDS_WBAR" in l][0].endswith("3 x u64")
             assert "for (int i = 0; i < n_staged; ++i) bulk_barrier_inval(wbar + i);" in gemv
@@ -146,8 +146,7 @@ def test_gemv_l2_prefetch_at_launch():
     segment); S = 1 / 16 compile without spills. Refused at a stage (the one place this kind
     takes is launch), on AMD, and without stream-K."""
     on = {"qkv.l2_prefetch": {"default": 0, "sm90": 1}, "qkv.l2_prefetch_at": "launch"}
-    seg = "a.w_qkv + task_row0(g) * K + sg.k0 * 16 * GEMV_K_CHUNK"
-    size = "u32(sg.k1 - sg.k0) * 16 * GEMV_K_CHUNK"
+    seg, size = "segment_weights(a, sg)", "segment_bytes(sg)"
     for tokens in (1, 16):
         _, text = source(SPEC, "sm90", tune=on, tokens=tokens)
         body = text[text.index("MONO_KERNEL"):]
@@ -155,10 +154,11 @@ def test_gemv_l2_prefetch_at_launch():
                 < body.index("wait_for_previous_launch();"))
         gemv = text[text.index("namespace stage_qkv {"):text.index("}  // namespace stage_qkv")]
         assert f"bulk_prefetch_l2({seg}, {size});" in gemv
+        assert "return a.w_qkv + task_row0(sg.g) * K + sg.k0 * 16 * GEMV_K_CHUNK;" in gemv  # the segment's bytes
         (report,) = jit.resource_report(text, "l2_prefetch.hip", get_target("sm90"))
         assert report.spills == 0 and report.scratch_bytes == 0
     _, bulk = source(SPEC, "sm90", tokens=1)  # the spec's bulk copies at S = 1: the same bytes a segment
-    assert f"bulk_copy(wl + slot * CHUNK_WORDS, {seg},\n                  {size}, bar);" in bulk
+    assert f"bulk_copy(wl + slot * CHUNK_WORDS, {seg}, {size}, bar);" in bulk
     assert "stage_qkv::prefetch_l2(a);" not in bulk and "MONO_DEVICE void prefetch_l2" not in bulk
     with pytest.raises(SpecError, match="prefetches before the wait for the previous launch only, got 'norm'"):
         source(SPEC, "sm90", tune={**on, "qkv.l2_prefetch_at": "norm"}, tokens=1)

@@ -1143,6 +1143,12 @@ struct Segment {
 MONO_DEVICE Segment segment_of(int g, int lo, int hi) {
     return Segment{g, g * NCHUNK < lo ? lo - g * NCHUNK : 0, (g + 1) * NCHUNK > hi ? hi - g * NCHUNK : NCHUNK};
 }
+// The segment's weights: its chunks are contiguous in the preshuffled weight (16 rows x
+// GEMV_K_CHUNK bytes a chunk), so one bulk copy or prefetch moves a segment
+MONO_DEVICE const u8* segment_weights(const Args& a, const Segment& sg) {
+    return a.w_qkv + task_row0(sg.g) * K + sg.k0 * 16 * GEMV_K_CHUNK;
+}
+MONO_DEVICE u32 segment_bytes(const Segment& sg) { return u32(sg.k1 - sg.k0) * 16 * GEMV_K_CHUNK; }
 // stage CTA t0's first unit (its units: first_unit(t0) .. first_unit(t0 + 1) - 1)
 MONO_DEVICE int first_unit(int t0) { return int((long long)t0 * UNITS / CTAS); }
 // The weight scales of thread (row r = tid % 16, any token) for the CTA's segments, in
@@ -1190,15 +1196,14 @@ MONO_DEVICE void stage_weights_bulk(const Args& a, int lo, int hi, int g_reg, u3
     u32 bytes = 0;
     for (int g = (hi - 1) / NCHUNK; g >= lo / NCHUNK; --g) {
         const Segment sg = segment_of(g, lo, hi);
-        if (g != g_reg) bytes += u32(sg.k1 - sg.k0) * 16 * GEMV_K_CHUNK;
+        if (g != g_reg) bytes += segment_bytes(sg);
     }
     bulk_expect(bar, bytes);
     int slot = 0;
     for (int g = (hi - 1) / NCHUNK; g >= lo / NCHUNK; --g) {
         if (g == g_reg) continue;
         const Segment sg = segment_of(g, lo, hi);
-        bulk_copy(wl + slot * CHUNK_WORDS, a.w_qkv + task_row0(g) * K + sg.k0 * 16 * GEMV_K_CHUNK,
-                  u32(sg.k1 - sg.k0) * 16 * GEMV_K_CHUNK, bar);
+        bulk_copy(wl + slot * CHUNK_WORDS, segment_weights(a, sg), segment_bytes(sg), bar);
         slot += sg.k1 - sg.k0;
     }
 }
