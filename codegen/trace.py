@@ -74,15 +74,16 @@ def point_stats(samples: Sequence[Any], points: Sequence[str], tick_ns: float = 
     CTAs stamped it in the last launch. A single launch's figures move by about 1 us from one
     launch to the next (bench/NOTES.md, DeepSeek session 12). Medians are the lower middle value
     (as torch.median); the stamps are subtracted as integers (TICK_NS)."""
-    launches = [_rows(tl, points) for tl in samples]
+    launches = []  # (its rows, its first CTA's start)
+    for tl in samples:
+        rows = _rows(tl, points)
+        starts = [row[0] for row in rows if row[0] != 0]
+        if starts:
+            launches.append((rows, min(starts)))
     out = {}
     for p, name in enumerate(points):
         per_launch = []
-        for rows in launches:
-            starts = [row[0] for row in rows if row[0] != 0]
-            if not starts:
-                continue
-            t0 = min(starts)
+        for rows, t0 in launches:
             v = sorted((row[p] - t0) * tick_ns / 1e3 for row in rows if row[p] != 0)
             if v:
                 per_launch.append((v[0], median_low(v), v[-1], len(v)))

@@ -623,7 +623,7 @@ def test_scorer_late_ctas(tmp_path):
     assert "constexpr int LATE_CTAS = 20, LATE_ITEMS = 4;" in tuned and "FEW_ITEMS" not in tuned
     for text in (spec, tuned, plain):
         for call in ("advance(reqs, st.cur, item_of(deal, j), requests)",
-                     "advance(reqs, own, item_of(deal_of(c, work_items(reqs, requests)), tid), requests)",
+                     "advance(reqs, own, item_of(deal_of(c, work_items(reqs, requests)), j), requests)",  # own_item
                      "advance(reqs, cur, item_of(deal, gr.id + k * gr.COUNT), requests)",
                      "const Deal deal = deal_of(c, work_items(reqs, requests));"):
             assert call in text

@@ -466,8 +466,6 @@ MONO_DEVICE void mailbox_wait_all(const u64* const (&pair)[N], u32 tag, u32 (&va
         pause();
     }
 }
-// mailbox_wait_all over N couples of adjacent pairs (pair[i], pair[i] + 1; 16-byte aligned):
-// one 16-byte load a couple where the target has it (sm90), so a thread's requests halve
 // a pause of about NS ns (0: the target's pause())
 template <int NS>
 MONO_DEVICE void pause_for() {
@@ -476,6 +474,8 @@ MONO_DEVICE void pause_for() {
     else
         sleep_ns<NS>();
 }
+// mailbox_wait_all over N couples of adjacent pairs (pair[i], pair[i] + 1; 16-byte aligned):
+// one 16-byte load a couple where the target has it (sm90), so a thread's requests halve.
 // SLEEP_NS: the pause after a round that saw a pair untagged (0: pause()); longer, fewer polls in flight
 template <int SLEEP_NS = 0, int N>
 MONO_DEVICE void mailbox_wait_all2(const u64* const (&pair)[N], u32 tag, u32 (&value)[N][2]) {

@@ -447,8 +447,6 @@ MONO_DEVICE void mailbox_wait_all(const u64* const (&pair)[N], u32 tag, u32 (&va
         pause();
     }
 }
-// mailbox_wait_all over N couples of adjacent pairs (pair[i], pair[i] + 1; 16-byte aligned):
-// one 16-byte load a couple where the target has it (sm90), so a thread's requests halve
 // a pause of about NS ns (0: the target's pause())
 template <int NS>
 MONO_DEVICE void pause_for() {
@@ -457,6 +455,8 @@ MONO_DEVICE void pause_for() {
     else
         sleep_ns<NS>();
 }
+// mailbox_wait_all over N couples of adjacent pairs (pair[i], pair[i] + 1; 16-byte aligned):
+// one 16-byte load a couple where the target has it (sm90), so a thread's requests halve.
 // SLEEP_NS: the pause after a round that saw a pair untagged (0: pause()); longer, fewer polls in flight
 template <int SLEEP_NS = 0, int N>
 MONO_DEVICE void mailbox_wait_all2(const u64* const (&pair)[N], u32 tag, u32 (&value)[N][2]) {
@@ -1126,6 +1126,12 @@ MONO_DEVICE int cta_items(const Deal& d) {
 MONO_DEVICE long long page_of(const Args& a, const Item& it, int q_len) {
     return a.block_table[(long long)(it.r * q_len + q_len - 1) * a.bt_width + it.b];
 }
+// Stage CTA c's j-th item, found from the work list's start (a cursor of its own): setup()'s
+// page of item j = thread j, and the prefetch of those pages
+MONO_DEVICE Item own_item(const Request* reqs, int c, int j, int requests) {
+    Cursor own{0, 0};
+    return advance(reqs, own, item_of(deal_of(c, work_items(reqs, requests)), j), requests);
+}
 
 // The iscore pair of (row, head) `row` of an item whose request's rows start at row0, nh
 // heads a row: pair k * STRIDE + b, or with the heads split k * STRIDE + h * STRIDE / HEADS + b / HEADS.
@@ -1299,8 +1305,7 @@ MONO_DEVICE void setup(const Args& a, u8* lds) {
     if (tid < TOKENS) seq[tid] = a.seq_lens[tid];
     barrier();
     {  // item j = tid's block-table entry: one round trip a stage, not one an item
-        Cursor own{0, 0};
-        const Item mine = advance(reqs, own, item_of(deal_of(c, work_items(reqs, requests)), tid), requests);
+        const Item mine = own_item(reqs, c, tid, requests);
         if (mine.valid && tid < PAGES) pages[tid] = int(page_of(a, mine, q_len));
     }
     barrier();
