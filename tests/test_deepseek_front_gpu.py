@@ -60,14 +60,11 @@ COPIES = {"tune": {"symbols.QX8_TAGGED": 1, "symbols.QX8_COPIES": 4}}
 EARLY_PREFETCH = {"tune": {"wqkv_a.l2_prefetch": {"default": 0, "sm90": 1}, "wqkv_a.l2_prefetch_at": "launch"}}
 # QX8 by flags and QRDY (the spec tags it up to 15 rows at TP4): 5 and 6 rows take two tokens a qkv task
 FLAGS = {"tune": {"symbols.QX8_TAGGED": 0}}
-# the qkv CTAs run their first task dry once before it (qkv.warm_code; not measured yet): nothing
-# may reach the outputs or the mailboxes from the dry run (its QX8 would be wq_b's garbage rows)
-WARM = {"tune": {"qkv.warm_code": 1}}
 TUNES = {id(BULK): "bulk", id(LDS): "lds", id(EMULATED): "emulated", id(X8_IMAGE): "x8image",
          id(EPOCH_LAST_OUT): "epoch-last-out", id(DEPTH2): "depth2", id(DEPTH4): "depth4", id(TAGGED): "tagged",
          id(TAGGED_EMULATED): "tagged-emulated", id(TUNED_TAGGED): "tagged",
          id(PENDING): "tagged-pending", id(SLEPT): "tagged-slept", id(COPIES): "tagged-copies",
-         id(EARLY_PREFETCH): "early-prefetch", id(FLAGS): "flags", id(WARM): "warm-code"}
+         id(EARLY_PREFETCH): "early-prefetch", id(FLAGS): "flags"}
 # (tokens, tp, ratio, flags, swa_block, pad rows, swa block padding); wq_b on wgmma unless EMULATED
 # (TP2: 8 units a CTA, two groups of 4), wqkv in K quarters on wgmma at TP4; from S = 16
 # (TP4) / 17 the qkv stage stores QX8 as wq_b's LDS image (one bulk copy; the EMULATED / LDS
@@ -134,10 +131,6 @@ CASES = [
     (16, 4, 2, EARLY_PREFETCH, 64, (3,), 0),
     (48, 4, 0, DEPTH4, 64, (1,), 8),
     (48, 2, 1, DEPTH4, 64, (7,), 0),  # TP2: wq_b's two groups of 4 units
-    (1, 4, 1, WARM, 128, (), 0),
-    (6, 4, 2, WARM, 64, (1, 4), 64),  # tagged QX8
-    (16, 4, 1, WARM, 128, (4,), 0),  # QX8 as wq_b's image, by flags
-    (16, 2, 2, WARM, 64, (2,), 0),
 ]
 STATS: dict = {}
 

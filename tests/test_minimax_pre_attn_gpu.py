@@ -42,9 +42,7 @@ GEMV_TUNES = {"spec": None,
               "epoch-last-out": {"mailbox.advance": "last_out"},
               "rows-first": ROWS_FIRST,
               # the CTA's segments into L2 before the wait for the previous launch (l2_prefetch_at launch)
-              "early-prefetch": {"qkv.l2_prefetch": 1, "qkv.l2_prefetch_at": "launch"},
-              # the norm stage's rows by one TMA bulk copy a row (S > 2; not measured yet)
-              "rows-bulk": {"qkv.rows_bulk": "tokens > INLINE_NORM_TOKENS"}}
+              "early-prefetch": {"qkv.l2_prefetch": 1, "qkv.l2_prefetch_at": "launch"}}
 
 
 @pytest.mark.parametrize("tune_id", GEMV_TUNES)

@@ -439,32 +439,3 @@ def test_norm_done_point():
     assert "TL_SPARE);  // the CTA's rows" not in spec
     with pytest.raises(SpecError, match="a rmsnorm_fp8 stage does not stamp start_point"):
         source(SPEC, "sm90", tune={"norm.start_point": "spare"}, tokens=4)
-
-
-def test_gemv_rows_bulk():
-    """qkv.rows_bulk (sm90 stream-K, off in the spec): thread 0 sets an mbarrier up before the
-    wait for the norm stage's rows (the acquiring barrier publishes it), then after the flags orders
-    the acquired rows before the async proxy's reads (fence.proxy.async.global), tells the
-    mbarrier TOKENS x K bytes and issues one bulk copy a row into the padded LDS rows; every thread
-    waits on it (no 16-byte loads, no barrier of their own), and thread 0 invalidates it after the
-    GEMV. The builds compile without spills; refused where the CTAs normalize inline (S <= 2) and
-    on AMD. The GPU tests compare its qkv with the spec build's bit for bit."""
-    for tokens in (3, 4, 8, 16):
-        ir, text = source(SPEC, "sm90", tune={"qkv.rows_bulk": 1}, tokens=tokens)
-        assert [s.values["rows_bulk"] for s in ir.stages if s.name == "qkv"] == [True]
-        gemv = text[text.index("namespace stage_qkv {"):text.index("}  // namespace stage_qkv")]
-        run = gemv[gemv.index("MONO_DEVICE void run("):]
-        init, flags = run.index("if (tid == 0) bulk_barrier_init(rbar);"), run.index("barrier_acquire();")
-        fence, expect = run.index("fence_proxy_async();"), run.index("bulk_expect(rbar, u32(TOKENS * K));")
-        copy = run.index("bulk_copy(x8 + t * X8_STRIDE, mb.x8 + t * (K / 4), u32(K), rbar);")
-        wait, loop = run.index("bulk_wait(rbar, 0, mb.tag);"), run.index("for (int g = g_last; g >= g_first; --g) {")
-        assert init < flags < fence < expect < copy < wait < loop < run.index("bulk_barrier_inval(rbar);")
-        assert "copy16_batched" not in run
-        (report,) = jit.resource_report(text, "rows_bulk.hip", get_target("sm90"))
-        assert report.spills == 0 and report.scratch_bytes == 0
-    _, spec = source(SPEC, "sm90", tokens=16)
-    assert "LDS_RBAR" not in spec and "copy16_batched" in spec[spec.index("namespace stage_qkv {"):]
-    with pytest.raises(SpecError, match="rows_bulk copies the norm stage's rows into a stream-K CTA's LDS once"):
-        source(SPEC, "sm90", tune={"qkv.rows_bulk": 1}, tokens=2)
-    with pytest.raises(SpecError, match="gfx942"):
-        source(SPEC, "gfx942", tune={"qkv.rows_bulk": 1}, tokens=4)

@@ -125,13 +125,8 @@ class Model(StageBase):
     # resident before the previous launch's end: gemv_mxfp8's l2_prefetch. Not yet measured
     l2_prefetch: PerTarget = PerTarget(default=0)
     l2_prefetch_at: Name | None = None
-    # the norm stage's token rows into LDS by TMA bulk copies (1 = on; sm90 stream-K): one a row,
-    # issued by one thread, instead of 16-byte loads by every thread in batches (MiniMax S = 16:
-    # 98 KB a CTA from L2, two round trips of loads, after the flags that come ~6.8 us into the
-    # launch: bench/NOTES.md MiniMax session 28). Not yet measured
-    rows_bulk: PerTarget = PerTarget(default=0)
     _tile = field_validator("token_tile", "stream_k", "lds_prefetch", "early_weights", "bulk_copies", "segment_waits",
-                            "tail_read_ahead", "rows_first", "l2_prefetch", "rows_bulk", mode="before")(
+                            "tail_read_ahead", "rows_first", "l2_prefetch", mode="before")(
         classmethod(lambda cls, v: per_target(v)))
 
 
@@ -185,7 +180,6 @@ def lower(stage: Model, ctx) -> dict:
     ctx.lds(stage.name, "part", "float", waves * ROWS_PER_TASK * part_row(ctx.target))  # per-wave C tiles
     ctx.lds(stage.name, "xs", "float", max(tokens, 1))
     ctx.lds(stage.name, "red", "float", 64)  # the inline norm's reductions
-    rows_bulk = _rows_bulk(stage, ctx, inline)
     return {
         "rows": rows,
         "k": k,
@@ -201,7 +195,6 @@ def lower(stage: Model, ctx) -> dict:
         "rdone": residual_done(src, ctx) if inline else None,
         "writes_residual": stage.writes_residual,
         "rows_first": first,  # (first row, rows) computed first, or None
-        "rows_bulk": rows_bulk,  # the norm stage's rows by one TMA bulk copy a row (LDS_RBAR)
         **stream_k(stage, ctx, k // chunk, tasks, tokens, tile),
         "ranges": [(first // ROWS_PER_TASK, count // ROWS_PER_TASK) for first, count in ranges],
         "long_step": None if stage.long_step is None else {
@@ -211,20 +204,6 @@ def lower(stage: Model, ctx) -> dict:
         "src": src,
         "fields": stage,
     }
-
-
-def _rows_bulk(stage: Model, ctx, inline: bool) -> bool:
-    """rows_bulk, checked: the norm stage's rows copied by TMA (their mbarrier in LDS)."""
-    t = ctx.target
-    if not ctx.switch(stage.rows_bulk.for_target(t.name), ("rows_bulk",)):
-        return False
-    ctx.nvidia_only(("rows_bulk",), "TMA bulk copies")
-    if inline or not ctx.switch(stage.stream_k.for_target(t.name), ("stream_k",)):
-        ctx.fail(("rows_bulk",), "rows_bulk copies the norm stage's rows into a stream-K CTA's LDS once"
-                 + (" (this build normalizes inline: its rows are made in LDS)" if inline else ""),
-                 "turn stream_k on and let the norm stage run for this build, or rows_bulk 0")
-    ctx.lds(stage.name, "rbar", "u64", 1)  # the rows' copies' mbarrier
-    return True
 
 
 def _rows_first(stage: Model, ctx, ranges: list, inline: bool) -> tuple[int, int] | None:

@@ -109,14 +109,8 @@ class Model(StageBase):
     # order through 16-byte loads: 1.5 / 2 us from the flags to the rows at S = 16 / 48; the copy
     # alone, 20 / 60 KB: 1.0 us by loads, 0.5-0.8 by TMA, scripts/broadcast_probe.py)
     image: PerTarget = PerTarget(default=0)
-    # the CTA's first task run once more before it (1 = on, per target), with its partials not
-    # waited for and nothing stored or published: a CTA that only waits for the partials fetches
-    # the stage's code (and its inputs' lines) meanwhile. The steps after the sums took 0.76 us
-    # the first time and 0.27 the second at TP4 S = 1 (bench/NOTES.md, DeepSeek sessions 27-28).
-    # For CTAs with nothing to do before this stage: the dry run takes ~2 us
-    warm_code: PerTarget = PerTarget(default=0)
 
-    _image = field_validator("image", "warm_code", mode="before")(classmethod(lambda cls, v: per_target(v)))
+    _image = field_validator("image", mode="before")(classmethod(lambda cls, v: per_target(v)))
 
     def published(self) -> dict:
         """What a consumer reads: QX8 regions, one flag a token."""
@@ -225,6 +219,5 @@ def lower(stage: Model, ctx) -> dict:
         "copies": copies,
         "flag_stride": stride,
         "mx_fp8_max": mx_fp8_max(ctx.target),
-        "warm_code": ctx.switch(stage.warm_code.for_target(ctx.target.name), ("warm_code",)),
         "fields": stage,
     }
