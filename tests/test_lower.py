@@ -17,7 +17,7 @@ TARGET_NAMES = ("sm90", "gfx942", "gfx950")
 TOKENS = (1, 2, 3, 8, 16)
 HIDDEN, QKV_ROWS, MAX_TOKENS = 6144, 2560, 16
 HEAD_DIM, ROTARY_DIM, LOCAL_Q_HEADS = 128, 64, 16
-REGIONS = ["qkv", "qkv_part", "x8", "x8s", "rdone", "hdone"]  # the spec's; debug builds add "hang"
+REGIONS = ["qkv", "qkv_part", "x8", "x8s", "rdone", "hdone", "iqp"]  # the spec's; debug builds add "hang"
 # unique edit anchors in the qkv stage (the qkv_cp stage repeats most of its fields)
 QKV_TASKS = "    tasks: (QKV_HEADS + 2) * HEAD_DIM // 16\n"
 QKV_WAITS = QKV_TASKS + "    waits_on: [norm]\n"
@@ -77,6 +77,7 @@ def test_lowering(target, tokens):
     assert sizes["qkv_part"] == ("pairs", QKV_ROWS * MAX_TOKENS, QKV_ROWS * MAX_TOKENS * 8)
     assert sizes["rdone"] == ("flags", MAX_TOKENS, MAX_TOKENS * 8)
     assert sizes["hdone"] == ("flags", MAX_TOKENS * 20, MAX_TOKENS * 20 * 8)
+    assert sizes["iqp"] == ("pairs", MAX_TOKENS * 64, MAX_TOKENS * 64 * 8)
     assert ir.arg("scratch").shape == (ir.scratch_bytes,)
 
     # ABI shapes follow the build
@@ -772,12 +773,11 @@ def test_scorer_keys_prefetch_from_setup():
 def test_scorer_index_q_knobs():
     """iq_first (tensor-core dots): make_index_q before the first key tiles are asked for, not
     after; refused on the CUDA-core dots (their first batch's keys go into registers first).
-    iq_from_out: make_index_q takes each row from the head task's iq_out once that task's done
-    flag (hdone, task TASK_IQ = q heads + 2) is in, acquired by the polling lane itself (AMD: a
-    fence; the lanes of a wave64 may run apart), by an 8-byte L2 load, instead of
-    the norm + RoPE of the qkv rows; on the AMD builds too; refused with four index heads (iq_out
-    holds only the own head). iq_first is off in the spec; iq_from_out is sm90's above one row
-    with one index head (bench/NOTES.md, MiniMax sessions 20 / 21)."""
+    iq_from_out: make_index_q polls each row as the tagged pairs the head task puts beside iq_out
+    (heads.iq_tagged, into region iqp: 16-byte couples, no done flag, no second load), instead of
+    the norm + RoPE of the qkv rows; on the AMD builds too; the two knobs must agree; refused with
+    four index heads (iq_out holds only the own head). iq_first is off in the spec; iq_from_out is
+    sm90's above one row with one index head (bench/NOTES.md, MiniMax sessions 20 / 21 / 29)."""
     from codegen.render import render
 
     def scores_of(tune, target="sm90", tokens=16, **params):
@@ -795,18 +795,27 @@ def test_scorer_index_q_knobs():
         scores_of({"scores.iq_first": 1, "scores.mma_dots": 0})
 
     made = "norm_rope(e, g, c, sn, d0, out);"
-    read = ["mailbox_wait<true>(mb.hdone + tk * HEAD_TASKS + TASK_IQ, mb.tag);", "lane_acquire();",
-            "ld8_coherent(a.iq_out + tk * DIM + d0 + i, lo, hi);"]
+    read = ["const u64* const couple[1] = {mb.iqp + (tk * DIM + d0) / 2};", "mailbox_wait_all2(couple, mb.tag, w);"]
+    put = "mailbox_put2(mb.iqp + (tk * DIM + d0) / 2, lo, hi, mb.tag);"
+    off, on = {"scores.iq_from_out": 0, "heads.iq_tagged": 0}, {"scores.iq_from_out": 1, "heads.iq_tagged": 1}
     for target in ("sm90", "gfx950"):
-        plain, tuned = scores_of({"scores.iq_from_out": 0}, target), scores_of({"scores.iq_from_out": 1}, target)
+        loaded = load_spec(SPEC, tune_items(on))
+        whole = render(lower(loaded, make_build(loaded, target, tokens=16)))
+        plain, tuned = scores_of(off, target), whole[whole.index("namespace stage_scores {"):]
         iq = lambda text: text[text.index("MONO_DEVICE void make_index_q("):text.index("struct Cursor {")]
         assert made in iq(plain) and not any(r in iq(plain) for r in read)
         assert made not in iq(tuned) and all(r in iq(tuned) for r in read)
-        assert "HEAD_TASKS = 20, TASK_IQ = 18, TASK_IK = 19;" in tuned
-    for tokens, index_heads, on in ((1, 1, False), (2, 1, True), (16, 1, True), (16, 4, False)):  # the spec's, sm90
-        assert (made not in iq(scores_of({}, tokens=tokens, index_heads=index_heads))) is on
+        head = whole[whole.index("MONO_DEVICE void head("):]
+        assert whole.count(put) == 1 and put in head[:head.index("MONO_DEVICE void run(")]  # the index-q task's
+        assert put not in scores_of(off, target)
+        assert "HEAD_TASKS = 20, TASK_IK = 19;" in tuned
+    for one in ({"scores.iq_from_out": 1, "heads.iq_tagged": 0}, {"scores.iq_from_out": 0, "heads.iq_tagged": 1}):
+        with pytest.raises(SpecError, match="give heads.iq_tagged iq_from_out's value"):
+            scores_of(one)
+    for tokens, index_heads, polled in ((1, 1, False), (2, 1, True), (16, 1, True), (16, 4, False)):  # the spec's, sm90
+        assert (made not in iq(scores_of({}, tokens=tokens, index_heads=index_heads))) is polled
     assert made in iq(scores_of({}, "gfx950", tokens=16))
     with pytest.raises(SpecError, match="the head tasks write only the own index-q head to iq_out, not all 4"):
-        scores_of({"scores.iq_from_out": 1}, tokens=4, index_heads=4)
+        scores_of(on, tokens=4, index_heads=4)
 
 

@@ -269,7 +269,8 @@ SCORER_TUNES = {"spec": None,  # sm90: tensor cores, each item the fewest warps 
                 # ... above 2 rows from the early setup's pages, once the GEMV's rows are in
                 "keys-prefetch-set-up": {"scores.keys_prefetch": 1, "scores.keys_prefetch_items": 8},
                 "iq-first": {"scores.iq_first": 1},  # the index q made before the first key tiles are asked for
-                "iq-from-out": {"scores.iq_from_out": 1},  # the index q read from the head task's iq_out (the spec's above one row)
+                # the index q polled as the tagged pairs the head task puts beside iq_out (the spec's above one row)
+                "iq-from-out": {"scores.iq_from_out": 1, "heads.iq_tagged": 1},
                 # every rank a round in turn (the spec's sm90: the late CTAs 4 / 6 items fewer, above 2
                 # rows a second deal up to 24 items a CTA)
                 "plain-deal": {"scores.late_ctas": 0, "scores.few_items": 0},

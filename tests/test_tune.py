@@ -399,7 +399,7 @@ def test_scorer_warp_groups():
     assert "else barrier_of(1 + id, G * WAVE);" in scores and "wait_new_keys<WAVE>(mb" in scores
     assert 'asm volatile("bar.sync %0, %1;"' in text
     for tune, ring in (({}, 2), ({"scores.busy_waves": 1, "scores.tiles_ahead": 2}, 3), ({"scores.iq_first": 1}, 2),
-                       ({"scores.iq_from_out": 0}, 2)):
+                       ({"scores.iq_from_out": 0, "heads.iq_tagged": 0}, 2)):
         _, built = source(SPEC, "sm90", tokens=16, tune=tune)
         assert f"constexpr int RING = {ring};" in built
         (report,) = jit.resource_report(built, "groups.hip", get_target("sm90"))

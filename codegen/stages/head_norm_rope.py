@@ -15,7 +15,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from ..spec.models import Expr, Name, StageBase
+from pydantic import field_validator
+
+from ..spec.models import Expr, Name, PerTarget, StageBase, per_target
 
 KIND = "head_norm_rope"
 STAMPED_POINTS = ()  # the StageBase points (start_point / done_point) its template stamps
@@ -54,6 +56,14 @@ class Model(StageBase):
     q_out: Name = "q_out"
     iq_out: Name = "iq_out"
     done: Name | None = None  # pairs region: flag token * TASKS + task once that head's stores are visible
+    # the index-q task's bf16 values also put as tagged pairs into region iq_pairs (token t's dims
+    # 2i, 2i + 1 at pair t * head_dim / 2 + i), each its own ready flag, for the scorer that reads
+    # the index q from iq_out (index_scores iq_from_out): it polls them, with no release fence, no
+    # done flag and no second load on its way (1), or waits for the task's done flag, then loads (0)
+    iq_tagged: PerTarget = PerTarget(default=0)
+    iq_pairs: Name | None = None
+
+    _iq_tagged = field_validator("iq_tagged", mode="before")(classmethod(lambda cls, v: per_target(v)))
 
 
 def lower(stage: Model, ctx) -> dict:
@@ -73,6 +83,12 @@ def lower(stage: Model, ctx) -> dict:
     ctx.region(stage.qkv, ("qkv",), kind="pairs")
     if stage.done is not None:
         ctx.region(stage.done, ("done",), kind="pairs")
+    iq_tagged = ctx.switch(stage.iq_tagged.for_target(ctx.target.name), ("iq_tagged",))
+    if iq_tagged:
+        if stage.iq_pairs is None:
+            ctx.fail(("iq_pairs",), "iq_tagged puts the index q into a pairs region, and none is named",
+                     "name one (iq_pairs: a scratch region of kind pairs, MAX_TOKENS * HEAD_DIM / 2 of them)")
+        ctx.region(stage.iq_pairs, ("iq_pairs",), kind="pairs", min_count=ctx.tokens * head_dim // 2)
     for f in ("g_q", "g_k", "g_iq", "g_ik", "cos_sin", "positions", "slot_mapping", "k_cache", "v_cache",
               "k_scale", "v_scale", "index_cache", "q_out", "iq_out"):
         ctx.abi_arg(getattr(stage, f), (f,))
@@ -87,6 +103,7 @@ def lower(stage: Model, ctx) -> dict:
         "sparse_block": ev(stage.sparse_block, ("sparse_block",)),
         "page_stride": stride,
         "static_kv_scale": bool(build.get("static_kv_scale", False)),
+        "iq_tagged": iq_tagged,  # the index q into iq_pairs too
         "lanes": LANES,
         "elems": ELEMS,
         "page16": PAGE16,

@@ -127,10 +127,11 @@ class Model(StageBase):
     # launch's keys, and make_index_q's few loads queued behind them (S = 16 / 4K: 4.3 us from the
     # stage's setup to its index q, bench/NOTES.md MiniMax session 19)
     iq_first: PerTarget = PerTarget(default=0)
-    # the index q read from the head task's iq_out once its done flag is in (1), instead of made
-    # from the qkv mailbox by every CTA (0: no wait for the head task). The head CTA loads its
-    # inputs while it waits for the rows; a scorer starts its loads only at the stage's start
-    # (S = 16: ~3 us from there to the index q, bench/NOTES.md MiniMax session 20). One index head
+    # the index q as the head task wrote it to iq_out, polled as the tagged pairs it also puts
+    # (the head stage's iq_tagged, which must match) (1), instead of made from the qkv mailbox by
+    # every CTA (0: no wait for the head task). The head CTA loads its inputs while it waits for
+    # the rows; a scorer starts its loads only at the stage's start (S = 16: ~3 us from there to
+    # the index q, bench/NOTES.md MiniMax session 20). One index head
     iq_from_out: PerTarget = PerTarget(default=0)
 
     _per_target = field_validator("lead_cta", "late_ctas", "late_items", "few_items", "few_lead_cta", "few_late_ctas",
@@ -256,6 +257,15 @@ def lower(stage: Model, ctx) -> dict:
     if iq_from_out and head_dim // 32 % 4:
         ctx.fail(("iq_from_out",), f"iq_from_out reads 4 values a lane at a time ({head_dim // 32} a lane here)",
                  "give iq_from_out 0 for this head size")
+    # the head stage puts the index q as tagged pairs exactly where this stage polls them
+    iq_tagged = ctx.stage_active(src.name) and ctx.stage_values(src.name)["iq_tagged"]
+    if iq_from_out and not iq_tagged:
+        ctx.fail(("iq_from_out",), f"iq_from_out polls the index q that stage {src.name} puts as tagged pairs, "
+                 f"and {src.name}.iq_tagged is off in this build", f"give {src.name}.iq_tagged iq_from_out's value")
+    if iq_tagged and not iq_from_out:
+        ctx.fail(("iq_from_out",), f"stage {src.name} puts the index q as tagged pairs for this stage "
+                 f"({src.name}.iq_tagged), which makes its own (iq_from_out off)",
+                 f"give {src.name}.iq_tagged iq_from_out's value")
     lead, late_ctas, late_items = _deal(stage, ctx, "")
     few_items = ctx.integer(stage.few_items.for_target(ctx.target.name), ("few_items",), minimum=0)
     few_lead, few_late_ctas, few_late_items = _deal(stage, ctx, "few_") if few_items else (0, 0, 0)
@@ -304,7 +314,6 @@ def lower(stage: Model, ctx) -> dict:
         "elems": head_dim // 32,
         # the head stage's tasks: q heads, k, v, index q, index k (its done flags)
         "head_tasks": ev(src.q_heads, ("iq_from",)) + 4,
-        "task_iq": ev(src.q_heads, ("iq_from",)) + 2,
         "task_ik": ev(src.q_heads, ("iq_from",)) + 3,
         "qkv_rows": ev(src.rows, ("iq_from",)),
         "iq_base": iq_base,

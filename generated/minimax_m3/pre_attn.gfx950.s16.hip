@@ -36,18 +36,19 @@
 //   23 bt_width   i32   scalar             in    row stride of block_table in elements
 //   24 q_len      i32   scalar             in    rows per request (speculative verify)
 //   25 iscore     u8    [1048576]          inout K4's iscore pairs: row k, block b at pair k * 8192 + b
-//   26 scratch    u8    [756736]           inout mailboxes; zeroed once, never cleared
+//   26 scratch    u8    [764928]           inout mailboxes; zeroed once, never cleared
 //   27 step       i32   [2]                inout the epoch counter the kernel advances: one u64, the CTAs finished over all launches (mailbox.advance count; last_out: [step, CTAs done])
 //   28 layer      i32   scalar             in    layer id (part of the tag)
 //   29 tl         i64   [256, 8]           out   timeline stamps (timeline builds)
 //
-// scratch (756736 bytes; regions 256-byte aligned; tag = step[0] * 128 + layer + 1):
+// scratch (764928 bytes; regions 256-byte aligned; tag = step[0] * 128 + layer + 1):
 //   qkv      @        0    327680 B  40960 pairs: GEMV results: token t, row r at pair t * QKV_ROWS + r
 //   qkv_part @   327680    327680 B  40960 pairs: stream-K partial tiles: row group g, row r, token t at (16 g + r) * 16 + t
 //   x8       @   655360     98304 B  24576 words: FP8 rows of the norm tasks
 //   x8s      @   753664       128 B  16 pairs: per-token x scale; the row's ready flag
 //   rdone    @   753920       128 B  16 flags: token t's residual (h_out) written: signal builds
 //   hdone    @   754176      2560 B  320 flags: head task h of token t done: pair t * N_HEAD_TASKS + h
+//   iqp      @   756736      8192 B  1024 pairs: heads.iq_pairs: token t's index q, dims 2i and 2i + 1 (bf16) at pair t * HEAD_DIM / 2 + i
 //
 // LDS (107584 bytes; stages reuse the same bytes, one after another):
 //   stage_norm::LDS_RED    @      0  64 x float
@@ -109,7 +110,7 @@ constexpr int ISCORE_BYTES = 1048576;  // K4's iscore pairs
 constexpr int INLINE_NORM_TOKENS = 2;  // up to this many rows the GEMV CTAs normalize themselves
 constexpr int LAYER_SLOTS = 128;  // epoch stride: tag = step * LAYER_SLOTS + layer + 1
 constexpr int BLOCKS = 256;  // CTAs of the grid for the build's target
-constexpr int SCRATCH_BYTES = 756736;  // size of the scratch buffer (all regions, 256-byte aligned)
+constexpr int SCRATCH_BYTES = 764928;  // size of the scratch buffer (all regions, 256-byte aligned)
 
 
 // ---- GEMV partial tiles ---------------------------------------------------------------
@@ -567,6 +568,7 @@ struct Mailbox {
     u64* x8s;  // 16 pairs @ 753664
     u64* rdone;  // 16 flags @ 753920
     u64* hdone;  // 320 flags @ 754176
+    u64* iqp;  // 1024 pairs @ 756736
 };
 
 constexpr int LDS_BYTES = 107584;  // the union of the stages' LDS, plus the stamps
@@ -914,7 +916,8 @@ MONO_DEVICE void head(const Args& a, const Mailbox& mb, u8* lds, int ht, int tk,
     if (ht < Q_HEADS) {
         st8(a.q_out + ((long long)tk * Q_HEADS + ht) * DIM + d0, pack_bf16x2(out[0], out[1]), pack_bf16x2(out[2], out[3]));
     } else if (ht == TASK_IQ) {
-        st8(a.iq_out + tk * DIM + d0, pack_bf16x2(out[0], out[1]), pack_bf16x2(out[2], out[3]));
+        const u32 lo = pack_bf16x2(out[0], out[1]), hi = pack_bf16x2(out[2], out[3]);
+        st8(a.iq_out + tk * DIM + d0, lo, hi);
     } else if (ht == TASK_K) {  // scale from the f32 head, bytes from its bf16 rounding
         const float ks = kv_scale(out);
         if (slot >= 0) {
@@ -1008,7 +1011,7 @@ constexpr int BLOCK = 128;       // keys per block: one key per thread column
 constexpr int STRIDE = 8192;     // iscore pairs per row
 constexpr int NEW_KEYS = 16;  // a row's keys inserted by this launch lie in its last NEW_KEYS
 constexpr int LEAD = 180;         // the stage CTA that takes work item 0
-constexpr int HEAD_TASKS = 20, TASK_IQ = 18, TASK_IK = 19;  // the head stage's flags
+constexpr int HEAD_TASKS = 20, TASK_IK = 19;  // the head stage's flags
 constexpr int QKV_ROWS = 2560;  // pair stride of a token in qkv
 constexpr int IQ_BASE = 2304;    // first index-q head's row in a token's qkv
 constexpr int HEADS = 1;        // index-q heads; 4: long requests are scored head-parallel
@@ -1387,6 +1390,7 @@ MONO_KERNEL minimax_m3_pre_attn(
     mb.x8s = reinterpret_cast<u64*>(scratch + 753664);
     mb.rdone = reinterpret_cast<u64*>(scratch + 753920);
     mb.hdone = reinterpret_cast<u64*>(scratch + 754176);
+    mb.iqp = reinterpret_cast<u64*>(scratch + 756736);
     stamp(lds, TL_START);
 
     stage_norm::run(a, mb, lds);

@@ -36,18 +36,19 @@
 //   23 bt_width   i32   scalar             in    row stride of block_table in elements
 //   24 q_len      i32   scalar             in    rows per request (speculative verify)
 //   25 iscore     u8    [1048576]          inout K4's iscore pairs: row k, block b at pair k * 8192 + b
-//   26 scratch    u8    [756736]           inout mailboxes; zeroed once, never cleared
+//   26 scratch    u8    [764928]           inout mailboxes; zeroed once, never cleared
 //   27 step       i32   [2]                inout the epoch counter the kernel advances: one u64, the CTAs finished over all launches (mailbox.advance count; last_out: [step, CTAs done])
 //   28 layer      i32   scalar             in    layer id (part of the tag)
 //   29 tl         i64   [132, 8]           out   timeline stamps (timeline builds)
 //
-// scratch (756736 bytes; regions 256-byte aligned; tag = step[0] * 128 + layer + 1):
+// scratch (764928 bytes; regions 256-byte aligned; tag = step[0] * 128 + layer + 1):
 //   qkv      @        0    327680 B  40960 pairs: GEMV results: token t, row r at pair t * QKV_ROWS + r
 //   qkv_part @   327680    327680 B  40960 pairs: stream-K partial tiles: row group g, row r, token t at (16 g + r) * 16 + t
 //   x8       @   655360     98304 B  24576 words: FP8 rows of the norm tasks
 //   x8s      @   753664       128 B  16 pairs: per-token x scale; the row's ready flag
 //   rdone    @   753920       128 B  16 flags: token t's residual (h_out) written: signal builds
 //   hdone    @   754176      2560 B  320 flags: head task h of token t done: pair t * N_HEAD_TASKS + h
+//   iqp      @   756736      8192 B  1024 pairs: heads.iq_pairs: token t's index q, dims 2i and 2i + 1 (bf16) at pair t * HEAD_DIM / 2 + i
 //
 // LDS (179152 bytes; stages reuse the same bytes, one after another):
 //   stage_norm::LDS_RED    @      0  64 x float
@@ -112,7 +113,7 @@ constexpr int ISCORE_BYTES = 1048576;  // K4's iscore pairs
 constexpr int INLINE_NORM_TOKENS = 2;  // up to this many rows the GEMV CTAs normalize themselves
 constexpr int LAYER_SLOTS = 128;  // epoch stride: tag = step * LAYER_SLOTS + layer + 1
 constexpr int BLOCKS = 132;  // CTAs of the grid for the build's target
-constexpr int SCRATCH_BYTES = 756736;  // size of the scratch buffer (all regions, 256-byte aligned)
+constexpr int SCRATCH_BYTES = 764928;  // size of the scratch buffer (all regions, 256-byte aligned)
 
 
 // ---- GEMV partial tiles ---------------------------------------------------------------
@@ -944,6 +945,7 @@ struct Mailbox {
     u64* x8s;  // 16 pairs @ 753664
     u64* rdone;  // 16 flags @ 753920
     u64* hdone;  // 320 flags @ 754176
+    u64* iqp;  // 1024 pairs @ 756736
 };
 MONO_DEVICE void bulk_wait(u64* bar, u32 phase, u32) { bulk_wait(bar, phase); }  // (debug builds: bounded)
 
@@ -1402,7 +1404,9 @@ MONO_DEVICE void head(const Args& a, const Mailbox& mb, u8* lds, int ht, int tk,
     if (ht < Q_HEADS) {
         st8(a.q_out + ((long long)tk * Q_HEADS + ht) * DIM + d0, pack_bf16x2(out[0], out[1]), pack_bf16x2(out[2], out[3]));
     } else if (ht == TASK_IQ) {
-        st8(a.iq_out + tk * DIM + d0, pack_bf16x2(out[0], out[1]), pack_bf16x2(out[2], out[3]));
+        const u32 lo = pack_bf16x2(out[0], out[1]), hi = pack_bf16x2(out[2], out[3]);
+        st8(a.iq_out + tk * DIM + d0, lo, hi);
+        mailbox_put2(mb.iqp + (tk * DIM + d0) / 2, lo, hi, mb.tag);  // the scorers poll these (iq_tagged)
     } else if (ht == TASK_K) {  // scale from the f32 head, bytes from its bf16 rounding
         const float ks = kv_scale(out);
         if (slot >= 0) {
@@ -1497,7 +1501,7 @@ constexpr int BLOCK = 128;       // keys per block: one key per thread column
 constexpr int STRIDE = 8192;     // iscore pairs per row
 constexpr int NEW_KEYS = 16;  // a row's keys inserted by this launch lie in its last NEW_KEYS
 constexpr int LEAD = 0;         // the stage CTA that takes work item 0
-constexpr int HEAD_TASKS = 20, TASK_IQ = 18, TASK_IK = 19;  // the head stage's flags
+constexpr int HEAD_TASKS = 20, TASK_IK = 19;  // the head stage's flags
 constexpr int QKV_ROWS = 2560;  // pair stride of a token in qkv
 constexpr int IQ_BASE = 2304;    // first index-q head's row in a token's qkv
 constexpr int HEADS = 1;        // index-q heads; 4: long requests are scored head-parallel
@@ -1546,7 +1550,7 @@ static_assert(sizeof(Request) == 5 * 4, "LDS_REQS holds 5 words a request");
 
 // The index q of every scored request, bf16-rounded, into LDS: request r's (row i, head j) at
 // row r * q_len * HEADS + i * heads + j (bf16 pairs times IQ_UP), as its scoring walks them. The head
-// task's iq_out row once its flag is in (iq_from_out), one 32-lane group a (token, head), the requests' jobs
+// task's iq_out row, polled as its tagged pairs (iq_from_out), one 32-lane group a (token, head), the requests' jobs
 // numbered in order and dealt to the groups.
 MONO_DEVICE void make_index_q(const Args& a, const Mailbox& mb, const Request* reqs, float* iq, int requests, int q_len) {
     const int tid = thread_id(), group = tid / LANES, l32 = tid % LANES, d0 = ELEMS * l32;
@@ -1557,15 +1561,15 @@ MONO_DEVICE void make_index_q(const Args& a, const Mailbox& mb, const Request* r
         for (int n = base + (group - base % GROUPS + GROUPS) % GROUPS; n < base + jobs; n += GROUPS) {  // uniform per 32 lanes
             const int tk = r * q_len + (n - base) / req.heads, j = (n - base) % req.heads;
             const int head = req.heads == 1 ? OWN : j;
-            float out[ELEMS];  // the head task's row (its bf16 values are what norm_rope would give)
-            mailbox_wait<true>(mb.hdone + tk * HEAD_TASKS + TASK_IQ, mb.tag);
-            lane_acquire();  // this lane's reads see the row its flag guards (the group's lanes may run apart on AMD's wave64)
-            for (int i = 0; i < ELEMS; i += 4) {
-                u32 lo, hi;
-                ld8_coherent(a.iq_out + tk * DIM + d0 + i, lo, hi);
-                bf16x2_to_f32(lo, out[i], out[i + 1]);
-                bf16x2_to_f32(hi, out[i + 2], out[i + 3]);
-            }
+            // the head task's row (its bf16 values are what norm_rope would give), as the tagged
+            // pairs it puts beside iq_out: no done flag, no second load
+            static_assert(ELEMS == 4, "a lane's dims: one couple of pairs");
+            const u64* const couple[1] = {mb.iqp + (tk * DIM + d0) / 2};
+            u32 w[1][2];
+            mailbox_wait_all2(couple, mb.tag, w);
+            float out[ELEMS];
+            bf16x2_to_f32(w[0][0], out[0], out[1]);
+            bf16x2_to_f32(w[0][1], out[2], out[3]);
             u32* row = reinterpret_cast<u32*>(iq) + (r * q_len * HEADS + n - base) * IQ_WORDS;
             for (int i = 0; i < ELEMS; i += 2)  // bf16 pairs, times IQ_UP (exact)
                 row[(d0 + i) / 2] = u32(f32_to_bf16(bf16_round(out[i]) * IQ_UP)) | u32(f32_to_bf16(bf16_round(out[i + 1]) * IQ_UP)) << 16;
@@ -1975,6 +1979,7 @@ MONO_KERNEL minimax_m3_pre_attn(
     mb.x8s = reinterpret_cast<u64*>(scratch + 753664);
     mb.rdone = reinterpret_cast<u64*>(scratch + 753920);
     mb.hdone = reinterpret_cast<u64*>(scratch + 754176);
+    mb.iqp = reinterpret_cast<u64*>(scratch + 756736);
     stamp(lds, TL_START);
 
     stage_norm::run(a, mb, lds);
