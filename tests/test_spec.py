@@ -56,7 +56,7 @@ def test_valid_spec_loads():
     assert [stages["qkv"].stream_k.for_target(t) for t in ("sm90", "gfx942", "gfx950")] == [1, 0, 0]
     assert stages["qkv"].partials == "qkv_part" and stages["qkv_cp"].partials is None
     assert stages["qkv_cp"].stream_k.for_target("sm90") == 0
-    assert stages["heads"].done == "hdone" and stages["scores"].iq_from == "heads"
+    assert stages["heads"].done == "hdone" and stages["heads"].iq_pairs == "iqp" and stages["scores"].iq_from == "heads"
     assert list(spec.params) == ["tokens", "eps", "timeline", "debug", "static_kv_scale", "init_blocks",
                                  "local_blocks", "index_heads", "index_own", "signal", "kv_page_stride"]
     assert spec.params["tokens"].type == "int"
@@ -77,8 +77,8 @@ def test_valid_spec_loads():
     assert spec.timeline_points == ["start", "sums_reduced", "x8_ready", "gemv_done", "head_got_qkv",
                                     "pre_attn_done", "scores_done", "spare"]
     # 'hang' is not in the spec: debug builds add it
-    assert [r.name for r in spec.scratch] == ["qkv", "qkv_part", "x8", "x8s", "rdone", "hdone"]
-    assert [r.kind for r in spec.scratch] == ["pairs", "pairs", "words", "pairs", "flags", "flags"]
+    assert [r.name for r in spec.scratch] == ["qkv", "qkv_part", "x8", "x8s", "rdone", "hdone", "iqp"]
+    assert [r.kind for r in spec.scratch] == ["pairs", "pairs", "words", "pairs", "flags", "flags", "pairs"]
     assert loaded.text == TEXT
 
 
