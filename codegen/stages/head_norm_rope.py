@@ -57,9 +57,9 @@ class Model(StageBase):
     iq_out: Name = "iq_out"
     done: Name | None = None  # pairs region: flag token * TASKS + task once that head's stores are visible
     # the index-q task's bf16 values also put as tagged pairs into region iq_pairs (token t's dims
-    # 2i, 2i + 1 at pair t * head_dim / 2 + i), each its own ready flag, for the scorer that reads
-    # the index q from iq_out (index_scores iq_from_out): it polls them, with no release fence, no
-    # done flag and no second load on its way (1), or waits for the task's done flag, then loads (0)
+    # 2i, 2i + 1 at pair t * head_dim / 2 + i), each its own ready flag (1 = on, per target), for
+    # the scorer that takes the index q from this stage (index_scores iq_from_out, which must
+    # match): it polls them, with no release fence, done flag or second load on its way
     iq_tagged: PerTarget = PerTarget(default=0)
     iq_pairs: Name | None = None
 
