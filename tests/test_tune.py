@@ -405,6 +405,25 @@ def test_scorer_warp_groups():
         (report,) = jit.resource_report(built, "groups.hip", get_target("sm90"))
         assert report.spills == 0 and report.scratch_bytes == 0
 
+def test_scorer_f16_dots():
+    """scores.f16_dots (sm90 tensor-core dots, off in the spec): the keys by the hardware's
+    e4m3 -> f16x2 conversion, f16 MMAs, each index-q row as f16 times 2^up with 2^-up in the
+    row's first pad word, read back for the put instead of the bf16 path's DOT_UNSCALE; S = 1 /
+    4 / 16 compile without spills; refused on the CUDA-core dots. The scores are checked on the
+    GPU (tests/test_minimax_pre_attn_gpu.py, tune f16-dots)."""
+    for tokens in (1, 4, 16):
+        _, text = source(SPEC, "sm90", tokens=tokens, tune={"scores.f16_dots": 1})
+        scores = text[text.rindex("namespace stage_scores {"):]
+        assert "mma_f16_16x8x16(c[s & 1], f.a[s], b0, b1)" in scores and "e4m3x2_lo_f16x2(wg[s])" in scores
+        assert "bf16x2_scaled" not in scores and "DOT_UNSCALE" not in scores
+        assert "row[DIM / 2] = float_as_u32(u32_as_float(u32(127 - up) << 23));" in scores
+        assert "float_as_u32(v * unscale * SCALE)" in scores
+        (report,) = jit.resource_report(text, "f16_dots.hip", get_target("sm90"))
+        assert report.spills == 0 and report.scratch_bytes == 0
+    with pytest.raises(SpecError, match="f16_dots picks the tensor-core dots' input type"):
+        source(SPEC, "sm90", tokens=4, tune={"scores.f16_dots": 1, "scores.mma_dots": 0})
+
+
 @pytest.mark.parametrize("target", ["sm90", "gfx942"])
 def test_minimax_flag_waits_acquire_in_the_polling_threads(target):
     """MiniMax's waits for data behind flags: the qkv GEMV's wait for the x8 rows and the

@@ -97,6 +97,13 @@ class Model(StageBase):
     mma_dots: PerTarget = PerTarget(default=0)
     # CUDA-core dots: items scored between two CTA barriers; the next batch's keys load meanwhile
     batch_items: PerTarget = PerTarget(default=1)
+    # tensor-core dots in f16 (1): keys by the hardware's e4m3 -> f16x2 conversion (one instruction
+    # a pair, where the bf16 dots take three: a tile's 32 conversions were ~96 of a warp's ~140
+    # instructions), index q as f16 times 2^up a row (up puts the row's largest |value| in [2^14,
+    # 2^15): exact but for values 2^29 below it, which f16's subnormals round), 2^-up applied after
+    # the max. 0: bf16, exact (S = 16 / 4K: a tile took ~0.65 us a warp, from L2 as from HBM,
+    # bench/NOTES.md MiniMax session 29)
+    f16_dots: PerTarget = PerTarget(default=0)
     # tensor-core dots: tiles of 16 keys in flight (cp.async) in each warp's ring while one is scored
     tiles_ahead: PerTarget = PerTarget(default=3)
     # tensor-core dots: a CTA of n items gives each the fewest warps G (1, 2, 4, 8) with
@@ -135,7 +142,7 @@ class Model(StageBase):
     iq_from_out: PerTarget = PerTarget(default=0)
 
     _per_target = field_validator("lead_cta", "late_ctas", "late_items", "few_items", "few_lead_cta", "few_late_ctas",
-                                  "few_late_items", "mma_dots", "batch_items", "tiles_ahead",
+                                  "few_late_items", "mma_dots", "f16_dots", "batch_items", "tiles_ahead",
                                   "busy_waves", "keys_prefetch", "early_setup", "iq_first", "iq_from_out",
                                   mode="before")(
         classmethod(lambda cls, v: per_target(v)))
@@ -246,6 +253,10 @@ def lower(stage: Model, ctx) -> dict:
     else:
         ctx.lds(stage.name, "iq", "float", rows * quarters * (head_dim // quarters + IQ_PAD))  # index q, quarters padded
         ctx.lds(stage.name, "best", "float", 2 * batch * rows * waves)  # per-wave maxima, two batches
+    f16 = ctx.switch(stage.f16_dots.for_target(ctx.target.name), ("f16_dots",))
+    if f16 and not mma:
+        ctx.fail(("f16_dots",), "f16_dots picks the tensor-core dots' input type; the CUDA-core dots take f32",
+                 "give f16_dots 0 where mma_dots is off")
     iq_first = ctx.switch(stage.iq_first.for_target(ctx.target.name), ("iq_first",))
     if iq_first and not mma:
         ctx.fail(("iq_first",), "iq_first orders the tensor-core dots' start; the CUDA-core dots load their first "
@@ -322,6 +333,7 @@ def lower(stage: Model, ctx) -> dict:
         "cp_from": ev(stage.cp_from_blocks, ("cp_from_blocks",)),
         "batch": batch,
         "mma": mma,
+        "f16": f16,  # the tensor-core dots in f16 (a scale a row), not bf16
         "ring": ahead + 1,
         "iq_first": iq_first,
         "iq_from_out": iq_from_out,
