@@ -424,6 +424,26 @@ def test_scorer_f16_dots():
         source(SPEC, "sm90", tokens=4, tune={"scores.f16_dots": 1, "scores.mma_dots": 0})
 
 
+def test_scorer_iq_regs():
+    """scores.iq_regs (sm90 tensor-core dots, off in the spec): block 0's B fragments loaded into
+    registers once an item, before its tiles, and the tiles' dots take them from there (blocks
+    1.. still from LDS); with and without f16_dots, S = 1 / 16 and four index heads at S = 16 (128
+    registers) compile without spills; the spec's source does not change; refused on the CUDA-core
+    dots. The scores are checked on the GPU (tests/test_minimax_pre_attn_gpu.py, tune iq-regs)."""
+    _, plain = source(SPEC, "sm90", tokens=16)
+    assert "IqFrags" not in plain and "block_dots(iq_r + nb * 8 * IQ_WORDS, f, c);" in plain
+    for tokens, tune, params in ((1, {}, {}), (16, {}, {}), (16, {"scores.f16_dots": 1}, {}),
+                                 (16, {"scores.iq_from_out": 0, "heads.iq_tagged": 0}, {"index_heads": 4})):
+        _, text = source(SPEC, "sm90", tokens=tokens, tune={"scores.iq_regs": 1, **tune}, **params)
+        loop = text[text.index("MONO_DEVICE void score_warp_items("):text.index("MONO_DEVICE void score_by_groups(")]
+        assert loop.index("const IqFrags q0 = iq_frags(iq_r);") < loop.index("for (int i = 0; i < PER; ++i) {")
+        assert "block_dots(q0, f, c);" in loop and "block_dots(iq_r + nb * 8 * IQ_WORDS, f, c);" in loop
+        (report,) = jit.resource_report(text, "iq_regs.hip", get_target("sm90"))
+        assert report.spills == 0 and report.scratch_bytes == 0
+    with pytest.raises(SpecError, match="iq_regs holds the tensor-core dots' B fragments"):
+        source(SPEC, "sm90", tokens=4, tune={"scores.iq_regs": 1, "scores.mma_dots": 0})
+
+
 @pytest.mark.parametrize("target", ["sm90", "gfx942"])
 def test_minimax_flag_waits_acquire_in_the_polling_threads(target):
     """MiniMax's waits for data behind flags: the qkv GEMV's wait for the x8 rows and the

@@ -104,6 +104,12 @@ class Model(StageBase):
     # the max. 0: bf16, exact (S = 16 / 4K: a tile took ~0.65 us a warp, from L2 as from HBM,
     # bench/NOTES.md MiniMax session 29)
     f16_dots: PerTarget = PerTarget(default=0)
+    # tensor-core dots: the first 8 index-q rows' B fragments of an item loaded into registers once
+    # an item (16 a lane), not once a tile (1); 0: every tile reads them from LDS again. A tile's LDS
+    # traffic a warp is its keys' 2 KB written by cp.async and read, plus these 2 KB: with 16 warps
+    # ~96 KB a tile round, ~0.4 us of the SM's 128 bytes a clock (a tile took ~0.65 us a warp at
+    # S = 16, from L2 as from HBM, bench/NOTES.md MiniMax session 29)
+    iq_regs: PerTarget = PerTarget(default=0)
     # tensor-core dots: tiles of 16 keys in flight (cp.async) in each warp's ring while one is scored
     tiles_ahead: PerTarget = PerTarget(default=3)
     # tensor-core dots: a CTA of n items gives each the fewest warps G (1, 2, 4, 8) with
@@ -142,7 +148,7 @@ class Model(StageBase):
     iq_from_out: PerTarget = PerTarget(default=0)
 
     _per_target = field_validator("lead_cta", "late_ctas", "late_items", "few_items", "few_lead_cta", "few_late_ctas",
-                                  "few_late_items", "mma_dots", "f16_dots", "batch_items", "tiles_ahead",
+                                  "few_late_items", "mma_dots", "f16_dots", "iq_regs", "batch_items", "tiles_ahead",
                                   "busy_waves", "keys_prefetch", "early_setup", "iq_first", "iq_from_out",
                                   mode="before")(
         classmethod(lambda cls, v: per_target(v)))
@@ -257,6 +263,10 @@ def lower(stage: Model, ctx) -> dict:
     if f16 and not mma:
         ctx.fail(("f16_dots",), "f16_dots picks the tensor-core dots' input type; the CUDA-core dots take f32",
                  "give f16_dots 0 where mma_dots is off")
+    iq_regs = ctx.switch(stage.iq_regs.for_target(ctx.target.name), ("iq_regs",))
+    if iq_regs and not mma:
+        ctx.fail(("iq_regs",), "iq_regs holds the tensor-core dots' B fragments; the CUDA-core dots read the index q "
+                 "from LDS a key at a time", "give iq_regs 0 where mma_dots is off")
     iq_first = ctx.switch(stage.iq_first.for_target(ctx.target.name), ("iq_first",))
     if iq_first and not mma:
         ctx.fail(("iq_first",), "iq_first orders the tensor-core dots' start; the CUDA-core dots load their first "
@@ -334,6 +344,7 @@ def lower(stage: Model, ctx) -> dict:
         "batch": batch,
         "mma": mma,
         "f16": f16,  # the tensor-core dots in f16 (a scale a row), not bf16
+        "iq_regs": iq_regs,  # block 0's B fragments in registers for an item
         "ring": ahead + 1,
         "iq_first": iq_first,
         "iq_from_out": iq_from_out,
