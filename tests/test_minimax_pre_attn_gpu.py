@@ -264,6 +264,8 @@ SCORER_TUNES = {"spec": None,  # sm90: tensor cores, each item the fewest warps 
                 "three-tiles-ahead": {"scores.tiles_ahead": 3},  # a ring of four tiles (the spec's: sm90 1, two tiles)
                 "f16-dots": {"scores.f16_dots": 1},  # keys and index q in f16 (a scale a row), not bf16
                 "iq-regs": {"scores.iq_regs": 1},  # block 0's B fragments in registers for an item (not GPU-run yet)
+                # the keys by loads into registers, a tile ahead, no LDS ring (not GPU-run yet)
+                "key-regs": {"scores.key_regs": 1, "scores.tiles_ahead": 1},
                 "cuda-cores-batch2": {"scores.mma_dots": 0, "scores.batch_items": 2},
                 "cuda-cores-batch1": {"scores.mma_dots": 0},
                 # the first 4 items' keys into L2 during the GEMV at every S

@@ -444,6 +444,30 @@ def test_scorer_iq_regs():
         source(SPEC, "sm90", tokens=4, tune={"scores.iq_regs": 1, "scores.mma_dots": 0})
 
 
+def test_scorer_key_regs():
+    """scores.key_regs (sm90 tensor-core dots, off in the spec): each lane's 64 bytes of a tile by
+    four 16-byte loads into the stream's registers a tile ahead (coherent for a block that may hold
+    a new key), no cp.async, no LDS ring (its buffer gone from the LDS plan); S = 1 / 16, with
+    iq_regs and f16_dots too, and four index heads compile without spills; refused on the CUDA-core
+    dots and with more than one tile ahead. The scores are checked on the GPU
+    (tests/test_minimax_pre_attn_gpu.py, tune key-regs)."""
+    for tokens, tune, params in ((1, {}, {}), (16, {}, {}), (16, {"scores.iq_regs": 1, "scores.f16_dots": 1}, {}),
+                                 (16, {"scores.iq_from_out": 0, "heads.iq_tagged": 0}, {"index_heads": 4})):
+        ir, text = source(SPEC, "sm90", tokens=tokens, tune={"scores.key_regs": 1, **tune}, **params)
+        scores = text[text.rindex("namespace stage_scores {"):]
+        assert "copy_key_pieces(" not in scores[scores.index("MONO_DEVICE void ask_next_tile("):]
+        assert "st.ahead.k[3] = key_bytes(st.it, kp + 8 * DIM + 64);" in scores
+        assert "const Keys keys = st.ahead;" in scores and "copy_async_wait_pending" not in scores
+        assert "u32x4* ring = nullptr;" in scores and "LDS_RING" not in scores
+        assert not any(b.name == "ring" for b in ir.lds if b.stage == "scores")
+        (report,) = jit.resource_report(text, "key_regs.hip", get_target("sm90"))
+        assert report.spills == 0 and report.scratch_bytes == 0
+    with pytest.raises(SpecError, match="key_regs replaces the tensor-core dots' LDS ring"):
+        source(SPEC, "sm90", tokens=1, tune={"scores.key_regs": 1, "scores.mma_dots": 0})
+    with pytest.raises(SpecError, match="key_regs holds one tile ahead in registers"):
+        source(SPEC, "sm90", tokens=4, tune={"scores.key_regs": 1})
+
+
 @pytest.mark.parametrize("target", ["sm90", "gfx942"])
 def test_minimax_flag_waits_acquire_in_the_polling_threads(target):
     """MiniMax's waits for data behind flags: the qkv GEMV's wait for the x8 rows and the

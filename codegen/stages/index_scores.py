@@ -110,6 +110,10 @@ class Model(StageBase):
     # ~96 KB a tile round, ~0.4 us of the SM's 128 bytes a clock (a tile took ~0.65 us a warp at
     # S = 16, from L2 as from HBM, bench/NOTES.md MiniMax session 29)
     iq_regs: PerTarget = PerTarget(default=0)
+    # tensor-core dots: each lane's 64 bytes of a tile by 16-byte loads into registers, one tile
+    # ahead (1), not by cp.async into an LDS ring that each lane reads back alone (0): the keys'
+    # 4 KB a tile a warp off the LDS. Needs tiles_ahead 1 (16 registers a lane)
+    key_regs: PerTarget = PerTarget(default=0)
     # tensor-core dots: tiles of 16 keys in flight (cp.async) in each warp's ring while one is scored
     tiles_ahead: PerTarget = PerTarget(default=3)
     # tensor-core dots: a CTA of n items gives each the fewest warps G (1, 2, 4, 8) with
@@ -148,7 +152,8 @@ class Model(StageBase):
     iq_from_out: PerTarget = PerTarget(default=0)
 
     _per_target = field_validator("lead_cta", "late_ctas", "late_items", "few_items", "few_lead_cta", "few_late_ctas",
-                                  "few_late_items", "mma_dots", "f16_dots", "iq_regs", "batch_items", "tiles_ahead",
+                                  "few_late_items", "mma_dots", "f16_dots", "iq_regs", "key_regs", "batch_items",
+                                  "tiles_ahead",
                                   "busy_waves", "keys_prefetch", "early_setup", "iq_first", "iq_from_out",
                                   mode="before")(
         classmethod(lambda cls, v: per_target(v)))
@@ -267,6 +272,13 @@ def lower(stage: Model, ctx) -> dict:
     if iq_regs and not mma:
         ctx.fail(("iq_regs",), "iq_regs holds the tensor-core dots' B fragments; the CUDA-core dots read the index q "
                  "from LDS a key at a time", "give iq_regs 0 where mma_dots is off")
+    key_regs = ctx.switch(stage.key_regs.for_target(ctx.target.name), ("key_regs",))
+    if key_regs and not mma:
+        ctx.fail(("key_regs",), "key_regs replaces the tensor-core dots' LDS ring; the CUDA-core dots load their keys "
+                 "into registers already", "give key_regs 0 where mma_dots is off")
+    if key_regs and ahead != 1:
+        ctx.fail(("key_regs",), f"key_regs holds one tile ahead in registers (16 a lane), not {ahead}",
+                 "give tiles_ahead 1 with key_regs")
     iq_first = ctx.switch(stage.iq_first.for_target(ctx.target.name), ("iq_first",))
     if iq_first and not mma:
         ctx.fail(("iq_first",), "iq_first orders the tensor-core dots' start; the CUDA-core dots load their first "
@@ -308,7 +320,7 @@ def lower(stage: Model, ctx) -> dict:
     setup_lds(stage.name, "reqs", "u32", REQUEST_WORDS * ctx.tokens)  # each request's work (the template's Request)
     setup_lds(stage.name, "seq", "u32", ctx.tokens)  # each row's context length
     setup_lds(stage.name, "pages", "u32", ctx.threads)  # the block-table entries of a CTA's first items
-    if mma:  # each warp's ring of tiles_ahead + 1 tiles (2 KB each)
+    if mma and not key_regs:  # each warp's ring of tiles_ahead + 1 tiles (2 KB each)
         ring_bytes = waves * (ahead + 1) * MMA_TILE_KEYS * head_dim
         if ring_bytes > ctx.lds_left(stage.name):
             ctx.fail(("tiles_ahead",), f"{waves} rings of {ahead + 1} tiles ({ring_bytes} bytes) do not fit the "
@@ -345,6 +357,7 @@ def lower(stage: Model, ctx) -> dict:
         "mma": mma,
         "f16": f16,  # the tensor-core dots in f16 (a scale a row), not bf16
         "iq_regs": iq_regs,  # block 0's B fragments in registers for an item
+        "key_regs": key_regs,  # the keys by loads into registers, no LDS ring
         "ring": ahead + 1,
         "iq_first": iq_first,
         "iq_from_out": iq_from_out,
