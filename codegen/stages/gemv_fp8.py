@@ -20,7 +20,7 @@ from ..spec.models import Expr, Model as _Base, Name, PerTarget, StageBase, per_
 from .rmsnorm_fp8 import check_io, checked_norm_constants, residual_done
 
 KIND = "gemv_fp8"
-STAMPED_POINTS = ("done_point",)  # the StageBase points (start_point / done_point) its template stamps
+STAMPED_POINTS = ("done_point",)
 ROWS_PER_TASK = 16  # one MMA tile of output rows
 K_CHUNK = {"amd": 64, "nvidia": 32}  # k per 16-byte weight load of a lane
 LAUNCH = "launch"  # l2_prefetch_at: before the kernel's wait for the previous launch, not before a stage

@@ -51,7 +51,7 @@ from .gemv_fp8 import K_CHUNK, LAUNCH, part_row, row_batch
 from .mxfp8_quant import MX_BLOCK, check_rows, mx_fp8_max
 
 KIND = "gemv_mxfp8"
-STAMPED_POINTS = ("done_point",)  # the StageBase points (start_point / done_point) its template stamps
+STAMPED_POINTS = ("done_point",)
 ROWS_PER_UNIT = 16  # one MMA tile of output rows
 ROW_PAD_WORDS = 4  # LDS row padding: token rows land on different banks
 SCALE_PAD = 4

@@ -20,7 +20,7 @@ from pydantic import field_validator
 from ..spec.models import Expr, Name, PerTarget, StageBase, per_target
 
 KIND = "head_norm_rope"
-STAMPED_POINTS = ()  # the StageBase points (start_point / done_point) its template stamps
+STAMPED_POINTS = ()
 LANES = 32  # lanes per token
 ELEMS = 4  # dims per lane
 PAGE16 = 16  # tokens per page-16 page

@@ -55,7 +55,7 @@ from pydantic import field_validator
 from ..spec.models import Expr, Name, PerTarget, StageBase, per_target
 
 KIND = "index_scores"
-STAMPED_POINTS = ("start_point", "done_point")  # the StageBase points (start_point / done_point) its template stamps
+STAMPED_POINTS = ("start_point", "done_point")
 LOG2E = 1.4426950408889634
 REQUEST_WORDS = 5  # the template's struct Request: count, first, step, heads, new_from
 MAX_BATCH = 4  # batch_items: two batches' keys in registers, 8 a thread an item

@@ -23,7 +23,7 @@ from typing import Literal
 from ..spec.models import Expr, Name, StageBase
 
 KIND = "key_table"
-STAMPED_POINTS = ("done_point",)  # the StageBase points (start_point / done_point) its template stamps
+STAMPED_POINTS = ("done_point",)
 
 
 class Model(StageBase):

@@ -47,7 +47,7 @@ from ..spec.models import Expr, Name, PerTarget, StageBase, per_target
 from .mxfp8_quant import MX_BLOCK, check_copies, image_groups, mx_fp8_max, writes_image
 
 KIND = "mla_norm_rope"
-STAMPED_POINTS = ("done_point",)  # the StageBase points (start_point / done_point) its template stamps
+STAMPED_POINTS = ("done_point",)
 NORM_THREADS = 256
 Q_PER_THREAD = 8
 KV_PER_THREAD = 2

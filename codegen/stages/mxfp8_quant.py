@@ -34,7 +34,7 @@ from pydantic import field_validator
 from ..spec.models import Expr, Name, PerTarget, StageBase, per_target
 
 KIND = "mxfp8_quant"
-STAMPED_POINTS = ("done_point",)  # the StageBase points (start_point / done_point) its template stamps
+STAMPED_POINTS = ("done_point",)
 MX_BLOCK = 32  # values per E8M0 code
 ITEM = 8  # values per thread item: one 16-byte bf16 load
 MAX_UNITS_PER_CTA = 16  # a CTA's unit loads are all in flight at once: 4 registers a unit

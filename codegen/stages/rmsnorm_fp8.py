@@ -15,7 +15,7 @@ from typing import Literal
 from ..spec.models import Name, StageBase
 
 KIND = "rmsnorm_fp8"
-STAMPED_POINTS = ("done_point",)  # the StageBase points (start_point / done_point) its template stamps
+STAMPED_POINTS = ("done_point",)
 LTS_WIDTH = 8  # elements per logical thread: one 16-byte bf16 load
 LOGICAL_WARP = 32  # logical threads per butterfly group of the original all-reduce
 
