@@ -37,7 +37,7 @@ for what in "${@:-tests}"; do
         bench) python3 -m bench.run ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log"; status=$((status | PIPESTATUS[0])) ;;
         timeline) { python3 scripts/timeline_probe.py 1 4 16 && python3 scripts/timeline_deepseek_front.py; } 2>&1 \
                 | tee "$OUT/timeline.log"; status=$((status | PIPESTATUS[0])) ;;
-        scorer) IFS=';' read -ra tunes <<< "${SCORER_TUNES:-scores.busy_waves=16;scores.busy_waves=1;scores.tiles_ahead=2}"
+        scorer) IFS=';' read -ra tunes <<< "${SCORER_TUNES:-scores.busy_waves=16;scores.busy_waves=1;scores.tiles_ahead=2 scores.key_regs=0}"
                 for tune in "" "${tunes[@]}"; do
                     echo "=== ${tune:-spec}"
                     # shellcheck disable=SC2086  # a tune is several words

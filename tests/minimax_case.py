@@ -22,6 +22,10 @@ NUM_BLOCKS = 8
 # INLINE_NORM_TOKENS rows; off in the spec
 ROWS_FIRST = {"qkv.rows_first": "tokens <= INLINE_NORM_TOKENS"}
 
+# the scorer's CUDA-core dots (the spec's on every target but sm90): the tensor cores' own knobs,
+# on in the spec's sm90 build (f16 dots; keys in registers above 8 rows), off with them
+CUDA_CORES = {"scores.mma_dots": 0, "scores.f16_dots": 0, "scores.key_regs": 0}
+
 
 def rope_table(max_pos: int = MAX_POS, rotary: int = 64, base: float = 10000.0) -> torch.Tensor:
     """cos_sin [max_pos, 64] bf16: row p = cos(p f_i) for i < 32, then sin."""

@@ -10,6 +10,7 @@ from codegen.lower import SCRATCH_ALIGN, lower, make_build
 from codegen.spec import SpecError, load_spec, parse_spec, tune_items
 from codegen.spec.load import spec_path
 from codegen.targets import TARGETS, get_target
+from tests.minimax_case import CUDA_CORES
 
 SPEC = "minimax_m3/pre_attn"
 TEXT = spec_path(SPEC).read_text()
@@ -273,9 +274,9 @@ def test_scorer_tables_and_batches(target, tokens):
     rows of 66 words, 8 rows more; else floats, quarters padded), two items' maxima of every
     warp (tensor cores) or two batches' per-item maxima of every wave (CUDA cores), the
     requests, the rows' context lengths, a block-table entry per thread and, on the tensor
-    cores, each warp's ring of tiles_ahead + 1 tiles of 2 KB. mma_dots, tiles_ahead and
-    busy_waves come from the spec (sm90: on, 1 at S <= 2 and above 8 rows else 3, 8; else off)
-    and a tune overrides them."""
+    cores up to 8 rows, each warp's ring of tiles_ahead + 1 tiles of 2 KB (above 8 rows the keys
+    go to registers, key_regs). mma_dots, tiles_ahead and busy_waves come from the spec (sm90:
+    on, 1 at S <= 2 and above 8 rows else 3, 8; else off) and a tune overrides them."""
     ir = build_ir(target, tokens)
     scores = stage_named(ir, "scores")
     own = {b.name: b for b in ir.lds if b.stage == "scores"}
@@ -283,20 +284,20 @@ def test_scorer_tables_and_batches(target, tokens):
     mma = target == "sm90"
     iq = ("u32", (tokens + 8) * 66) if mma else ("float", tokens * 4 * 36)
     slots = 4 if 2 < tokens <= 8 else 2  # tiles_ahead + 1
-    ring = {"ring": ("u32", waves * slots * 2048 // 4)} if mma else {}
+    ring = {"ring": ("u32", waves * slots * 2048 // 4)} if mma and tokens <= 8 else {}
     assert {n: (b.ctype, b.count) for n, b in own.items()} == {
         "iq": iq, "best": ("float", 2 * tokens * waves),
         "reqs": ("u32", 5 * tokens), "seq": ("u32", tokens), "pages": ("u32", ir.threads), **ring}
     assert (scores.values["batch"], scores.values["mma"]) == (1, mma)
     if mma:
         assert (scores.values["ring"], scores.values["busy"]) == (slots, 8)
-    tuned = load_spec(SPEC, tune_items({"scores.batch_items": 3, "scores.mma_dots": 0}))
+    tuned = load_spec(SPEC, tune_items({"scores.batch_items": 3, **CUDA_CORES}))
     ir = lower(tuned, make_build(tuned, target, tokens=tokens))
     assert (stage_named(ir, "scores").values["batch"], stage_named(ir, "scores").values["mma"]) == (3, False)
     own = {b.name: b.count for b in ir.lds if b.stage == "scores"}
     assert "ring" not in own and own["best"] == 2 * 3 * tokens * waves
     if mma:
-        deeper = load_spec(SPEC, tune_items({"scores.tiles_ahead": 5, "scores.busy_waves": 32}))
+        deeper = load_spec(SPEC, tune_items({"scores.tiles_ahead": 5, "scores.busy_waves": 32, "scores.key_regs": 0}))
         ir = lower(deeper, make_build(deeper, target, tokens=tokens))
         assert {b.name: b.count for b in ir.lds if b.stage == "scores"}["ring"] == waves * 6 * 2048 // 4
         assert (stage_named(ir, "scores").values["ring"], stage_named(ir, "scores").values["busy"]) == (6, 32)
@@ -792,7 +793,7 @@ def test_scorer_index_q_knobs():
         assert (groups.index("make_index_q(a, mb, reqs, iq, requests, q_len);") < groups.index(ask)) is first
         assert groups.count(ask) == 1
     with pytest.raises(SpecError, match="iq_first orders the tensor-core dots' start"):
-        scores_of({"scores.iq_first": 1, "scores.mma_dots": 0})
+        scores_of({"scores.iq_first": 1, **CUDA_CORES})
 
     made = "norm_rope(e, g, c, sn, d0, out);"
     read = ["const u64* const couple[1] = {mb.iqp + (tk * DIM + d0) / 2};", "mailbox_wait_all2(couple, mb.tag, w);"]

@@ -17,7 +17,7 @@ from codegen.fp import bf16_rn
 from codegen.reference import minimax_m3 as ref
 from tests.graphs import capture
 from tests.launch_guard import launch
-from tests.minimax_case import (POISON_BF16, ROWS_FIRST, context_case, expected_tag, launch_args, make_inputs, read_mailbox,
+from tests.minimax_case import (CUDA_CORES, POISON_BF16, ROWS_FIRST, context_case, expected_tag, launch_args, make_inputs, read_mailbox,
                                 reference_heads, reference_scores)
 
 pytestmark = pytest.mark.gpu
@@ -261,13 +261,15 @@ SCORE_CASES = [  # (tokens, q_len, contexts of the requests' last rows[, init_bl
 SCORER_TUNES = {"spec": None,  # sm90: tensor cores, each item the fewest warps that keep 8 of a CTA busy (8 .. 1)
                 "busy-16": {"scores.busy_waves": 16},  # more warps an item: 8 .. 1
                 "warp-owned": {"scores.busy_waves": 1},  # one warp an item, whatever the CTA's items
-                "three-tiles-ahead": {"scores.tiles_ahead": 3},  # a ring of four tiles (the spec's: sm90 1, two tiles)
-                "f16-dots": {"scores.f16_dots": 1},  # keys and index q in f16 (a scale a row), not bf16
-                "iq-regs": {"scores.iq_regs": 1},  # block 0's B fragments in registers for an item (not GPU-run yet)
-                # the keys by loads into registers, a tile ahead, no LDS ring (not GPU-run yet)
+                # a ring of four tiles in LDS (the spec's sm90: 1 ahead, two tiles; above 8 rows in registers)
+                "three-tiles-ahead": {"scores.tiles_ahead": 3, "scores.key_regs": 0},
+                "bf16-dots": {"scores.f16_dots": 0},  # keys and index q in bf16 (one unscale), not f16 (the spec's)
+                "iq-regs": {"scores.iq_regs": 1},  # block 0's B fragments in registers for an item
+                # the keys by loads into registers, a tile ahead, no LDS ring (the spec's above 8 rows)
                 "key-regs": {"scores.key_regs": 1, "scores.tiles_ahead": 1},
-                "cuda-cores-batch2": {"scores.mma_dots": 0, "scores.batch_items": 2},
-                "cuda-cores-batch1": {"scores.mma_dots": 0},
+                "key-ring": {"scores.key_regs": 0},  # the keys through the LDS ring at every S
+                "cuda-cores-batch2": {**CUDA_CORES, "scores.batch_items": 2},
+                "cuda-cores-batch1": CUDA_CORES,
                 # the first 4 items' keys into L2 during the GEMV at every S
                 "keys-prefetch-4": {"scores.keys_prefetch": 1, "scores.keys_prefetch_items": 4, "scores.early_setup": 0},
                 # ... above 2 rows from the early setup's pages, once the GEMV's rows are in

@@ -13,7 +13,7 @@ from codegen.launch import load
 from codegen.render import source
 from codegen.spec import load_spec, tune_items
 from codegen.targets import get_target
-from tests.minimax_case import ROWS_FIRST
+from tests.minimax_case import CUDA_CORES, ROWS_FIRST
 
 SPEC = "minimax_m3/pre_attn"
 BULK_CALL = "stage_weights_bulk(a, lo"  # the sm90 GEMV's bulk-copy issue (bulk_copies on)
@@ -347,7 +347,7 @@ def test_scorer_item_stamps():
     assert stamps[0] < calls[0] < stamps[1] < calls[1] < stamps[2]  # start, dots, put: in order around the calls
     (report,) = jit.resource_report(tuned, "stamped.hip", get_target("sm90"))
     assert report.spills == 0 and report.scratch_bytes == 0
-    _, cores = source(SPEC, "sm90", tokens=16, timeline=True, tune={**tune, "scores.mma_dots": 0})
+    _, cores = source(SPEC, "sm90", tokens=16, timeline=True, tune={**tune, **CUDA_CORES})
     run = cores[cores.index("namespace stage_scores {"):]
     stamps = [run.index(f"if (j <= STAMPED_ITEM && STAMPED_ITEM < j + BATCH) stamp(lds, TL_{p});")
               for p in ("SPARE", "X8_READY", "HEAD_GOT_QKV")]
@@ -385,11 +385,11 @@ def test_scorer_warp_groups():
     (1, 2, 4 or 8 warps an item, by busy_waves) and runs the loop built for it; no CTA
     barrier inside the loop, only the group's (a named barrier, or the warp's own sync),
     each warp's maxima of two items in LDS; the index-K head tasks waited for as a warp.
-    busy_waves and tiles_ahead reach the source; every build compiles for sm90 without
-    spills or local memory. The scores are checked on the GPU for several busy_waves
-    (tests/test_minimax_pre_attn_gpu.py)."""
+    busy_waves and tiles_ahead reach the source (more than one tile ahead with the keys' LDS
+    ring: key_regs off); every build compiles for sm90 without spills or local memory. The
+    scores are checked on the GPU for several busy_waves (tests/test_minimax_pre_attn_gpu.py)."""
     _, text = source(SPEC, "sm90", tokens=16)
-    assert "mma_bf16_16x8x16(c[s & 1], f.a[s], b0, b1)" in text and "e4m3x2_lo_bf16x2_scaled(wg[s])" in text
+    assert "mma_f16_16x8x16(c[s & 1], f.a[s], b0, b1)" in text and "e4m3x2_lo_f16x2(wg[s])" in text
     scores = text[text.index("namespace stage_scores {"):]
     assert "constexpr int BUSY_WAVES = 8;" in scores and "constexpr int RING = 2;" in scores
     assert all(f"case {g}: score_by_groups<{g}>(" in scores for g in (1, 2, 4))
@@ -398,7 +398,7 @@ def test_scorer_warp_groups():
     assert "barrier()" not in loop and "gr.sync();" in loop
     assert "else barrier_of(1 + id, G * WAVE);" in scores and "wait_new_keys<WAVE>(mb" in scores
     assert 'asm volatile("bar.sync %0, %1;"' in text
-    for tune, ring in (({}, 2), ({"scores.busy_waves": 1, "scores.tiles_ahead": 2}, 3), ({"scores.iq_first": 1}, 2),
+    for tune, ring in (({}, 2), ({"scores.busy_waves": 1, "scores.tiles_ahead": 2, "scores.key_regs": 0}, 3), ({"scores.iq_first": 1}, 2),
                        ({"scores.iq_from_out": 0, "heads.iq_tagged": 0}, 2)):
         _, built = source(SPEC, "sm90", tokens=16, tune=tune)
         assert f"constexpr int RING = {ring};" in built
@@ -406,34 +406,42 @@ def test_scorer_warp_groups():
         assert report.spills == 0 and report.scratch_bytes == 0
 
 def test_scorer_f16_dots():
-    """scores.f16_dots (sm90 tensor-core dots, off in the spec): the keys by the hardware's
-    e4m3 -> f16x2 conversion, f16 MMAs, each index-q row as f16 times 2^up with 2^-up in the
-    row's first pad word, read back for the put instead of the bf16 path's DOT_UNSCALE; S = 1 /
-    4 / 16 compile without spills; refused on the CUDA-core dots. The scores are checked on the
-    GPU (tests/test_minimax_pre_attn_gpu.py, tune f16-dots)."""
+    """scores.f16_dots (the spec's sm90 tensor-core dots): the keys by the hardware's e4m3 ->
+    f16x2 conversion, f16 MMAs, each index-q row as f16 times 2^up with 2^-up in the row's
+    first pad word, read back for the put instead of the bf16 path's DOT_UNSCALE; turned off,
+    the bf16 path (keys scaled into bf16, one DOT_UNSCALE); S = 1 / 4 / 16 compile without
+    spills both ways; refused on the CUDA-core dots. The scores are checked on the GPU
+    (tests/test_minimax_pre_attn_gpu.py: the spec's and tune bf16-dots)."""
     for tokens in (1, 4, 16):
-        _, text = source(SPEC, "sm90", tokens=tokens, tune={"scores.f16_dots": 1})
+        _, text = source(SPEC, "sm90", tokens=tokens)
         scores = text[text.rindex("namespace stage_scores {"):]
         assert "mma_f16_16x8x16(c[s & 1], f.a[s], b0, b1)" in scores and "e4m3x2_lo_f16x2(wg[s])" in scores
         assert "bf16x2_scaled" not in scores and "DOT_UNSCALE" not in scores
         assert "row[DIM / 2] = float_as_u32(u32_as_float(u32(127 - up) << 23));" in scores
         assert "float_as_u32(v * unscale * SCALE)" in scores
-        (report,) = jit.resource_report(text, "f16_dots.hip", get_target("sm90"))
-        assert report.spills == 0 and report.scratch_bytes == 0
+        _, bf16 = source(SPEC, "sm90", tokens=tokens, tune={"scores.f16_dots": 0})
+        scores = bf16[bf16.rindex("namespace stage_scores {"):]
+        assert "mma_bf16_16x8x16(c[s & 1], f.a[s], b0, b1)" in scores and "e4m3x2_lo_bf16x2_scaled(wg[s])" in scores
+        assert "mma_f16_16x8x16" not in scores and "DOT_UNSCALE" in scores
+        for built in (text, bf16):
+            (report,) = jit.resource_report(built, "f16_dots.hip", get_target("sm90"))
+            assert report.spills == 0 and report.scratch_bytes == 0
     with pytest.raises(SpecError, match="f16_dots picks the tensor-core dots' input type"):
-        source(SPEC, "sm90", tokens=4, tune={"scores.f16_dots": 1, "scores.mma_dots": 0})
+        source(SPEC, "sm90", tokens=4, tune={**CUDA_CORES, "scores.f16_dots": 1})
 
 
 def test_scorer_iq_regs():
     """scores.iq_regs (sm90 tensor-core dots, off in the spec): block 0's B fragments loaded into
     registers once an item, before its tiles, and the tiles' dots take them from there (blocks
     1.. still from LDS); with and without f16_dots, S = 1 / 16 and four index heads at S = 16 (128
-    registers) compile without spills; the spec's source does not change; refused on the CUDA-core
-    dots. The scores are checked on the GPU (tests/test_minimax_pre_attn_gpu.py, tune iq-regs)."""
+    registers; without key_regs: with it, 52 registers spill) compile without spills; the spec's
+    source does not change; refused on the CUDA-core dots. The scores are checked on the GPU
+    (tests/test_minimax_pre_attn_gpu.py, tune iq-regs)."""
     _, plain = source(SPEC, "sm90", tokens=16)
     assert "IqFrags" not in plain and "block_dots(iq_r + nb * 8 * IQ_WORDS, f, c);" in plain
-    for tokens, tune, params in ((1, {}, {}), (16, {}, {}), (16, {"scores.f16_dots": 1}, {}),
-                                 (16, {"scores.iq_from_out": 0, "heads.iq_tagged": 0}, {"index_heads": 4})):
+    for tokens, tune, params in ((1, {}, {}), (16, {}, {}), (16, {"scores.f16_dots": 0}, {}),
+                                 (16, {"scores.iq_from_out": 0, "heads.iq_tagged": 0, "scores.key_regs": 0},
+                                  {"index_heads": 4})):
         _, text = source(SPEC, "sm90", tokens=tokens, tune={"scores.iq_regs": 1, **tune}, **params)
         loop = text[text.index("MONO_DEVICE void score_warp_items("):text.index("MONO_DEVICE void score_by_groups(")]
         assert loop.index("const IqFrags q0 = iq_frags(iq_r);") < loop.index("for (int i = 0; i < PER; ++i) {")
@@ -441,17 +449,19 @@ def test_scorer_iq_regs():
         (report,) = jit.resource_report(text, "iq_regs.hip", get_target("sm90"))
         assert report.spills == 0 and report.scratch_bytes == 0
     with pytest.raises(SpecError, match="iq_regs holds the tensor-core dots' B fragments"):
-        source(SPEC, "sm90", tokens=4, tune={"scores.iq_regs": 1, "scores.mma_dots": 0})
+        source(SPEC, "sm90", tokens=4, tune={"scores.iq_regs": 1, **CUDA_CORES})
 
 
 def test_scorer_key_regs():
-    """scores.key_regs (sm90 tensor-core dots, off in the spec): each lane's 64 bytes of a tile by
-    four 16-byte loads into the stream's registers a tile ahead (coherent for a block that may hold
-    a new key), no cp.async, no LDS ring (its buffer gone from the LDS plan); S = 1 / 16, with
-    iq_regs and f16_dots too, and four index heads compile without spills; refused on the CUDA-core
-    dots and with more than one tile ahead. The scores are checked on the GPU
-    (tests/test_minimax_pre_attn_gpu.py, tune key-regs)."""
-    for tokens, tune, params in ((1, {}, {}), (16, {}, {}), (16, {"scores.iq_regs": 1, "scores.f16_dots": 1}, {}),
+    """scores.key_regs (the spec's sm90 tensor-core dots above 8 rows): each lane's 64 bytes of a
+    tile by four 16-byte loads into the stream's registers a tile ahead (coherent for a block that
+    may hold a new key), no cp.async, no LDS ring (its buffer gone from the LDS plan); S = 1 / 16,
+    with iq_regs too, with bf16 dots, and four index heads compile without spills; the spec's S = 4
+    keeps the ring; refused on the CUDA-core dots and with more than one tile ahead. The scores are
+    checked on the GPU (tests/test_minimax_pre_attn_gpu.py: the spec's, tunes key-regs and key-ring)."""
+    _, ring = source(SPEC, "sm90", tokens=4)
+    assert "LDS_RING" in ring and "const Keys keys = st.ahead;" not in ring
+    for tokens, tune, params in ((1, {}, {}), (16, {}, {}), (16, {"scores.iq_regs": 1}, {}), (16, {"scores.f16_dots": 0}, {}),
                                  (16, {"scores.iq_from_out": 0, "heads.iq_tagged": 0}, {"index_heads": 4})):
         ir, text = source(SPEC, "sm90", tokens=tokens, tune={"scores.key_regs": 1, **tune}, **params)
         scores = text[text.rindex("namespace stage_scores {"):]
@@ -463,7 +473,7 @@ def test_scorer_key_regs():
         (report,) = jit.resource_report(text, "key_regs.hip", get_target("sm90"))
         assert report.spills == 0 and report.scratch_bytes == 0
     with pytest.raises(SpecError, match="key_regs replaces the tensor-core dots' LDS ring"):
-        source(SPEC, "sm90", tokens=1, tune={"scores.key_regs": 1, "scores.mma_dots": 0})
+        source(SPEC, "sm90", tokens=1, tune={**CUDA_CORES, "scores.key_regs": 1})
     with pytest.raises(SpecError, match="key_regs holds one tile ahead in registers"):
         source(SPEC, "sm90", tokens=4, tune={"scores.key_regs": 1})
 

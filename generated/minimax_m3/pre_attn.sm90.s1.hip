@@ -1525,13 +1525,13 @@ constexpr int WAVES = THREADS / WAVE;
 constexpr int PAGES = THREADS;                 // a CTA's first PAGES items find their cache page in LDS
 // Dots on the tensor cores: a warp takes a tile of TILE_KEYS keys of an item (the MMA's rows)
 // against 8 index-q rows at a time (its columns), the dims split into 8 k-steps of 16. Keys go
-// in as bf16 times 2^-120 (exact, from their fp8 bits), index q as bf16 times IQ_UP (exact):
-// the dots come out times 2^-56 and are scaled back, exactly, after the max.
+// in as f16 (exact), each index-q row as f16 times 2^up (its largest |value| in [2^14, 2^15);
+// exact but for values 2^29 below it): the dots come out times 2^up and are scaled back, exactly,
+// by the row's 2^-up (in its row's first pad word) after the max.
 constexpr int TILE_KEYS = 16;
 constexpr int TILES = BLOCK / TILE_KEYS;       // an item's tiles: at most this many warps share it
-constexpr int IQ_WORDS = DIM / 2 + 2;          // bf16x2 words a row of index q in LDS (padded: B fragments conflict-free)
-constexpr float IQ_UP = 18446744073709551616.0f;  // 2^64
-constexpr float DOT_UNSCALE = 72057594037927936.0f;  // 2^56 = 2^120 / IQ_UP
+constexpr int IQ_WORDS = DIM / 2 + 2;          // f16x2 words a row of index q in LDS (padded: B fragments conflict-free)
+static_assert(IQ_WORDS > DIM / 2, "a row's 2^-up lives in its first pad word");
 // Warp groups: a CTA with n items gives each the fewest warps G (1, 2, 4 .. TILES) with
 // n * G >= BUSY_WAVES; its j-th item goes to group j % (WAVES / G), whose G warps take TILES / G
 // of its tiles each, streamed through their own rings (RING - 1 tiles of keys in flight).
@@ -1578,8 +1578,14 @@ MONO_DEVICE void make_index_q(const Args& a, const Mailbox& mb, const Request* r
             head_values(mb.qkv + tk * QKV_ROWS + IQ_BASE + head * DIM + d0, mb.tag, e);
             norm_rope(e, g, c, sn, d0, out);
             u32* row = reinterpret_cast<u32*>(iq) + (r * q_len * HEADS + n - base) * IQ_WORDS;
-            for (int i = 0; i < ELEMS; i += 2)  // bf16 pairs, times IQ_UP (exact)
-                row[(d0 + i) / 2] = u32(f32_to_bf16(bf16_round(out[i]) * IQ_UP)) | u32(f32_to_bf16(bf16_round(out[i + 1]) * IQ_UP)) << 16;
+            float big = 0.0f;  // the row's largest |value| (its 32 lanes)
+            for (int i = 0; i < ELEMS; ++i) big = fmax_f32(big, fabs_f32(bf16_round(out[i])));
+            big = max32(big);
+            const int up = big > 0.0f ? min_i(14 - (int(float_as_u32(big) >> 23) - 127), 126) : 0;  // (|values| < 2^127)
+            const float scale = u32_as_float(u32(127 + up) << 23);
+            for (int i = 0; i < ELEMS; i += 2)  // f16 pairs, times 2^up
+                row[(d0 + i) / 2] = pack_f16x2(bf16_round(out[i]) * scale, bf16_round(out[i + 1]) * scale);
+            if (l32 == 0) row[DIM / 2] = float_as_u32(u32_as_float(u32(127 - up) << 23));  // 2^-up, in the first pad word
         }
         base += jobs;
     }
@@ -1714,7 +1720,7 @@ struct Keys {  // key g: k[0], k[1]; key g + 8: k[2], k[3] (from the thread's ke
     u32x4 k[4];
 };
 // The A fragments of a warp's tile: k-step s = dims 16t + 4s .. + 3 (64 + 16t + 4(s - 4) ..
-// from s = 4) of keys g and g + 8, as bf16 times 2^-120.
+// from s = 4) of keys g and g + 8, as f16.
 struct Frags {
     u32 a[8][4];  // k-step s: (key g, dims +0 +1), (key g + 8, +0 +1), (g, +2 +3), (g + 8, +2 +3)
 };
@@ -1724,10 +1730,10 @@ MONO_DEVICE Frags key_frags(const Keys& keys) {
     Frags f;
 #pragma unroll
     for (int s = 0; s < 8; ++s) {
-        f.a[s][0] = e4m3x2_lo_bf16x2_scaled(wg[s]);
-        f.a[s][1] = e4m3x2_lo_bf16x2_scaled(wh[s]);
-        f.a[s][2] = e4m3x2_hi_bf16x2_scaled(wg[s]);
-        f.a[s][3] = e4m3x2_hi_bf16x2_scaled(wh[s]);
+        f.a[s][0] = e4m3x2_lo_f16x2(wg[s]);
+        f.a[s][1] = e4m3x2_lo_f16x2(wh[s]);
+        f.a[s][2] = e4m3x2_hi_f16x2(wg[s]);
+        f.a[s][3] = e4m3x2_hi_f16x2(wh[s]);
     }
     return f;
 }
@@ -1739,7 +1745,7 @@ MONO_DEVICE void block_dots(const u32* bq, const Frags& f, float (&c)[2][4]) {
     for (int s = 0; s < 8; ++s) {
         u32 b0, b1;
         ld8_lds(bq + (s < 4 ? 2 * s : 32 + 2 * (s - 4)), b0, b1);
-        mma_bf16_16x8x16(c[s & 1], f.a[s], b0, b1);  // d += A (16 keys x 16 dims) * B (16 dims x 8 rows)
+        mma_f16_16x8x16(c[s & 1], f.a[s], b0, b1);  // d += A (16 keys x 16 dims) * B (16 dims x 8 rows)
     }
 }
 // Column m (row 2t + m of the block) of a tile's dots: the larger of keys g (position `key`)
@@ -1885,7 +1891,8 @@ MONO_DEVICE void score_warp_items(const Args& a, const Mailbox& mb, const float*
                 float v = first[0];
 #pragma unroll
                 for (int w = 1; w < G; ++w) v = fmax_f32(v, first[w * MAX_ROWS]);  // the item's 128 keys
-                mailbox_put(iscore + pair_of(it, row0, nh, row), float_as_u32(v * DOT_UNSCALE * SCALE), mb.tag);
+                const float unscale = u32_as_float(reinterpret_cast<const u32*>(iq)[(row0 * HEADS + row) * IQ_WORDS + DIM / 2]);  // the row's 2^-up
+                mailbox_put(iscore + pair_of(it, row0, nh, row), float_as_u32(v * unscale * SCALE), mb.tag);
             }
     }
 }

@@ -60,7 +60,6 @@
 //   stage_qkv::LDS_WBAR    @ 176704  1 x u64
 //   stage_scores::LDS_IQ   @      0  1584 x u32
 //   stage_scores::LDS_BEST @   6336  512 x float
-//   stage_scores::LDS_RING @   8384  16384 x u32
 //   stage_scores::LDS_REQS @ 176720  80 x u32  (whole kernel: not reused)
 //   stage_scores::LDS_SEQ  @ 177040  16 x u32  (whole kernel: not reused)
 //   stage_scores::LDS_PAGES @ 177104  512 x u32  (whole kernel: not reused)
@@ -1457,7 +1456,6 @@ constexpr int FIRST = 0;
 constexpr int CTAS = 132;
 constexpr int LDS_IQ = 0;  // LDS: 1584 x u32
 constexpr int LDS_BEST = 6336;  // LDS: 512 x float
-constexpr int LDS_RING = 8384;  // LDS: 16384 x u32
 constexpr int LDS_REQS = 176720;  // LDS: 80 x u32
 constexpr int LDS_SEQ = 177040;  // LDS: 16 x u32
 constexpr int LDS_PAGES = 177104;  // LDS: 512 x u32
@@ -1527,13 +1525,13 @@ constexpr int WAVES = THREADS / WAVE;
 constexpr int PAGES = THREADS;                 // a CTA's first PAGES items find their cache page in LDS
 // Dots on the tensor cores: a warp takes a tile of TILE_KEYS keys of an item (the MMA's rows)
 // against 8 index-q rows at a time (its columns), the dims split into 8 k-steps of 16. Keys go
-// in as bf16 times 2^-120 (exact, from their fp8 bits), index q as bf16 times IQ_UP (exact):
-// the dots come out times 2^-56 and are scaled back, exactly, after the max.
+// in as f16 (exact), each index-q row as f16 times 2^up (its largest |value| in [2^14, 2^15);
+// exact but for values 2^29 below it): the dots come out times 2^up and are scaled back, exactly,
+// by the row's 2^-up (in its row's first pad word) after the max.
 constexpr int TILE_KEYS = 16;
 constexpr int TILES = BLOCK / TILE_KEYS;       // an item's tiles: at most this many warps share it
-constexpr int IQ_WORDS = DIM / 2 + 2;          // bf16x2 words a row of index q in LDS (padded: B fragments conflict-free)
-constexpr float IQ_UP = 18446744073709551616.0f;  // 2^64
-constexpr float DOT_UNSCALE = 72057594037927936.0f;  // 2^56 = 2^120 / IQ_UP
+constexpr int IQ_WORDS = DIM / 2 + 2;          // f16x2 words a row of index q in LDS (padded: B fragments conflict-free)
+static_assert(IQ_WORDS > DIM / 2, "a row's 2^-up lives in its first pad word");
 // Warp groups: a CTA with n items gives each the fewest warps G (1, 2, 4 .. TILES) with
 // n * G >= BUSY_WAVES; its j-th item goes to group j % (WAVES / G), whose G warps take TILES / G
 // of its tiles each, streamed through their own rings (RING - 1 tiles of keys in flight).
@@ -1585,8 +1583,14 @@ MONO_DEVICE void make_index_q(const Args& a, const Mailbox& mb, const Request* r
             bf16x2_to_f32(w[0][0], out[0], out[1]);
             bf16x2_to_f32(w[0][1], out[2], out[3]);
             u32* row = reinterpret_cast<u32*>(iq) + (r * q_len * HEADS + n - base) * IQ_WORDS;
-            for (int i = 0; i < ELEMS; i += 2)  // bf16 pairs, times IQ_UP (exact)
-                row[(d0 + i) / 2] = u32(f32_to_bf16(bf16_round(out[i]) * IQ_UP)) | u32(f32_to_bf16(bf16_round(out[i + 1]) * IQ_UP)) << 16;
+            float big = 0.0f;  // the row's largest |value| (its 32 lanes)
+            for (int i = 0; i < ELEMS; ++i) big = fmax_f32(big, fabs_f32(bf16_round(out[i])));
+            big = max32(big);
+            const int up = big > 0.0f ? min_i(14 - (int(float_as_u32(big) >> 23) - 127), 126) : 0;  // (|values| < 2^127)
+            const float scale = u32_as_float(u32(127 + up) << 23);
+            for (int i = 0; i < ELEMS; i += 2)  // f16 pairs, times 2^up
+                row[(d0 + i) / 2] = pack_f16x2(bf16_round(out[i]) * scale, bf16_round(out[i + 1]) * scale);
+            if (l32 == 0) row[DIM / 2] = float_as_u32(u32_as_float(u32(127 - up) << 23));  // 2^-up, in the first pad word
         }
         base += jobs;
     }
@@ -1688,11 +1692,14 @@ MONO_DEVICE void wait_new_keys(const Mailbox& mb, bool& new_keys_seen) {
     new_keys_seen = true;
 }
 
+// 16 bytes at `p` of the CTA's item `it`'s block (coherent when it may hold a new key).
+MONO_DEVICE u32x4 key_bytes(const Item& it, const u8* p) { return it.new_keys ? ld16_coherent(p) : ld16(p); }
+
 struct Keys {  // key g: k[0], k[1]; key g + 8: k[2], k[3] (from the thread's key slot)
     u32x4 k[4];
 };
 // The A fragments of a warp's tile: k-step s = dims 16t + 4s .. + 3 (64 + 16t + 4(s - 4) ..
-// from s = 4) of keys g and g + 8, as bf16 times 2^-120.
+// from s = 4) of keys g and g + 8, as f16.
 struct Frags {
     u32 a[8][4];  // k-step s: (key g, dims +0 +1), (key g + 8, +0 +1), (g, +2 +3), (g + 8, +2 +3)
 };
@@ -1702,10 +1709,10 @@ MONO_DEVICE Frags key_frags(const Keys& keys) {
     Frags f;
 #pragma unroll
     for (int s = 0; s < 8; ++s) {
-        f.a[s][0] = e4m3x2_lo_bf16x2_scaled(wg[s]);
-        f.a[s][1] = e4m3x2_lo_bf16x2_scaled(wh[s]);
-        f.a[s][2] = e4m3x2_hi_bf16x2_scaled(wg[s]);
-        f.a[s][3] = e4m3x2_hi_bf16x2_scaled(wh[s]);
+        f.a[s][0] = e4m3x2_lo_f16x2(wg[s]);
+        f.a[s][1] = e4m3x2_lo_f16x2(wh[s]);
+        f.a[s][2] = e4m3x2_hi_f16x2(wg[s]);
+        f.a[s][3] = e4m3x2_hi_f16x2(wh[s]);
     }
     return f;
 }
@@ -1717,7 +1724,7 @@ MONO_DEVICE void block_dots(const u32* bq, const Frags& f, float (&c)[2][4]) {
     for (int s = 0; s < 8; ++s) {
         u32 b0, b1;
         ld8_lds(bq + (s < 4 ? 2 * s : 32 + 2 * (s - 4)), b0, b1);
-        mma_bf16_16x8x16(c[s & 1], f.a[s], b0, b1);  // d += A (16 keys x 16 dims) * B (16 dims x 8 rows)
+        mma_f16_16x8x16(c[s & 1], f.a[s], b0, b1);  // d += A (16 keys x 16 dims) * B (16 dims x 8 rows)
     }
 }
 // Column m (row 2t + m of the block) of a tile's dots: the larger of keys g (position `key`)
@@ -1770,12 +1777,13 @@ struct Stream {
     Item it;             // the item of the tile asked for last
     long long page;      // its cache page
     bool new_keys_seen;  // this warp waited for the index-K head tasks
+    Keys ahead;          // the tile asked for last, in registers (key_regs)
 };
 
 // This lane's key slot s % RING of its warp's ring: [wave][slot][piece][lane].
 MONO_DEVICE u32x4* ring_slot(u32x4* ring, int s) { return ring + ((wave_id() * RING + s % RING) * 4) * WAVE + lane_id(); }
 
-// The stream's next tile asked for (cp.async; an empty group past the warp's last item).
+// The stream's next tile asked for (into st.ahead by 16-byte loads: key_regs).
 template <int G>
 MONO_DEVICE void ask_next_tile(const Args& a, const Mailbox& mb, const Request* reqs, const int* pages, const Group<G>& gr,
                                Stream& st, const Deal& deal, int requests, int q_len, u32x4* ring) {
@@ -1788,11 +1796,14 @@ MONO_DEVICE void ask_next_tile(const Args& a, const Mailbox& mb, const Request* 
             st.page = j < PAGES ? pages[j] : page_of(a, st.it, q_len);
         }
     }
-    if (st.it.valid) {  // (cp.async.cg reads the L2: coherent for the new keys too)
+    if (st.it.valid) {  // this lane's 64 bytes, as copy_key_pieces would put them in its slot
         const int g = lane_id() / 4, t = lane_id() % 4, tile = gr.member * PER + st.s % PER;
-        copy_key_pieces(ring_slot(ring, st.s), WAVE, a.index_cache + (st.page * BLOCK + tile * TILE_KEYS + g) * DIM + 16 * t);
+        const u8* kp = a.index_cache + (st.page * BLOCK + tile * TILE_KEYS + g) * DIM + 16 * t;
+        st.ahead.k[0] = key_bytes(st.it, kp);
+        st.ahead.k[1] = key_bytes(st.it, kp + 64);
+        st.ahead.k[2] = key_bytes(st.it, kp + 8 * DIM);
+        st.ahead.k[3] = key_bytes(st.it, kp + 8 * DIM + 64);
     }
-    copy_async_commit();
     ++st.s;
 }
 
@@ -1828,12 +1839,8 @@ MONO_DEVICE void score_warp_items(const Args& a, const Mailbox& mb, const float*
 #pragma unroll
         for (int i = 0; i < PER; ++i) {
             const int s = k * PER + i;
-            ask_next_tile(a, mb, reqs, pages, gr, st, deal, requests, q_len, ring);  // tile s + RING - 1
-            copy_async_wait_pending<RING - 1>();  // this lane's bytes of tile s landed
-            const u32x4* slot = ring_slot(ring, s);
-            Keys keys;
-#pragma unroll
-            for (int p = 0; p < 4; ++p) keys.k[p] = ld16_lds(slot + p * WAVE);
+            const Keys keys = st.ahead;  // tile s, asked for a tile ago
+            ask_next_tile(a, mb, reqs, pages, gr, st, deal, requests, q_len, ring);  // tile s + 1, into st.ahead
             const Frags f = key_frags(keys);
             const int key = it.b * BLOCK + (gr.member * PER + i) * TILE_KEYS + g;  // position of key g (key g + 8: key + 8)
 #pragma unroll
@@ -1863,7 +1870,8 @@ MONO_DEVICE void score_warp_items(const Args& a, const Mailbox& mb, const float*
                 float v = first[0];
 #pragma unroll
                 for (int w = 1; w < G; ++w) v = fmax_f32(v, first[w * MAX_ROWS]);  // the item's 128 keys
-                mailbox_put(iscore + pair_of(it, row0, nh, row), float_as_u32(v * DOT_UNSCALE * SCALE), mb.tag);
+                const float unscale = u32_as_float(reinterpret_cast<const u32*>(iq)[(row0 * HEADS + row) * IQ_WORDS + DIM / 2]);  // the row's 2^-up
+                mailbox_put(iscore + pair_of(it, row0, nh, row), float_as_u32(v * unscale * SCALE), mb.tag);
             }
     }
 }
@@ -1873,7 +1881,7 @@ MONO_DEVICE void score_warp_items(const Args& a, const Mailbox& mb, const float*
 template <int G>
 MONO_DEVICE void score_by_groups(const Args& a, const Mailbox& mb, float* iq, const int* seq, const Request* reqs,
                                  const int* pages, const Deal& deal, int requests, int q_len, u8* lds) {
-    u32x4* ring = reinterpret_cast<u32x4*>(lds + LDS_RING);  // [wave][slot][piece][lane]: a warp's tiles s in slot s % RING
+    u32x4* ring = nullptr;  // (key_regs: the keys go into registers, no LDS ring)
     float* best = reinterpret_cast<float*>(lds + LDS_BEST);  // [item k % 2][wave][(row, head)]: each warp's maxima
     const Group<G> gr;
     Stream st{0, Cursor{0, 0}, Item{false, 0, 0, 1, false}, 0, false};
