@@ -778,7 +778,7 @@ def test_scorer_index_q_knobs():
     (heads.iq_tagged, into region iqp: 16-byte couples, no done flag, no second load), instead of
     the norm + RoPE of the qkv rows; on the AMD builds too; the two knobs must agree; refused with
     four index heads (iq_out holds only the own head). iq_first is off in the spec; iq_from_out is
-    sm90's above one row with one index head (bench/NOTES.md, MiniMax sessions 20 / 21 / 29)."""
+    sm90's with one index head (bench/NOTES.md, MiniMax sessions 20 / 21 / 29 / 31)."""
     from codegen.render import render
 
     def scores_of(tune, target="sm90", tokens=16, **params):
@@ -813,7 +813,7 @@ def test_scorer_index_q_knobs():
     for one in ({"scores.iq_from_out": 1, "heads.iq_tagged": 0}, {"scores.iq_from_out": 0, "heads.iq_tagged": 1}):
         with pytest.raises(SpecError, match="give heads.iq_tagged iq_from_out's value"):
             scores_of(one)
-    for tokens, index_heads, polled in ((1, 1, False), (2, 1, True), (16, 1, True), (16, 4, False)):  # the spec's, sm90
+    for tokens, index_heads, polled in ((1, 1, True), (2, 1, True), (16, 1, True), (16, 4, False)):  # the spec's, sm90
         assert (made not in iq(scores_of({}, tokens=tokens, index_heads=index_heads))) is polled
     assert made in iq(scores_of({}, "gfx950", tokens=16))
     with pytest.raises(SpecError, match="the head tasks write only the own index-q head to iq_out, not all 4"):

@@ -275,8 +275,9 @@ SCORER_TUNES = {"spec": None,  # sm90: tensor cores, each item the fewest warps 
                 # ... above 2 rows from the early setup's pages, once the GEMV's rows are in
                 "keys-prefetch-set-up": {"scores.keys_prefetch": 1, "scores.keys_prefetch_items": 8},
                 "iq-first": {"scores.iq_first": 1},  # the index q made before the first key tiles are asked for
-                # the index q polled as the tagged pairs the head task puts beside iq_out (the spec's above one row)
-                "iq-from-out": {"scores.iq_from_out": 1, "heads.iq_tagged": 1},
+                # the index q made again from the qkv rows by every scorer CTA (the spec's sm90 with four index
+                # heads; with one it polls the tagged pairs the head task puts beside iq_out)
+                "iq-made": {"scores.iq_from_out": 0, "heads.iq_tagged": 0},
                 # every rank a round in turn (the spec's sm90: the late CTAs 4 / 6 items fewer, above 2
                 # rows a second deal up to 24 items a CTA)
                 "plain-deal": {"scores.late_ctas": 0, "scores.few_items": 0},
@@ -355,7 +356,7 @@ CP_CASES = [  # (tokens, q_len, contexts): long requests have more than 288 bloc
 
 @pytest.mark.parametrize("tune_id,own", [("spec", own) for own in range(4)] +
                          [(tune_id, 1) for tune_id in SCORER_TUNES  # one rank is enough
-                          if tune_id not in ("spec", "iq-from-out")])  # (iq_out holds one head: refused with four)
+                          if tune_id not in ("spec", "iq-made")])  # (iq-made: the spec's with four heads)
 @pytest.mark.parametrize("tokens,q_len,contexts", CP_CASES)
 def test_index_context_parallel(tune_id, own, tokens, q_len, contexts):
     """index_heads 4, rank `own`: own-head outputs and caches exact; the other

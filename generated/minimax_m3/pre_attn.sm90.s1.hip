@@ -1419,6 +1419,7 @@ MONO_DEVICE void head(const Args& a, const Mailbox& mb, u8* lds, int ht, int tk,
     } else if (ht == TASK_IQ) {
         const u32 lo = pack_bf16x2(out[0], out[1]), hi = pack_bf16x2(out[2], out[3]);
         st8(a.iq_out + tk * DIM + d0, lo, hi);
+        mailbox_put2(mb.iqp + (tk * DIM + d0) / 2, lo, hi, mb.tag);  // the scorers poll these (iq_tagged)
     } else if (ht == TASK_K) {  // scale from the f32 head, bytes from its bf16 rounding
         const float ks = kv_scale(out);
         if (slot >= 0) {
@@ -1562,7 +1563,7 @@ static_assert(sizeof(Request) == 5 * 4, "LDS_REQS holds 5 words a request");
 
 // The index q of every scored request, bf16-rounded, into LDS: request r's (row i, head j) at
 // row r * q_len * HEADS + i * heads + j (bf16 pairs times IQ_UP), as its scoring walks them. The head
-// stage's math on the qkv mailbox, one 32-lane group a (token, head), the requests' jobs
+// task's iq_out row, polled as its tagged pairs (iq_from_out), one 32-lane group a (token, head), the requests' jobs
 // numbered in order and dealt to the groups.
 MONO_DEVICE void make_index_q(const Args& a, const Mailbox& mb, const Request* reqs, float* iq, int requests, int q_len) {
     const int tid = thread_id(), group = tid / LANES, l32 = tid % LANES, d0 = ELEMS * l32;
@@ -1573,10 +1574,15 @@ MONO_DEVICE void make_index_q(const Args& a, const Mailbox& mb, const Request* r
         for (int n = base + (group - base % GROUPS + GROUPS) % GROUPS; n < base + jobs; n += GROUPS) {  // uniform per 32 lanes
             const int tk = r * q_len + (n - base) / req.heads, j = (n - base) % req.heads;
             const int head = req.heads == 1 ? OWN : j;
-            float g[ELEMS], c[ELEMS], sn[ELEMS], e[ELEMS], out[ELEMS];
-            head_inputs(a.g_iq, a.cos_sin + (long long)int(a.positions[tk]) * ROPE, d0, g, c, sn);
-            head_values(mb.qkv + tk * QKV_ROWS + IQ_BASE + head * DIM + d0, mb.tag, e);
-            norm_rope(e, g, c, sn, d0, out);
+            // the head task's row (its bf16 values are what norm_rope would give), as the tagged
+            // pairs it puts beside iq_out: no done flag, no second load
+            static_assert(ELEMS == 4, "a lane's dims: one couple of pairs");
+            const u64* const couple[1] = {mb.iqp + (tk * DIM + d0) / 2};
+            u32 w[1][2];
+            mailbox_wait_all2(couple, mb.tag, w);
+            float out[ELEMS];
+            bf16x2_to_f32(w[0][0], out[0], out[1]);
+            bf16x2_to_f32(w[0][1], out[2], out[3]);
             u32* row = reinterpret_cast<u32*>(iq) + (r * q_len * HEADS + n - base) * IQ_WORDS;
             float big = 0.0f;  // the row's largest |value| (its 32 lanes)
             for (int i = 0; i < ELEMS; ++i) big = fmax_f32(big, fabs_f32(bf16_round(out[i])));
