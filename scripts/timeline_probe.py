@@ -6,12 +6,14 @@ per-call time of the same build without stamps, replayed from a CUDA graph
 copies of w_qkv to overflow the L2, the stamps are those of the last round over
 them (--slowest: the last launch's).
 
-Usage: python scripts/timeline_probe.py [--cold-keys] [--no-mma] [--slowest=POINT] [tokens ...] [flag=value ...]
+Usage: python scripts/timeline_probe.py [--cold-keys] [--no-mma] [--no-key-loads] [--slowest=POINT] [tokens ...] [flag=value ...]
 (flags: build parameters, e.g. timeline-free ones like static_kv_scale=true, or
 spec knobs as stage.field=value, e.g. qkv.bulk_copies=1: codegen.load's tune).
 The index cache is 16 MB with pages drawn with replacement (its keys stay in the L2);
 --cold-keys gives every request its own pages, as the bench does (64K: 134 MB at S=16);
 --no-mma times the build without its fp8 MMAs (scripts/no_mma.py: wrong results, what they cost);
+--no-key-loads times it with a scorer that reads no keys (scripts/no_key_loads.py: wrong scores,
+what the keys' arrival costs beyond the tiles' compute);
 --slowest=POINT also lists the 8 CTAs that stamped POINT last, each with all its stamps (a
 straggler's roles show in its other stamps)."""
 
@@ -24,19 +26,22 @@ from codegen.__main__ import name_values
 from codegen.trace import point_stats
 from bench.run import auto_copies
 from bench.timing import GpuTimer, warm_clocks
+from scripts.no_key_loads import without_key_loads
 from scripts.no_mma import without_fp8_mma
 from tests.minimax_case import NUM_BLOCKS, context_case, launch_args, make_inputs
 
 
 COLD_KEYS = "--cold-keys" in sys.argv
 NO_MMA = "--no-mma" in sys.argv
+NO_KEY_LOADS = "--no-key-loads" in sys.argv
 SLOWEST = next((a.split("=", 1)[1] for a in sys.argv[1:] if a.startswith("--slowest=")), None)
 
 
 def build(tokens: int, tune: dict | None, **flags):
-    """The kernel as launched here: codegen.load's, or (--no-mma) its probe twin."""
+    """The kernel as launched here: codegen.load's, or (--no-mma, --no-key-loads) its probe twin."""
     kernel = codegen.load("minimax_m3/pre_attn", tokens=tokens, tune=tune, **flags)
-    return without_fp8_mma(kernel) if NO_MMA else kernel
+    kernel = without_fp8_mma(kernel) if NO_MMA else kernel
+    return without_key_loads(kernel) if NO_KEY_LOADS else kernel
 
 
 def setup(kernel, tokens: int, contexts) -> tuple[dict, list]:
@@ -76,7 +81,7 @@ def probe(tokens: int, contexts=(4096,), reps: int = 20, tune: dict | None = Non
     tl = samples[-1]
     pts = kernel.ir.timeline_points
     t0 = tl[:, 0][tl[:, 0] > 0].min()
-    print(f"S={tokens} contexts={list(contexts)} {flags or ''} {tune or ''}{' NO MMA' if NO_MMA else ''}, cold weights ({len(weights)} copies): "
+    print(f"S={tokens} contexts={list(contexts)} {flags or ''} {tune or ''}{' NO MMA' if NO_MMA else ''}{' NO KEY LOADS' if NO_KEY_LOADS else ''}, cold weights ({len(weights)} copies): "
           f"us from the first CTA's start, min / median / max over CTAs that stamp, each the median of {len(samples)} launches")
     for p, (lo, med, hi, n) in point_stats(samples, pts).items():
         print(f"  {p:14s} n={n:4d}  min {lo:7.2f}  median {med:7.2f}  max {hi:7.2f}")
@@ -96,7 +101,7 @@ def probe(tokens: int, contexts=(4096,), reps: int = 20, tune: dict | None = Non
 
 
 if __name__ == "__main__":
-    words = [a for a in sys.argv[1:] if a not in ("--cold-keys", "--no-mma") and not a.startswith("--slowest=")]
+    words = [a for a in sys.argv[1:] if a not in ("--cold-keys", "--no-mma", "--no-key-loads") and not a.startswith("--slowest=")]
     tokens = [int(a) for a in words if "=" not in a] or [1, 16]
     pairs = name_values([a for a in words if "=" in a])
     flags = {k: v for k, v in pairs.items() if "." not in k}

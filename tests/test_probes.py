@@ -1,8 +1,8 @@
 """The sm90 probe scripts (scripts/probe_*.py, broadcast_probe.py, pdl_probe.py, run on the lent H200): their
 CUDA sources compile with nvrtc here, and the wgmma probe's fragment layouts are the mma.sync
 m16n8k32 ones it claims (checked element by element on the CPU); the scoreboard and timeline
-scripts' arithmetic on made-up listings and stamps; the no-MMA probe build (--no-mma); the wgmma
-precision model's arithmetic (scripts/precision_model.py)."""
+scripts' arithmetic on made-up listings and stamps; the no-MMA and no-key-loads probe builds
+(--no-mma, --no-key-loads); the wgmma precision model's arithmetic (scripts/precision_model.py)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import torch
 from codegen.jit import cuda
 from codegen.targets import get_target
 from codegen.reference import minimax_m3
-from scripts import (broadcast_probe, no_mma, pdl_probe, precision_model, probe_fp8_convert, probe_wgmma_fp8,
-                     sass_same, sass_scoreboards)
+from scripts import (broadcast_probe, no_key_loads, no_mma, pdl_probe, precision_model, probe_fp8_convert,
+                     probe_wgmma_fp8, sass_same, sass_scoreboards)
 
 
 def test_probe_sources_compile():
@@ -139,7 +139,7 @@ def test_timeline_point_stats_take_the_median_launch():
 
 def test_no_mma_probe_build():
     """--no-mma: the sm90 builds of both kernels compile without any fp8 MMA, wq_b's native wgmma
-    included (the bf16 ones of MiniMax's scorer stay); a build without the sm90 library's fp8 MMAs
+    included (the f16 ones of MiniMax's scorer stay); a build without the sm90 library's fp8 MMAs
     is refused."""
     import pytest
 
@@ -152,9 +152,33 @@ def test_no_mma_probe_build():
         before, after = (jit.resource_report(s, f"{ir.name}.{tag}.hip", ir.target)[0] for tag, s in (("a", src), ("b", probe)))
         e4m3 = lambda r: sum(n for op, n in r.mfma.items() if "e4m3" in op)  # noqa: E731
         assert e4m3(before) > 0 and e4m3(after) == 0 and after.spill_store_bytes == 0
-        assert {op: n for op, n in after.mfma.items() if "bf16" in op} == {op: n for op, n in before.mfma.items() if "bf16" in op}
+        others = lambda r: {op: n for op, n in r.mfma.items() if "e4m3" not in op}  # noqa: E731
+        assert others(after) == others(before)
+        assert (sum(others(before).values()) > 0) is (spec == "minimax_m3/pre_attn")  # the scorer's f16 MMAs
     with pytest.raises(ValueError, match="not an sm90 build"):
         no_mma.without_fp8_mma_source(source("deepseek_v41/attn_front", "gfx942", tokens=1)[1])
+
+
+def test_no_key_loads_probe_build():
+    """--no-key-loads: MiniMax's scorer reads no keys (key_bytes returns its address's bits, the
+    LDS ring's copies are gone) and the build still compiles without spills: sm90 S = 4 (the
+    ring), S = 16 (keys in registers) and the CUDA-core dots of gfx942; its GEMV's loads and the
+    rest of the source stay as they were; a build with neither function is refused."""
+    import pytest
+
+    from codegen import jit
+    from codegen.render import source
+    for target, tokens, loads, copies in (("sm90", 4, 0, 1), ("sm90", 16, 1, 1), ("gfx942", 16, 1, 0)):
+        ir, src = source("minimax_m3/pre_attn", target, tokens=tokens)
+        probe = no_key_loads.without_key_loads_source(src)
+        assert (probe.count("// probe: no key load\n"), probe.count("// probe: no key copy\n")) == (loads, copies)
+        assert "ld16_coherent(p) : ld16(p)" not in probe and "copy16_async(dst + 3 * stride" not in probe
+        dropped = [line for line in src.splitlines() if line not in probe.splitlines()]
+        assert all("ld16" in line or "copy16_async" in line for line in dropped)  # nothing else went
+        (report,) = jit.resource_report(probe, f"{ir.name}.nokeys.hip", ir.target)
+        assert report.spill_store_bytes == 0
+    with pytest.raises(ValueError, match="not a MiniMax pre_attn build"):
+        no_key_loads.without_key_loads_source(source("deepseek_v41/attn_front", "sm90", tokens=1)[1])
 
 
 def test_precision_model():
