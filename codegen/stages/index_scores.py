@@ -112,7 +112,9 @@ class Model(StageBase):
     iq_regs: PerTarget = PerTarget(default=0)
     # tensor-core dots: each lane's 64 bytes of a tile by 16-byte loads into registers, one tile
     # ahead (1), not by cp.async into an LDS ring that each lane reads back alone (0): the keys'
-    # 4 KB a tile a warp off the LDS. Needs tiles_ahead 1 (16 registers a lane)
+    # 4 KB a tile a warp off the LDS. Needs tiles_ahead 1 (16 registers a lane): deeper, ptxas counts
+    # every tile's loads on one scoreboard and each tile waits for them all (2 / 3 ahead built and
+    # measured slower, bench/NOTES.md MiniMax sessions 30-31)
     key_regs: PerTarget = PerTarget(default=0)
     # tensor-core dots: tiles of 16 keys in flight (cp.async) in each warp's ring while one is scored
     tiles_ahead: PerTarget = PerTarget(default=3)
