@@ -31,9 +31,8 @@ from scripts.no_mma import without_fp8_mma
 from tests.minimax_case import NUM_BLOCKS, context_case, launch_args, make_inputs
 
 
-COLD_KEYS = "--cold-keys" in sys.argv
-NO_MMA = "--no-mma" in sys.argv
-NO_KEY_LOADS = "--no-key-loads" in sys.argv
+SWITCHES = ("--cold-keys", "--no-mma", "--no-key-loads")
+COLD_KEYS, NO_MMA, NO_KEY_LOADS = (s in sys.argv for s in SWITCHES)
 SLOWEST = next((a.split("=", 1)[1] for a in sys.argv[1:] if a.startswith("--slowest=")), None)
 
 
@@ -101,7 +100,7 @@ def probe(tokens: int, contexts=(4096,), reps: int = 20, tune: dict | None = Non
 
 
 if __name__ == "__main__":
-    words = [a for a in sys.argv[1:] if a not in ("--cold-keys", "--no-mma", "--no-key-loads") and not a.startswith("--slowest=")]
+    words = [a for a in sys.argv[1:] if a not in SWITCHES and not a.startswith("--slowest=")]
     tokens = [int(a) for a in words if "=" not in a] or [1, 16]
     pairs = name_values([a for a in words if "=" in a])
     flags = {k: v for k, v in pairs.items() if "." not in k}

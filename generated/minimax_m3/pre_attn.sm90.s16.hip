@@ -1738,14 +1738,6 @@ MONO_DEVICE float max_over_keys(float v) {
     v = fmax_f32(v, shfl_xor(v, 8));
     return fmax_f32(v, shfl_xor(v, 16));
 }
-// This lane's 64 bytes of a tile (keys g and g + 8 at kp, kp + 8 * DIM; bytes 16t and 64 + 16t
-// each) into dst, dst + stride, dst + 2 stride, dst + 3 stride (cp.async).
-MONO_DEVICE void copy_key_pieces(u32x4* dst, int stride, const u8* kp) {
-    copy16_async(dst, kp);
-    copy16_async(dst + stride, kp + 64);
-    copy16_async(dst + 2 * stride, kp + 8 * DIM);
-    copy16_async(dst + 3 * stride, kp + 8 * DIM + 64);
-}
 
 // The warps an item of a CTA with `items` items takes: the fewest (1, 2, 4 .. TILES) that keep
 // BUSY_WAVES of the CTA's warps busy.
@@ -1780,9 +1772,6 @@ struct Stream {
     Keys ahead;          // the tile asked for last, in registers (key_regs)
 };
 
-// This lane's key slot s % RING of its warp's ring: [wave][slot][piece][lane].
-MONO_DEVICE u32x4* ring_slot(u32x4* ring, int s) { return ring + ((wave_id() * RING + s % RING) * 4) * WAVE + lane_id(); }
-
 // The stream's next tile asked for (into st.ahead by 16-byte loads: key_regs).
 template <int G>
 MONO_DEVICE void ask_next_tile(const Args& a, const Mailbox& mb, const Request* reqs, const int* pages, const Group<G>& gr,
@@ -1796,7 +1785,7 @@ MONO_DEVICE void ask_next_tile(const Args& a, const Mailbox& mb, const Request* 
             st.page = j < PAGES ? pages[j] : page_of(a, st.it, q_len);
         }
     }
-    if (st.it.valid) {  // this lane's 64 bytes, as copy_key_pieces would put them in its slot
+    if (st.it.valid) {  // this lane's 64 bytes: keys g and g + 8, bytes 16t and 64 + 16t of each
         const int g = lane_id() / 4, t = lane_id() % 4, tile = gr.member * PER + st.s % PER;
         const u8* kp = a.index_cache + (st.page * BLOCK + tile * TILE_KEYS + g) * DIM + 16 * t;
         st.ahead.k[0] = key_bytes(st.it, kp);
