@@ -6,7 +6,7 @@ per-call time of the same build without stamps, replayed from a CUDA graph
 copies of w_qkv to overflow the L2, the stamps are those of the last round over
 them (--slowest: the last launch's).
 
-Usage: python scripts/timeline_probe.py [--cold-keys] [--no-mma] [--no-key-loads] [--slowest=POINT] [tokens ...] [flag=value ...]
+Usage: python scripts/timeline_probe.py [--cold-keys] [--no-mma] [--no-key-loads] [--heads-twice] [--warm-weights] [--slowest=POINT] [--ctas=A,B,..] [tokens ...] [flag=value ...]
 (flags: build parameters, e.g. timeline-free ones like static_kv_scale=true, or
 spec knobs as stage.field=value, e.g. qkv.bulk_copies=1: codegen.load's tune).
 The index cache is 16 MB with pages drawn with replacement (its keys stay in the L2);
@@ -14,8 +14,13 @@ The index cache is 16 MB with pages drawn with replacement (its keys stay in the
 --no-mma times the build without its fp8 MMAs (scripts/no_mma.py: wrong results, what they cost);
 --no-key-loads times it with a scorer that reads no keys (scripts/no_key_loads.py: wrong scores,
 what the keys' arrival costs beyond the tiles' compute);
+--heads-twice runs each head task twice (scripts/heads_twice.py: the stamps are the second, warm pass's);
+--warm-weights launches on one copy of the weights, so that nothing streams them (or the code) out of L2
+(its graph replays are one launch a graph: their per-call time is not the bench's);
 --slowest=POINT also lists the 8 CTAs that stamped POINT last, each with all its stamps (a
-straggler's roles show in its other stamps)."""
+straggler's roles show in its other stamps);
+--ctas=A,B,.. lists those CTAs with all their stamps (e.g. the CTA of a head task and the CTAs
+that compute its rows)."""
 
 import sys
 
@@ -26,20 +31,23 @@ from codegen.__main__ import name_values
 from codegen.trace import point_stats
 from bench.run import auto_copies
 from bench.timing import GpuTimer, warm_clocks
+from scripts.heads_twice import heads_twice
 from scripts.no_key_loads import without_key_loads
 from scripts.no_mma import without_fp8_mma
 from tests.minimax_case import NUM_BLOCKS, context_case, launch_args, make_inputs
 
 
-SWITCHES = ("--cold-keys", "--no-mma", "--no-key-loads")
-COLD_KEYS, NO_MMA, NO_KEY_LOADS = (s in sys.argv for s in SWITCHES)
+SWITCHES = ("--cold-keys", "--no-mma", "--no-key-loads", "--heads-twice", "--warm-weights")
+COLD_KEYS, NO_MMA, NO_KEY_LOADS, HEADS_TWICE, WARM_WEIGHTS = (s in sys.argv for s in SWITCHES)
 SLOWEST = next((a.split("=", 1)[1] for a in sys.argv[1:] if a.startswith("--slowest=")), None)
+CTAS = [int(c) for a in sys.argv[1:] if a.startswith("--ctas=") for c in a.split("=", 1)[1].split(",")]
 
 
 def build(tokens: int, tune: dict | None, **flags):
-    """The kernel as launched here: codegen.load's, or (--no-mma, --no-key-loads) its probe twin."""
+    """The kernel as launched here: codegen.load's, or (--no-mma, --no-key-loads, --heads-twice) its probe twin."""
     kernel = codegen.load("minimax_m3/pre_attn", tokens=tokens, tune=tune, **flags)
     kernel = without_fp8_mma(kernel) if NO_MMA else kernel
+    kernel = heads_twice(kernel) if HEADS_TWICE else kernel
     return without_key_loads(kernel) if NO_KEY_LOADS else kernel
 
 
@@ -55,6 +63,7 @@ def setup(kernel, tokens: int, contexts) -> tuple[dict, list]:
     args.update(seq_lens=case["seq_lens"].cuda(), block_table=case["block_table"].cuda(), bt_width=case["bt_cols"],
                 index_cache=case["index_cache_bytes"].cuda().view(inp["fp8"]))
     copies = auto_copies(torch.cuda.get_device_properties(0).L2_cache_size, args["w_qkv"].numel())  # the bench's rule
+    copies = 1 if WARM_WEIGHTS else copies  # one copy: the weights (and the kernel's code) stay in L2
     return args, [args["w_qkv"].clone() for _ in range(copies)]
 
 
@@ -80,14 +89,14 @@ def probe(tokens: int, contexts=(4096,), reps: int = 20, tune: dict | None = Non
     tl = samples[-1]
     pts = kernel.ir.timeline_points
     t0 = tl[:, 0][tl[:, 0] > 0].min()
-    print(f"S={tokens} contexts={list(contexts)} {flags or ''} {tune or ''}{' NO MMA' if NO_MMA else ''}{' NO KEY LOADS' if NO_KEY_LOADS else ''}, cold weights ({len(weights)} copies): "
+    print(f"S={tokens} contexts={list(contexts)} {flags or ''} {tune or ''}{' NO MMA' if NO_MMA else ''}{' NO KEY LOADS' if NO_KEY_LOADS else ''}{' HEADS TWICE' if HEADS_TWICE else ''}, {'warm' if WARM_WEIGHTS else 'cold'} weights ({len(weights)} copies): "
           f"us from the first CTA's start, min / median / max over CTAs that stamp, each the median of {len(samples)} launches")
     for p, (lo, med, hi, n) in point_stats(samples, pts).items():
         print(f"  {p:14s} n={n:4d}  min {lo:7.2f}  median {med:7.2f}  max {hi:7.2f}")
-    if SLOWEST is not None:
-        us = (tl - t0).double() / 1000.0 * (tl > 0)  # 0: not stamped
-        for c in us[:, pts.index(SLOWEST)].argsort(descending=True)[:8].tolist():
-            print(f"  CTA {c:3d}: " + " ".join(f"{n} {us[c, i]:.2f}" for i, n in enumerate(pts) if tl[c, i] > 0))
+    us = (tl - t0).double() / 1000.0 * (tl > 0)  # 0: not stamped
+    listed = us[:, pts.index(SLOWEST)].argsort(descending=True)[:8].tolist() if SLOWEST is not None else []
+    for c in listed + CTAS:
+        print(f"  CTA {c:3d}: " + " ".join(f"{n} {us[c, i]:.2f}" for i, n in enumerate(pts) if tl[c, i] > 0))
     # timed as the bench times them: this stamped build (its per-call time less the stamped span is
     # what the launch costs outside its CTAs), and its twin without stamps
     plain = build(tokens, tune, **flags)
@@ -100,7 +109,7 @@ def probe(tokens: int, contexts=(4096,), reps: int = 20, tune: dict | None = Non
 
 
 if __name__ == "__main__":
-    words = [a for a in sys.argv[1:] if a not in SWITCHES and not a.startswith("--slowest=")]
+    words = [a for a in sys.argv[1:] if a not in SWITCHES and not a.startswith(("--slowest=", "--ctas="))]
     tokens = [int(a) for a in words if "=" not in a] or [1, 16]
     pairs = name_values([a for a in words if "=" in a])
     flags = {k: v for k, v in pairs.items() if "." not in k}

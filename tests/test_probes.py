@@ -11,7 +11,7 @@ import torch
 from codegen.jit import cuda
 from codegen.targets import get_target
 from codegen.reference import minimax_m3
-from scripts import (broadcast_probe, no_key_loads, no_mma, pdl_probe, precision_model, probe_fp8_convert,
+from scripts import (broadcast_probe, heads_twice, no_key_loads, no_mma, pdl_probe, precision_model, probe_fp8_convert,
                      probe_wgmma_fp8, sass_same, sass_scoreboards)
 
 
@@ -179,6 +179,30 @@ def test_no_key_loads_probe_build():
         assert report.spill_store_bytes == 0
     with pytest.raises(ValueError, match="not a MiniMax pre_attn build"):
         no_key_loads.without_key_loads_source(source("deepseek_v41/attn_front", "sm90", tokens=1)[1])
+
+
+def test_heads_twice_probe_build():
+    """--heads-twice: each MiniMax head task runs twice from one loop (not unrolled: the second pass
+    runs the first's instructions), stamped after the stores (heads.stored_point) and after the
+    release fence (heads.fenced_point) in that order; the build compiles without spills, and a
+    build without head tasks is refused."""
+    import pytest
+
+    from codegen import jit
+    from codegen.render import source
+    ir, src = source("minimax_m3/pre_attn", "sm90", tokens=1, timeline=True, tune={"heads.stored_point": "spare"})
+    probe = heads_twice.heads_twice_source(src)
+    assert probe.count("for (int pass = 0; pass < 2; ++pass)") == 1 and "#pragma unroll 1\n" in probe
+    heads = probe[probe.index("namespace stage_heads {\n"):probe.index("}  // namespace stage_heads")]
+    run = heads[heads.index("MONO_DEVICE void run("):]
+    assert run.index("head(a, mb, lds, ht, tk, l32);") < run.index("stamp(lds, TL_SPARE);") < run.index("fence_release();")
+    (report,) = jit.resource_report(probe, f"{ir.name}.twice.hip", ir.target)
+    assert report.spill_store_bytes == 0
+    _, fenced = source("minimax_m3/pre_attn", "sm90", tokens=1, timeline=True, tune={"heads.fenced_point": "spare"})
+    run = fenced[fenced.index("namespace stage_heads {\n"):fenced.index("}  // namespace stage_heads")]
+    assert run.index("fence_release();") < run.index("stamp(lds, TL_SPARE);") < run.index("barrier();        // ... before")
+    with pytest.raises(ValueError, match="not a MiniMax pre_attn build"):
+        heads_twice.heads_twice_source(source("deepseek_v41/attn_front", "sm90", tokens=1)[1])
 
 
 def test_precision_model():

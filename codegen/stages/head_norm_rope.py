@@ -30,6 +30,8 @@ PAGE_BYTES = 2048  # one page-16 page of one kv head: 16 tokens x 128 dims
 class Model(StageBase):
     kind: Literal["head_norm_rope"]
     got_point: Name | None = "head_got_qkv"  # timeline point: the head's qkv values arrived
+    stored_point: Name | None = None  # timeline point: the task's stores issued (index q: its pairs too)
+    fenced_point: Name | None = None  # timeline point: the release fence after them passed (with done)
     qkv: Name  # pairs region: the GEMV's rows, token t at pair t * rows
     rows: Expr  # pair stride of a token in qkv
     q_heads: Expr  # local q heads: tasks 0 .. q_heads - 1
