@@ -332,8 +332,9 @@ def test_scorer_item_stamps():
     """scores.item_point / dots_point / put_point (analysis stamps, off in the spec): the phases
     of one item on every CTA (tensor cores: warp 0's `stamped_item`-th; CUDA cores: the batch
     holding the CTA's), in order around the dots and the put; setup_point: the stage's start
-    done (requests and first pages in LDS), before the first keys are asked for; iq_point: thread
-    0's index q rows made, before the barrier that publishes them to the CTA; the untuned
+    done (requests and first pages in LDS), before the first keys are asked for; iq_start_point:
+    right before make_index_q (both dots' paths); iq_point: thread 0's index q rows made, before
+    the barrier that publishes them to the CTA; the untuned
     build has none of it, and the stamped build still compiles for sm90 without spills."""
     _, plain = source(SPEC, "sm90", tokens=16, timeline=True)
     tune = {"scores.stamped_item": 3, "scores.item_point": "spare", "scores.dots_point": "x8_ready",
@@ -362,6 +363,11 @@ def test_scorer_item_stamps():
     groups = setup[setup.index("MONO_DEVICE void score_by_groups("):end]
     made = groups.index("make_index_q(")
     assert made < groups.index("stamp(lds, TL_X8_READY);") < groups.index("barrier();", made)
+    for tokens, target in ((16, "sm90"), (16, "gfx942")):  # iq_start_point: right before make_index_q, both dots' paths
+        _, start = source(SPEC, target, tokens=tokens, timeline=True, tune={"scores.iq_start_point": "spare"})
+        scores = start[start.index("namespace stage_scores {\n"):start.index("}  // namespace stage_scores")]
+        assert scores.count("stamp(lds, TL_SPARE);") == 1
+        assert scores[scores.index("stamp(lds, TL_SPARE);"):].split("\n")[1].strip().startswith("make_index_q(")
     with pytest.raises(SpecError, match="no timeline point 'keys'"):
         source(SPEC, "sm90", tune={"scores.dots_point": "keys"}, tokens=1)
     with pytest.raises(SpecError, match=r"stamped_item: .* must be an integer >= 0, got -1"):
