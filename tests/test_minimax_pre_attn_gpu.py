@@ -268,6 +268,8 @@ SCORER_TUNES = {"spec": None,  # sm90: tensor cores, each item the fewest warps 
                 # the keys by loads into registers, a tile ahead, no LDS ring (the spec's above 8 rows)
                 "key-regs": {"scores.key_regs": 1, "scores.tiles_ahead": 1},
                 "key-ring": {"scores.key_regs": 0},  # the keys through the LDS ring at every S
+                # keys in registers at every S, each tile converted before the next one's loads reuse them
+                "convert-first": {"scores.key_regs": 1, "scores.tiles_ahead": 1, "scores.convert_first": 1},
                 "cuda-cores-batch2": {**CUDA_CORES, "scores.batch_items": 2},
                 "cuda-cores-batch1": CUDA_CORES,
                 # the first 4 items' keys into L2 during the GEMV at every S

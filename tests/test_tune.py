@@ -374,6 +374,23 @@ def test_scorer_item_stamps():
         source(SPEC, "sm90", tune={"scores.stamped_item": -1, "scores.put_point": "spare"}, tokens=1)
 
 
+def test_scorer_convert_first():
+    """convert_first (off in the spec; key_regs builds): each tile's keys converted to f16 before
+    ask_next_tile's loads of the next tile reuse their registers, so no copy of them (`Keys keys =
+    st.ahead`) is made; the build compiles for sm90 without spills or stack; refused without
+    key_regs (the LDS ring has no registers to reuse)."""
+    _, plain = source(SPEC, "sm90", tokens=16)
+    assert "const Keys keys = st.ahead;" in plain and "key_frags(st.ahead)" not in plain
+    _, tuned = source(SPEC, "sm90", tokens=16, tune={"scores.convert_first": 1})
+    items = tuned[tuned.index("MONO_DEVICE void score_warp_items("):tuned.index("MONO_DEVICE void score_by_groups(")]
+    assert "const Keys keys = st.ahead;" not in items and items.count("key_frags(") == 1
+    assert items.index("const Frags f = key_frags(st.ahead);") < items.index("ask_next_tile(a, mb, reqs, pages, gr, st")
+    (report,) = jit.resource_report(tuned, "convert_first.hip", get_target("sm90"))
+    assert report.spills == 0 and report.scratch_bytes == 0
+    with pytest.raises(SpecError, match="convert_first orders key_regs' conversions and loads"):
+        source(SPEC, "sm90", tune={"scores.convert_first": 1}, tokens=4)  # (the spec's key_regs: above 8 rows)
+
+
 def test_stream_k_hand_off_stamps():
     """qkv.piece_point / qkv.tail_point (analysis stamps, off in the spec): the head piece put,
     the tail's lower piece seen; both name timeline points like the kinds' own."""

@@ -116,6 +116,12 @@ class Model(StageBase):
     # every tile's loads on one scoreboard and each tile waits for them all (2 / 3 ahead built and
     # measured slower, bench/NOTES.md MiniMax sessions 30-31)
     key_regs: PerTarget = PerTarget(default=0)
+    # key_regs: each tile's keys converted to f16 before the next tile's loads reuse their
+    # registers (1), not copied aside first so that those loads go out before the conversions (0):
+    # 16 register moves a tile a warp fewer, the next loads ~32 instructions later. The 64K scorer
+    # is compute as much as keys (S = 16 without key loads: 35.2 us, the floor 35.6;
+    # bench/NOTES.md MiniMax session 32)
+    convert_first: PerTarget = PerTarget(default=0)
     # tensor-core dots: tiles of 16 keys in flight (cp.async) in each warp's ring while one is scored
     tiles_ahead: PerTarget = PerTarget(default=3)
     # tensor-core dots: a CTA of n items gives each the fewest warps G (1, 2, 4, 8) with
@@ -154,7 +160,7 @@ class Model(StageBase):
     iq_from_out: PerTarget = PerTarget(default=0)
 
     _per_target = field_validator("lead_cta", "late_ctas", "late_items", "few_items", "few_lead_cta", "few_late_ctas",
-                                  "few_late_items", "mma_dots", "f16_dots", "iq_regs", "key_regs", "batch_items",
+                                  "few_late_items", "mma_dots", "f16_dots", "iq_regs", "key_regs", "convert_first", "batch_items",
                                   "tiles_ahead",
                                   "busy_waves", "keys_prefetch", "early_setup", "iq_first", "iq_from_out",
                                   mode="before")(
@@ -279,6 +285,10 @@ def lower(stage: Model, ctx) -> dict:
     if key_regs and not mma:
         ctx.fail(("key_regs",), "key_regs replaces the tensor-core dots' LDS ring; the CUDA-core dots load their keys "
                  "into registers already", "give key_regs 0 where mma_dots is off")
+    convert_first = ctx.switch(stage.convert_first.for_target(ctx.target.name), ("convert_first",))
+    if convert_first and not key_regs:
+        ctx.fail(("convert_first",), "convert_first orders key_regs' conversions and loads; the LDS ring has no "
+                 "registers to reuse", "give convert_first key_regs' value (or 0)")
     if key_regs and ahead != 1:
         ctx.fail(("key_regs",), f"key_regs holds one tile ahead in registers (16 a lane), not {ahead}",
                  "give tiles_ahead 1 with key_regs")
@@ -361,6 +371,7 @@ def lower(stage: Model, ctx) -> dict:
         "f16": f16,  # the tensor-core dots in f16 (a scale a row), not bf16
         "iq_regs": iq_regs,  # block 0's B fragments in registers for an item
         "key_regs": key_regs,  # the keys by loads into registers, no LDS ring
+        "convert_first": convert_first,  # key_regs: each tile converted before the next one's loads
         "ring": ahead + 1,
         "iq_first": iq_first,
         "iq_from_out": iq_from_out,
