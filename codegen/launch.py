@@ -23,7 +23,7 @@ which raises ``KernelHang`` naming the stage, task, CTA, region and tags."""
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from .lower import HANG_REGION, REGION_BYTES, SCALAR_RANGES, Arg, KernelIR, lower, make_build
@@ -199,6 +199,11 @@ class Kernel:
         from . import jit
 
         return jit.compile_binary(self.source, self.file_name, self.target, self.backend)
+
+    def with_source(self, source: str) -> "Kernel":
+        """The same build (IR, backend, launch modes) compiled from ``source``: a probe's twin
+        (scripts/no_mma.py and its kin), or a test's build with a stage cut out."""
+        return replace(self, source=source)
 
     def compile(self):
         """Compile (or take from the disk cache) and load; check co-residency."""

@@ -28,4 +28,4 @@ def heads_twice_source(source: str) -> str:
 
 def heads_twice(kernel: Kernel) -> Kernel:
     """The same build (IR, backend, launch mode) compiled from the probe source."""
-    return Kernel(kernel.ir, heads_twice_source(kernel.source), kernel.backend, kernel.cooperative)
+    return kernel.with_source(heads_twice_source(kernel.source))

@@ -39,4 +39,4 @@ def without_key_loads_source(source: str) -> str:
 
 def without_key_loads(kernel: Kernel) -> Kernel:
     """The same build (IR, backend, launch mode) compiled from the probe source."""
-    return Kernel(kernel.ir, without_key_loads_source(kernel.source), kernel.backend, kernel.cooperative)
+    return kernel.with_source(without_key_loads_source(kernel.source))

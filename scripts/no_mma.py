@@ -41,4 +41,4 @@ def without_fp8_mma_source(source: str) -> str:
 
 def without_fp8_mma(kernel: Kernel) -> Kernel:
     """The same build (IR, backend, launch mode) compiled from the probe source."""
-    return Kernel(kernel.ir, without_fp8_mma_source(kernel.source), kernel.backend, kernel.cooperative)
+    return kernel.with_source(without_fp8_mma_source(kernel.source))

@@ -6,7 +6,8 @@ per-call time of the same build without stamps, replayed from a CUDA graph
 copies of w_qkv to overflow the L2, the stamps are those of the last round over
 them (--slowest: the last launch's).
 
-Usage: python scripts/timeline_probe.py [--cold-keys] [--no-mma] [--no-key-loads] [--heads-twice] [--warm-weights] [--slowest=POINT] [--ctas=A,B,..] [tokens ...] [flag=value ...]
+Usage: python scripts/timeline_probe.py [--cold-keys] [--no-mma] [--no-key-loads] [--heads-twice]
+    [--warm-weights] [--slowest=POINT] [--ctas=A,B,..] [tokens ...] [flag=value ...]
 (flags: build parameters, e.g. timeline-free ones like static_kv_scale=true, or
 spec knobs as stage.field=value, e.g. qkv.bulk_copies=1: codegen.load's tune).
 The index cache is 16 MB with pages drawn with replacement (its keys stay in the L2);
@@ -39,6 +40,7 @@ from tests.minimax_case import NUM_BLOCKS, context_case, launch_args, make_input
 
 SWITCHES = ("--cold-keys", "--no-mma", "--no-key-loads", "--heads-twice", "--warm-weights")
 COLD_KEYS, NO_MMA, NO_KEY_LOADS, HEADS_TWICE, WARM_WEIGHTS = (s in sys.argv for s in SWITCHES)
+TWINS = ("--no-mma", "--no-key-loads", "--heads-twice")  # the switches that build a probe twin
 SLOWEST = next((a.split("=", 1)[1] for a in sys.argv[1:] if a.startswith("--slowest=")), None)
 CTAS = [int(c) for a in sys.argv[1:] if a.startswith("--ctas=") for c in a.split("=", 1)[1].split(",")]
 
@@ -89,7 +91,9 @@ def probe(tokens: int, contexts=(4096,), reps: int = 20, tune: dict | None = Non
     tl = samples[-1]
     pts = kernel.ir.timeline_points
     t0 = tl[:, 0][tl[:, 0] > 0].min()
-    print(f"S={tokens} contexts={list(contexts)} {flags or ''} {tune or ''}{' NO MMA' if NO_MMA else ''}{' NO KEY LOADS' if NO_KEY_LOADS else ''}{' HEADS TWICE' if HEADS_TWICE else ''}, {'warm' if WARM_WEIGHTS else 'cold'} weights ({len(weights)} copies): "
+    twins = "".join(f" {s[2:].replace('-', ' ').upper()}" for s in TWINS if s in sys.argv)  # e.g. " NO MMA"
+    print(f"S={tokens} contexts={list(contexts)} {flags or ''} {tune or ''}{twins}, "
+          f"{'warm' if WARM_WEIGHTS else 'cold'} weights ({len(weights)} copies): "
           f"us from the first CTA's start, min / median / max over CTAs that stamp, each the median of {len(samples)} launches")
     for p, (lo, med, hi, n) in point_stats(samples, pts).items():
         print(f"  {p:14s} n={n:4d}  min {lo:7.2f}  median {med:7.2f}  max {hi:7.2f}")

@@ -203,6 +203,11 @@ def test_heads_twice_probe_build():
     assert run.index("fence_release();") < run.index("stamp(lds, TL_SPARE);") < run.index("barrier();        // ... before")
     with pytest.raises(ValueError, match="not a MiniMax pre_attn build"):
         heads_twice.heads_twice_source(source("deepseek_v41/attn_front", "sm90", tokens=1)[1])
+    import codegen
+    kernel = codegen.load("minimax_m3/pre_attn", tokens=1, target="sm90", pdl=False)
+    twin = heads_twice.heads_twice(kernel)  # Kernel.with_source: the same build, launch modes and all
+    assert (twin.ir, twin.backend, twin.cooperative, twin.pdl) == (kernel.ir, kernel.backend, kernel.cooperative, False)
+    assert twin.source == heads_twice.heads_twice_source(kernel.source) != kernel.source
 
 
 def test_precision_model():

@@ -105,7 +105,7 @@ def test_unsatisfiable_wait_raises_kernel_hang_within_2s():
     norm = next(s for s in kernel.ir.stages if s.kind == "rmsnorm_fp8")
     call = f"    stage_{norm.name}::run(a, mb, lds);\n"
     assert kernel.source.count(call) == 1
-    broken = Kernel(kernel.ir, kernel.source.replace(call, ""), kernel.backend, kernel.cooperative)
+    broken = kernel.with_source(kernel.source.replace(call, ""))
     broken.compile()
     inp = make_inputs(tokens, kernel.target.name, seed=11)
     ws = broken.workspace("cuda")
@@ -137,8 +137,7 @@ def test_hang_in_graph_replays_is_reported_by_check_errors():
     tokens = 4
     kernel = codegen.load(SPEC, tokens=tokens, debug=True)
     norm = next(s for s in kernel.ir.stages if s.kind == "rmsnorm_fp8")
-    broken = Kernel(kernel.ir, kernel.source.replace(f"    stage_{norm.name}::run(a, mb, lds);\n", ""),
-                    kernel.backend, kernel.cooperative)
+    broken = kernel.with_source(kernel.source.replace(f"    stage_{norm.name}::run(a, mb, lds);\n", ""))
     broken.compile()
     ws = broken.workspace("cuda")
     args = launch_args(make_inputs(tokens, kernel.target.name, seed=12), ws)
@@ -350,7 +349,7 @@ def ds_broken(kernel, stage: str) -> Kernel:
     publishes never comes."""
     call = f"    stage_{stage}::run(a, mb, lds);\n"
     assert kernel.source.count(call) == 1
-    broken = Kernel(kernel.ir, kernel.source.replace(call, ""), kernel.backend, kernel.cooperative)
+    broken = kernel.with_source(kernel.source.replace(call, ""))
     broken.compile()
     return broken
 

@@ -160,8 +160,8 @@ class Model(StageBase):
     iq_from_out: PerTarget = PerTarget(default=0)
 
     _per_target = field_validator("lead_cta", "late_ctas", "late_items", "few_items", "few_lead_cta", "few_late_ctas",
-                                  "few_late_items", "mma_dots", "f16_dots", "iq_regs", "key_regs", "convert_first", "batch_items",
-                                  "tiles_ahead",
+                                  "few_late_items", "mma_dots", "f16_dots", "iq_regs", "key_regs", "convert_first",
+                                  "batch_items", "tiles_ahead",
                                   "busy_waves", "keys_prefetch", "early_setup", "iq_first", "iq_from_out",
                                   mode="before")(
         classmethod(lambda cls, v: per_target(v)))
