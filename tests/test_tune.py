@@ -374,23 +374,6 @@ def test_scorer_item_stamps():
         source(SPEC, "sm90", tune={"scores.stamped_item": -1, "scores.put_point": "spare"}, tokens=1)
 
 
-def test_scorer_convert_first():
-    """convert_first (off in the spec; key_regs builds): each tile's keys converted to f16 before
-    ask_next_tile's loads of the next tile reuse their registers, so no copy of them (`Keys keys =
-    st.ahead`) is made; the build compiles for sm90 without spills or stack; refused without
-    key_regs (the LDS ring has no registers to reuse)."""
-    _, plain = source(SPEC, "sm90", tokens=16)
-    assert "const Keys keys = st.ahead;" in plain and "key_frags(st.ahead)" not in plain
-    _, tuned = source(SPEC, "sm90", tokens=16, tune={"scores.convert_first": 1})
-    items = tuned[tuned.index("MONO_DEVICE void score_warp_items("):tuned.index("MONO_DEVICE void score_by_groups(")]
-    assert "const Keys keys = st.ahead;" not in items and items.count("key_frags(") == 1
-    assert items.index("const Frags f = key_frags(st.ahead);") < items.index("ask_next_tile(a, mb, reqs, pages, gr, st")
-    (report,) = jit.resource_report(tuned, "convert_first.hip", get_target("sm90"))
-    assert report.spills == 0 and report.scratch_bytes == 0
-    with pytest.raises(SpecError, match="convert_first orders key_regs' conversions and loads"):
-        source(SPEC, "sm90", tune={"scores.convert_first": 1}, tokens=4)  # (the spec's key_regs: above 8 rows)
-
-
 def test_stream_k_hand_off_stamps():
     """qkv.piece_point / qkv.tail_point (analysis stamps, off in the spec): the head piece put,
     the tail's lower piece seen; both name timeline points like the kinds' own."""
@@ -499,6 +482,82 @@ def test_scorer_key_regs():
         source(SPEC, "sm90", tokens=1, tune={**CUDA_CORES, "scores.key_regs": 1})
     with pytest.raises(SpecError, match="key_regs holds one tile ahead in registers"):
         source(SPEC, "sm90", tokens=4, tune={"scores.key_regs": 1})
+
+
+def test_scorer_int_converts():
+    """scores.int_converts (f16 dots): that many of a tile's 8 k-steps convert their keys by
+    integer ops (the key times 2^-8; checked here for every byte against torch's e4m3), spread
+    evenly; mixed with the hardware conversion (3, 4) they sum in chain 1, scaled back by 2^8 where
+    the chains meet; all 8 keep the even / odd chains and scale their sum; S = 1 / 16 compile
+    without spills; the spec's source does not change; refused on bf16 dots and above 8. The scores
+    are checked on the GPU (tests/test_minimax_pre_attn_gpu.py: the spec's bits at 4 and 8)."""
+    import numpy as np
+    import torch
+    values = torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn).float()
+    for byte in range(256):  # the device function's prmt (sign copied up) and mask << 7, modelled
+        if byte & 0x7F == 0x7F:
+            continue  # e4m3's NaNs
+        x = (0xFF00 if byte & 0x80 else 0) | byte
+        half = np.array([(x & 0x017F) << 7], dtype=np.uint16).view(np.float16)[0]
+        assert float(half) == values[byte].item() / 256 and np.signbit(half) == bool(byte & 0x80), hex(byte)
+    _, plain = source(SPEC, "sm90", tokens=16)
+    assert "INT_CONVERTS" not in plain and "mma_f16_16x8x16(c[s & 1], f.a[s], b0, b1)" in plain
+    steps = {3: [2, 5, 7], 4: [1, 3, 5, 7], 8: list(range(8))}
+    for converts, tokens in ((3, 16), (4, 1), (4, 16), (8, 16)):
+        _, text = source(SPEC, "sm90", tokens=tokens, tune={"scores.int_converts": converts})
+        scores = text[text.rindex("namespace stage_scores {"):]
+        assert f"constexpr int INT_CONVERTS = {converts};" in scores
+        int_step = lambda s: (s + 1) * converts // 8 > s * converts // 8  # the template's int_step
+        assert [s for s in range(8) if int_step(s)] == steps[converts]
+        assert "if (int_step(s)) {" in scores and "e4m3x2_hi_f16x2_scaled(wh[s]);" in scores
+        if converts < 8:
+            assert "mma_f16_16x8x16(c[int(int_step(s))], f.a[s], b0, b1)" in scores
+            assert "const float lo = c[0][m] + c[1][m] * KEY_UP" in scores
+        else:
+            assert "mma_f16_16x8x16(c[s & 1], f.a[s], b0, b1)" in scores
+            assert "const float lo = (c[0][m] + c[1][m]) * KEY_UP" in scores
+        (report,) = jit.resource_report(text, "int_converts.hip", get_target("sm90"))
+        assert report.spills == 0 and report.scratch_bytes == 0
+    with pytest.raises(SpecError, match="int_converts splits the f16 dots' key conversions"):
+        source(SPEC, "sm90", tokens=4, tune={"scores.int_converts": 4, "scores.f16_dots": 0})
+    with pytest.raises(SpecError, match="a tile has 8 k-steps, not 9"):
+        source(SPEC, "sm90", tokens=4, tune={"scores.int_converts": 9})
+
+
+def test_scorer_dot_chains():
+    """scores.dot_chains (tensor-core dots): a tile's 8 MMAs in 4 chains (k-steps s % 4, two deep),
+    added pairwise where they meet, with int_converts 8 too (their sum scaled back); S = 1 / 16
+    compile without spills; the spec's 2 keep the even / odd chains; refused for other counts and
+    with int_converts mixed (its steps' own chain). The scores are checked on the GPU
+    (tests/test_minimax_pre_attn_gpu.py: tunes dot-chains-4, dot-chains-4-int)."""
+    for tokens, tune in ((1, {}), (16, {}), (16, {"scores.int_converts": 8})):
+        _, text = source(SPEC, "sm90", tokens=tokens, tune={"scores.dot_chains": 4, **tune})
+        scores = text[text.rindex("namespace stage_scores {"):]
+        assert "mma_f16_16x8x16(c[s % 4], f.a[s], b0, b1)" in scores and "float c[4][4] = {};" in scores
+        total = "(c[0][m] + c[1][m]) + (c[2][m] + c[3][m])"
+        assert f"const float lo = ({total}) * KEY_UP" in scores if tune else f"const float lo = {total}," in scores
+        (report,) = jit.resource_report(text, "dot_chains.hip", get_target("sm90"))
+        assert report.spills == 0 and report.scratch_bytes == 0
+    with pytest.raises(SpecError, match="a tile's MMAs sum in 2 or 4 chains, not 3"):
+        source(SPEC, "sm90", tokens=4, tune={"scores.dot_chains": 3})
+    with pytest.raises(SpecError, match="int_converts 4 mixes the conversions"):
+        source(SPEC, "sm90", tokens=4, tune={"scores.dot_chains": 4, "scores.int_converts": 4})
+
+
+def test_scorer_rolled_tiles():
+    """scores.rolled_tiles (tensor-core dots): a warp's tiles of an item in a loop kept rolled
+    (`#pragma unroll 1`), the spec's fully unrolled; the S = 16 build's SASS is ~2700 instructions
+    shorter (cold code: fetched on each SM's first pass) and has no spills; refused on the CUDA-core
+    dots. The scores are checked on the GPU (tests/test_minimax_pre_attn_gpu.py: tune rolled-tiles)."""
+    loop = "        for (int i = 0; i < PER; ++i) {"
+    _, plain = source(SPEC, "sm90", tokens=16)
+    assert f"#pragma unroll\n{loop}" in plain
+    _, rolled = source(SPEC, "sm90", tokens=16, tune={"scores.rolled_tiles": 1})
+    assert "#pragma unroll 1  // (rolled_tiles" in rolled and rolled.index(loop) > rolled.index("#pragma unroll 1  // (")
+    (report,) = jit.resource_report(rolled, "rolled_tiles.hip", get_target("sm90"))
+    assert report.spills == 0 and report.scratch_bytes == 0
+    with pytest.raises(SpecError, match="rolled_tiles rolls the tensor-core dots' tile loop"):
+        source(SPEC, "sm90", tokens=4, tune={**CUDA_CORES, "scores.rolled_tiles": 1})
 
 
 @pytest.mark.parametrize("target", ["sm90", "gfx942"])
