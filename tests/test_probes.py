@@ -1,7 +1,7 @@
 """The sm90 probe scripts (scripts/probe_*.py, broadcast_probe.py, pdl_probe.py, run on the lent H200): their
 CUDA sources compile with nvrtc here, and the wgmma probe's fragment layouts are the mma.sync
 m16n8k32 ones it claims (checked element by element on the CPU); the scoreboard and timeline
-scripts' arithmetic on made-up listings and stamps; the no-MMA and no-key-loads probe builds
+scripts' arithmetic on made-up listings and stamps; code_footprint's attribution; the no-MMA and no-key-loads probe builds
 (--no-mma, --no-key-loads); the wgmma precision model's arithmetic (scripts/precision_model.py)."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import torch
 from codegen.jit import cuda
 from codegen.targets import get_target
 from codegen.reference import minimax_m3
-from scripts import (broadcast_probe, heads_twice, no_key_loads, no_mma, pdl_probe, precision_model, probe_fp8_convert,
-                     probe_wgmma_fp8, sass_same, sass_scoreboards)
+from scripts import (broadcast_probe, code_footprint, heads_twice, no_key_loads, no_mma, pdl_probe, precision_model,
+                     probe_fp8_convert, probe_wgmma_fp8, sass_same, sass_scoreboards)
 
 
 def test_probe_sources_compile():
@@ -224,3 +224,36 @@ def test_precision_model():
     sums, absdot = torch.ones(4, 8, dtype=torch.float64), torch.full((4, 8), 3.0, dtype=torch.float64)
     err = precision_model.block_errors(sums, absdot, 0.5, g)
     assert bool((err.abs() <= 0.5 * precision_model.PROBE_BOUND * 3.0).all()) and bool((err != 0).any())
+
+
+def test_code_footprint_gives_each_instruction_to_its_stage_and_function():
+    """code_footprint: an instruction goes to the innermost line of its inline chain that lies in
+    a stage's namespace (a target helper inlined into a stage's function counts for that
+    function), the kernel's own lines to `kernel`; an instruction after no `//##` run keeps the
+    chain before it."""
+    source = "\n".join([
+        "MONO_DEVICE u32 helper(u32 w) {",            # 1: a target helper, outside the stages
+        "    return w;",                               # 2
+        "}",                                           # 3
+        "namespace stage_scores {",                    # 4
+        "MONO_DEVICE void tile(const Args& a) {",      # 5
+        "    helper(1);",                              # 6
+        "}",                                           # 7
+        "}  // namespace stage_scores",                # 8
+        "MONO_KERNEL k(const Args a) {",               # 9
+        "    stage_scores::tile(a);",                  # 10
+        "}"])                                          # 11
+    listing = "\n".join([
+        '\t//## File "k.hip", line 10',
+        "        /*0000*/                   S2R R0, SR_TID.X ;",
+        '\t//## File "k.hip", line 2 inlined at "k.hip", line 6',
+        '\t//## File "k.hip", line 6 inlined at "k.hip", line 10',
+        '\t//## File "k.hip", line 10',
+        "        /*0010*/                   PRMT R1, R0, 0x9180, RZ ;",
+        "        /*0020*/                   LOP3.LUT R1, R1, 0x17f017f, RZ, 0xc0, !PT ;",
+        '\t//## File "k.hip", line 11',
+        "        /*0030*/                   EXIT ;"])
+    assert code_footprint.chains(listing) == [(10,), (2, 6, 10), (2, 6, 10), (11,)]
+    per_stage, per_func = code_footprint.footprint(source, listing)
+    assert per_stage == {"scores": 2, "kernel": 2}
+    assert per_func == {("scores", "tile"): 2, ("kernel", "k"): 2}
