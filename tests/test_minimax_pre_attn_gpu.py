@@ -272,6 +272,7 @@ SCORER_TUNES = {"spec": None,  # sm90: tensor cores, each item the fewest warps 
                 "dot-chains-4": {"scores.dot_chains": 4},  # a tile's MMAs in four chains two deep, not two four deep
                 "dot-chains-4-int": {"scores.dot_chains": 4, "scores.int_converts": 8},
                 "rolled-tiles": {"scores.rolled_tiles": 1},  # a warp's tiles of an item in a rolled loop
+                "dry-pass": {"scores.dry_pass": 1},  # the CTA's first item scored once dry (no index q, no put) first
                 # the keys by loads into registers, a tile ahead, no LDS ring (the spec's above 8 rows)
                 "key-regs": {"scores.key_regs": 1, "scores.tiles_ahead": 1},
                 "key-ring": {"scores.key_regs": 0},  # the keys through the LDS ring at every S

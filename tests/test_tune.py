@@ -560,6 +560,28 @@ def test_scorer_rolled_tiles():
         source(SPEC, "sm90", tokens=4, tune={**CUDA_CORES, "scores.rolled_tiles": 1})
 
 
+def test_scorer_dry_pass():
+    """scores.dry_pass (tensor-core dots): score_by_groups runs its body twice in a loop kept
+    rolled (the same instructions), the first pass dry: no make_index_q (the wait for the index
+    q is the live pass's), score_warp_items stops after the first item and puts nothing; no
+    spills; the spec's source does not change; refused on the CUDA-core dots. The scores are checked on the GPU
+    (tests/test_minimax_pre_attn_gpu.py: tune dry-pass)."""
+    _, plain = source(SPEC, "sm90", tokens=16)
+    assert "dry" not in plain[plain.rindex("namespace stage_scores {"):]
+    for tokens in (1, 16):
+        _, text = source(SPEC, "sm90", tokens=tokens, tune={"scores.dry_pass": 1})
+        groups = text[text.index("MONO_DEVICE void score_by_groups("):text.index("MONO_DEVICE void score_by_warps(")]
+        assert "#pragma unroll 1\n    for (int pass = 0; pass < 2; ++pass) {\n        const bool dry = pass == 0;" in groups
+        assert groups.index("if (!dry) {") < groups.index("make_index_q(") < groups.index("score_warp_items(")
+        assert groups.count("score_warp_items(") == 1 and "lds, dry);" in groups
+        items = text[text.index("MONO_DEVICE void score_warp_items("):text.index("MONO_DEVICE void score_by_groups(")]
+        assert "if (!it.valid || (dry && k > 0)) break;" in items and "if (gr.member == 0 && !dry)" in items
+        (report,) = jit.resource_report(text, "dry_pass.hip", get_target("sm90"))
+        assert report.spills == 0 and report.scratch_bytes == 0
+    with pytest.raises(SpecError, match="dry_pass runs the tensor-core dots' tile code once dry"):
+        source(SPEC, "sm90", tokens=4, tune={**CUDA_CORES, "scores.dry_pass": 1})
+
+
 @pytest.mark.parametrize("target", ["sm90", "gfx942"])
 def test_minimax_flag_waits_acquire_in_the_polling_threads(target):
     """MiniMax's waits for data behind flags: the qkv GEMV's wait for the x8 rows and the

@@ -132,6 +132,12 @@ class Model(StageBase):
     # 9000 instructions). A stage's first run on an SM fetches its code cold (the head tasks' first
     # pass: 0.3-0.9 us, bench/NOTES.md MiniMax session 32)
     rolled_tiles: PerTarget = PerTarget(default=0)
+    # tensor-core dots: each CTA scores its first item once dry before the live pass (1): no wait
+    # for the index q, no put, the same instructions, while the index q is still being made, so
+    # that the tile's code is warm when it arrives (a stage's first run on an SM fetches its code
+    # cold: the head tasks' first pass took 0.3-0.9 us more than a second, bench/NOTES.md MiniMax
+    # session 32)
+    dry_pass: PerTarget = PerTarget(default=0)
     # tensor-core dots: tiles of 16 keys in flight (cp.async) in each warp's ring while one is scored
     tiles_ahead: PerTarget = PerTarget(default=3)
     # tensor-core dots: a CTA of n items gives each the fewest warps G (1, 2, 4, 8) with
@@ -170,7 +176,7 @@ class Model(StageBase):
     iq_from_out: PerTarget = PerTarget(default=0)
 
     _per_target = field_validator("lead_cta", "late_ctas", "late_items", "few_items", "few_lead_cta", "few_late_ctas",
-                                  "few_late_items", "mma_dots", "f16_dots", "iq_regs", "key_regs", "int_converts", "dot_chains", "rolled_tiles",
+                                  "few_late_items", "mma_dots", "f16_dots", "iq_regs", "key_regs", "int_converts", "dot_chains", "rolled_tiles", "dry_pass",
                                   "batch_items", "tiles_ahead",
                                   "busy_waves", "keys_prefetch", "early_setup", "iq_first", "iq_from_out",
                                   mode="before")(
@@ -311,6 +317,10 @@ def lower(stage: Model, ctx) -> dict:
     if rolled and not mma:
         ctx.fail(("rolled_tiles",), "rolled_tiles rolls the tensor-core dots' tile loop; the CUDA-core dots have none",
                  "give rolled_tiles 0 where mma_dots is off")
+    dry = ctx.switch(stage.dry_pass.for_target(ctx.target.name), ("dry_pass",))
+    if dry and not mma:
+        ctx.fail(("dry_pass",), "dry_pass runs the tensor-core dots' tile code once dry; the CUDA-core dots' is "
+                 "another loop", "give dry_pass 0 where mma_dots is off")
     if key_regs and ahead != 1:
         ctx.fail(("key_regs",), f"key_regs holds one tile ahead in registers (16 a lane), not {ahead}",
                  "give tiles_ahead 1 with key_regs")
@@ -396,6 +406,7 @@ def lower(stage: Model, ctx) -> dict:
         "int_converts": int_converts,  # f16 dots: k-steps of a tile whose keys convert by integer ops
         "dot_chains": chains,  # tensor-core dots: the MMA chains a tile's column block sums in
         "rolled_tiles": rolled,  # tensor-core dots: a warp's tiles in a rolled loop
+        "dry_pass": dry,  # tensor-core dots: the CTA's first item scored once dry, the code warmed
         "ring": ahead + 1,
         "iq_first": iq_first,
         "iq_from_out": iq_from_out,
