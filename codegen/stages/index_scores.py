@@ -116,28 +116,6 @@ class Model(StageBase):
     # every tile's loads on one scoreboard and each tile waits for them all (2 / 3 ahead built and
     # measured slower, bench/NOTES.md MiniMax sessions 30-31)
     key_regs: PerTarget = PerTarget(default=0)
-    # f16 dots: of a tile's 8 k-steps, this many take their keys to f16 by integer ops (a byte
-    # permute, a mask, a shift: exactly the key times 2^-8, on the integer pipe) and the rest by the
-    # hardware conversion (one instruction a pair, but 16 lanes a clock an SM: a tile's 32 took
-    # ~64 clocks an SM, about its whole time at 16 warps). The integer steps sum in a chain of their
-    # own, scaled back by 2^8 (exact) where the chains meet; 4: the odd k-steps, the same chains
-    # and the same bits as 0
-    int_converts: PerTarget = PerTarget(default=0)
-    # tensor-core dots: a tile's 8 MMAs (a column block's) summed in this many chains (2 or 4),
-    # added where they meet: 4 halves what a chain waits on (4 MMAs deep -> 2), for 8 more
-    # accumulator registers a lane
-    dot_chains: PerTarget = PerTarget(default=2)
-    # tensor-core dots: a warp's tiles of an item in a rolled loop (1), not unrolled (0): one tile's
-    # code, ~190 instructions, fetched once, not PER copies (S = 16: the kernel's SASS 11752 ->
-    # 9000 instructions). A stage's first run on an SM fetches its code cold (the head tasks' first
-    # pass: 0.3-0.9 us, bench/NOTES.md MiniMax session 32)
-    rolled_tiles: PerTarget = PerTarget(default=0)
-    # tensor-core dots: each CTA scores its first item once dry before the live pass (1): no wait
-    # for the index q, no put, the same instructions, while the index q is still being made, so
-    # that the tile's code is warm when it arrives (a stage's first run on an SM fetches its code
-    # cold: the head tasks' first pass took 0.3-0.9 us more than a second, bench/NOTES.md MiniMax
-    # session 32)
-    dry_pass: PerTarget = PerTarget(default=0)
     # tensor-core dots: tiles of 16 keys in flight (cp.async) in each warp's ring while one is scored
     tiles_ahead: PerTarget = PerTarget(default=3)
     # tensor-core dots: a CTA of n items gives each the fewest warps G (1, 2, 4, 8) with
@@ -176,8 +154,8 @@ class Model(StageBase):
     iq_from_out: PerTarget = PerTarget(default=0)
 
     _per_target = field_validator("lead_cta", "late_ctas", "late_items", "few_items", "few_lead_cta", "few_late_ctas",
-                                  "few_late_items", "mma_dots", "f16_dots", "iq_regs", "key_regs", "int_converts", "dot_chains", "rolled_tiles", "dry_pass",
-                                  "batch_items", "tiles_ahead",
+                                  "few_late_items", "mma_dots", "f16_dots", "iq_regs", "key_regs", "batch_items",
+                                  "tiles_ahead",
                                   "busy_waves", "keys_prefetch", "early_setup", "iq_first", "iq_from_out",
                                   mode="before")(
         classmethod(lambda cls, v: per_target(v)))
@@ -301,26 +279,6 @@ def lower(stage: Model, ctx) -> dict:
     if key_regs and not mma:
         ctx.fail(("key_regs",), "key_regs replaces the tensor-core dots' LDS ring; the CUDA-core dots load their keys "
                  "into registers already", "give key_regs 0 where mma_dots is off")
-    int_converts = ctx.integer(stage.int_converts.for_target(ctx.target.name), ("int_converts",), minimum=0)
-    if int_converts > 8:
-        ctx.fail(("int_converts",), f"a tile has 8 k-steps, not {int_converts}", "give int_converts 0 .. 8")
-    if int_converts and not f16:
-        ctx.fail(("int_converts",), "int_converts splits the f16 dots' key conversions; the bf16 dots convert by "
-                 "integer ops already", "give int_converts 0 where f16_dots is off")
-    chains = ctx.integer(stage.dot_chains.for_target(ctx.target.name), ("dot_chains",))
-    if chains not in (2, 4):
-        ctx.fail(("dot_chains",), f"a tile's MMAs sum in 2 or 4 chains, not {chains}", "give dot_chains 2 or 4")
-    if chains == 4 and 0 < int_converts < 8:
-        ctx.fail(("dot_chains",), f"int_converts {int_converts} mixes the conversions, and the integer-converted "
-                 "k-steps sum in a chain of their own (two chains)", "give dot_chains 2, or int_converts 0 or 8")
-    rolled = ctx.switch(stage.rolled_tiles.for_target(ctx.target.name), ("rolled_tiles",))
-    if rolled and not mma:
-        ctx.fail(("rolled_tiles",), "rolled_tiles rolls the tensor-core dots' tile loop; the CUDA-core dots have none",
-                 "give rolled_tiles 0 where mma_dots is off")
-    dry = ctx.switch(stage.dry_pass.for_target(ctx.target.name), ("dry_pass",))
-    if dry and not mma:
-        ctx.fail(("dry_pass",), "dry_pass runs the tensor-core dots' tile code once dry; the CUDA-core dots' is "
-                 "another loop", "give dry_pass 0 where mma_dots is off")
     if key_regs and ahead != 1:
         ctx.fail(("key_regs",), f"key_regs holds one tile ahead in registers (16 a lane), not {ahead}",
                  "give tiles_ahead 1 with key_regs")
@@ -403,10 +361,6 @@ def lower(stage: Model, ctx) -> dict:
         "f16": f16,  # the tensor-core dots in f16 (a scale a row), not bf16
         "iq_regs": iq_regs,  # block 0's B fragments in registers for an item
         "key_regs": key_regs,  # the keys by loads into registers, no LDS ring
-        "int_converts": int_converts,  # f16 dots: k-steps of a tile whose keys convert by integer ops
-        "dot_chains": chains,  # tensor-core dots: the MMA chains a tile's column block sums in
-        "rolled_tiles": rolled,  # tensor-core dots: a warp's tiles in a rolled loop
-        "dry_pass": dry,  # tensor-core dots: the CTA's first item scored once dry, the code warmed
         "ring": ahead + 1,
         "iq_first": iq_first,
         "iq_from_out": iq_from_out,

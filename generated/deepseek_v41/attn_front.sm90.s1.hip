@@ -408,20 +408,6 @@ MONO_DEVICE u32 e4m3x2_hi_f16x2(u32 w) {
     asm("{\n .reg .b16 lo, hi;\n mov.b32 {lo, hi}, %1;\n cvt.rn.f16x2.e4m3x2 %0, hi;\n}" : "=r"(r) : "r"(w));
     return r;
 }
-// Two e4m3 (OCP) bytes of w, bytes 0 and 1 (`lo`) or 2 and 3 (`hi`), as an f16x2 of exactly their
-// values times 2^-8, subnormals included, by integer ops (not the conversion unit): each byte
-// sign-extended to 16 bits (prmt), its 7 magnitude bits and the sign's lowest copy kept, shifted
-// under f16's exponent / mantissa split (<< 7). (0x7f / 0xff, e4m3's NaNs, come out finite.)
-MONO_DEVICE u32 e4m3x2_lo_f16x2_scaled(u32 w) {
-    u32 x;
-    asm("prmt.b32 %0, %1, 0, 0x9180;" : "=r"(x) : "r"(w));
-    return (x & 0x017f017fu) << 7;
-}
-MONO_DEVICE u32 e4m3x2_hi_f16x2_scaled(u32 w) {
-    u32 x;
-    asm("prmt.b32 %0, %1, 0, 0xB3A2;" : "=r"(x) : "r"(w));
-    return (x & 0x017f017fu) << 7;
-}
 // Two e4m3 (OCP) bytes of w, bytes 0 and 1 (`lo`) or 2 and 3 (`hi`), as a bf16x2 of exactly
 // their values times 2^-120, subnormals included: each byte sign-extended to 16 bits (prmt),
 // its 7 magnitude bits moved under bf16's exponent / mantissa split (<< 4), the sign on top.
