@@ -332,7 +332,8 @@ def test_scorer_item_stamps():
     """scores.item_point / dots_point / put_point (analysis stamps, off in the spec): the phases
     of one item on every CTA (tensor cores: warp 0's `stamped_item`-th; CUDA cores: the batch
     holding the CTA's), in order around the dots and the put; setup_point: the stage's start
-    done (requests and first pages in LDS), before the first keys are asked for; iq_start_point:
+    done (requests and first pages in LDS), before the first keys are asked for; groups_point:
+    the warp groups' loop entered, before its first ask; iq_start_point:
     right before make_index_q (both dots' paths); iq_point: thread 0's index q rows made, before
     the barrier that publishes them to the CTA; the untuned
     build has none of it, and the stamped build still compiles for sm90 without spills."""
@@ -368,6 +369,12 @@ def test_scorer_item_stamps():
         scores = start[start.index("namespace stage_scores {\n"):start.index("}  // namespace stage_scores")]
         assert scores.count("stamp(lds, TL_SPARE);") == 1
         assert scores[scores.index("stamp(lds, TL_SPARE);"):].split("\n")[1].strip().startswith("make_index_q(")
+    # groups_point: thread 0 entering its warp groups' loop, before the first keys are asked for
+    _, entry = source(SPEC, "sm90", tokens=16, timeline=True,
+                      tune={"scores.groups_point": "head_got_qkv", "scores.iq_start_point": "spare"})
+    groups = entry[entry.index("MONO_DEVICE void score_by_groups("):entry.index("}  // namespace stage_scores")]
+    assert (groups.index("stamp(lds, TL_HEAD_GOT_QKV);") < groups.index("ask_next_tile(")
+            < groups.index("stamp(lds, TL_SPARE);") < groups.index("make_index_q("))
     with pytest.raises(SpecError, match="no timeline point 'keys'"):
         source(SPEC, "sm90", tune={"scores.dots_point": "keys"}, tokens=1)
     with pytest.raises(SpecError, match=r"stamped_item: .* must be an integer >= 0, got -1"):
