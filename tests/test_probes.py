@@ -1,8 +1,8 @@
 """The sm90 probe scripts (scripts/probe_*.py, broadcast_probe.py, pdl_probe.py, run on the lent H200): their
 CUDA sources compile with nvrtc here, and the wgmma probe's fragment layouts are the mma.sync
 m16n8k32 ones it claims (checked element by element on the CPU); the scoreboard and timeline
-scripts' arithmetic on made-up listings and stamps; code_footprint's attribution; the no-MMA and no-key-loads probe builds
-(--no-mma, --no-key-loads); the wgmma precision model's arithmetic (scripts/precision_model.py)."""
+scripts' arithmetic on made-up listings and stamps, and code_footprint's attribution; the no-MMA
+and no-key-loads probe builds (--no-mma, --no-key-loads); the wgmma precision model's arithmetic (scripts/precision_model.py)."""
 
 from __future__ import annotations
 

@@ -164,7 +164,7 @@ class Model(StageBase):
     # `stamped_item`-th)
     stamped_item: Expr = 0
     setup_point: Name | None = None  # timeline point: the CTA's requests, lengths and first pages in LDS (every CTA)
-    groups_point: Name | None = None  # timeline point: thread 0 enters its warp groups' loop (tensor cores: the first keys not yet asked for)
+    groups_point: Name | None = None  # timeline point: thread 0 enters its warp groups' loop (before the first ask)
     iq_start_point: Name | None = None  # timeline point: thread 0 starts make_index_q (its first poll or load follows)
     iq_point: Name | None = None  # timeline point: thread 0's index q rows made (its warp's jobs of make_index_q)
     item_point: Name | None = None  # timeline point: its scoring starts (its keys are asked for)
