@@ -16,30 +16,17 @@ from __future__ import annotations
 
 import argparse
 import re
-import subprocess
 import sys
-import tempfile
 from collections import Counter
 from pathlib import Path
 
-from codegen.jit import cuda
-from codegen.targets import get_target
-from scripts.sass_scoreboards import nvdisasm
+from scripts.sass_scoreboards import listing
 
 INSTRUCTION_BYTES = 16  # sm90
 LINE = re.compile(r'//## File "[^"]*", line (\d+)')
 INSTRUCTION = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(.+?)\s*;")
 NAMESPACE = re.compile(r"namespace stage_(\w+) \{")
 FUNCTION = re.compile(r"MONO_(?:DEVICE|KERNEL)\b[^(]*?\b(\w+)\(")
-
-
-def listing(source: str, name: str) -> str:
-    """`nvdisasm -gi` of the sm90 CUBIN of ``source`` (line info with inline chains)."""
-    cubin = cuda.compile(source, name, get_target("sm90"))
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(cubin)
-        f.flush()
-        return subprocess.run([nvdisasm(), "-gi", "-c", f.name], check=True, capture_output=True, text=True).stdout
 
 
 def chains(text: str) -> list[tuple[int, ...]]:
@@ -105,7 +92,7 @@ def main() -> None:
     ap.add_argument("--top", type=int, default=12, help="functions listed (default 12)")
     args = ap.parse_args()
     source = args.hip.read_text()
-    per_stage, per_func = footprint(source, listing(source, args.hip.name))
+    per_stage, per_func = footprint(source, listing(source, args.hip.name, "-gi"))  # line info, inline chains
     total = sum(per_stage.values())
     print(f"{args.hip}: {total} instructions, {total * INSTRUCTION_BYTES / 1024:.0f} KB")
     print("| stage | instructions | KB | share |\n|---|---:|---:|---:|")

@@ -181,13 +181,14 @@ def nvdisasm() -> str:
     sys.exit("sass_scoreboards: no nvdisasm: `pip install nvidia-cuda-nvdisasm` (or put a CUDA toolkit's bin on PATH)")
 
 
-def listing(source: str, name: str) -> str:
-    """`nvdisasm -hex` of the sm90 CUBIN of ``source``."""
+def listing(source: str, name: str, mode: str = "-hex") -> str:
+    """`nvdisasm <mode>` of the sm90 CUBIN of ``source`` (-hex: the control words; -gi: source lines
+    with their inline chains, scripts/code_footprint.py)."""
     cubin = cuda.compile(source, name, get_target("sm90"))
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(cubin)
         f.flush()
-        return subprocess.run([nvdisasm(), "-hex", "-c", f.name], check=True, capture_output=True, text=True).stdout
+        return subprocess.run([nvdisasm(), mode, "-c", f.name], check=True, capture_output=True, text=True).stdout
 
 
 def main() -> None:
