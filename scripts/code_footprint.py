@@ -69,20 +69,29 @@ def regions(source: str) -> tuple[list[str | None], list[str | None]]:
     return stage, func
 
 
-def footprint(source: str, text: str) -> tuple[Counter, Counter]:
-    """(instructions per stage, instructions per (stage, function)) of ``text``, a listing of ``source``."""
+def owners(source: str, text: str) -> list[tuple[str, str | None, int]]:
+    """Each instruction of ``text`` (a `-gi` listing of ``source``), in address order: its stage
+    (`kernel` for the kernel's body and the helpers it calls directly), its function and the
+    source line it was given to."""
     stage, func = regions(source)
-    per_stage: Counter = Counter()
-    per_func: Counter = Counter()
+    out = []
     for chain in chains(text):
         line = next((n for n in chain if 0 < n < len(stage) and stage[n]), None)
         if line is None:  # the kernel's body, or a helper it calls directly
             line = chain[0] if chain and 0 < chain[0] < len(stage) else 0
-            key = ("kernel", func[line] if line else None)
+            out.append(("kernel", func[line] if line else None, line))
         else:
-            key = (stage[line], func[line])
-        per_stage[key[0]] += 1
-        per_func[key] += 1
+            out.append((stage[line], func[line], line))
+    return out
+
+
+def footprint(source: str, text: str) -> tuple[Counter, Counter]:
+    """(instructions per stage, instructions per (stage, function)) of ``text``, a listing of ``source``."""
+    per_stage: Counter = Counter()
+    per_func: Counter = Counter()
+    for name, fn, _ in owners(source, text):
+        per_stage[name] += 1
+        per_func[(name, fn)] += 1
     return per_stage, per_func
 
 

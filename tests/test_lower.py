@@ -431,6 +431,8 @@ REFUSALS = [
      "tiles_ahead: {default: 3, sm90: 6}", "16 rings of 7 tiles (229376 bytes) do not fit the"),
     ("scores-iq-first-cuda-cores", [("    " + AHEAD + "\n", "    " + AHEAD + "\n    iq_first: 1\n")],
      "gfx950", 1, "iq_first: 1", "iq_first orders the tensor-core dots' start"),
+    ("scores-static-items-cuda-cores", [("    " + AHEAD + "\n", "    " + AHEAD + "\n    static_item_starts: 1\n")],
+     "gfx950", 1, "static_item_starts: 1", "static_item_starts shapes the tensor-core dots' unrolled tile loop"),
     ("scores-too-busy", [("busy_waves: 8 ", "busy_waves: {default: 8, sm90: 200} ")], "sm90", 16,
      "busy_waves: {default: 8, sm90: 200}", "200 busy waves: at most 128 (16 waves, 8 an item)"),
     # a generic timeline point a kind does not stamp is refused, not left at 0

@@ -249,6 +249,7 @@ SCORE_CASES = [  # (tokens, q_len, contexts of the requests' last rows[, init_bl
     (4, 2, [2065, 40000]),      # 17 blocks: one scored; rows masked by their own seq
     (16, 4, [3000, 2049, 65536, 100]),
     (16, 1, [4096 + 7 * i for i in range(16)]),
+    (16, 16, [5000]),           # one request of 16 rows: both 8-row column blocks of a tile
     (4, 2, [5000, 70000], 1, 2),   # pinned first block, two local blocks
     (2, 1, [2200, 3000], 2, 1),
     (9, 1, [1 << 20]),          # 73719 items: past the block-table entries a CTA keeps in LDS (512 an sm90 CTA)
@@ -275,6 +276,10 @@ SCORER_TUNES = {"spec": None,  # sm90: tensor cores, each item the fewest warps 
                 # ... above 2 rows from the early setup's pages, once the GEMV's rows are in
                 "keys-prefetch-set-up": {"scores.keys_prefetch": 1, "scores.keys_prefetch_items": 8},
                 "iq-first": {"scores.iq_first": 1},  # the index q made before the first key tiles are asked for
+                # an asked tile's item start decided per unrolled tile, not from the stream's count
+                "static-items": {"scores.static_item_starts": 1},
+                # above 8 rows, a tile loop of one column block for launches of at most 8 rows a request
+                "split-blocks": {"scores.split_row_blocks": 1},
                 # the index q made again from the qkv rows by every scorer CTA (the spec's sm90 with four index
                 # heads; with one it polls the tagged pairs the head task puts beside iq_out)
                 "iq-made": {"scores.iq_from_out": 0, "heads.iq_tagged": 0},

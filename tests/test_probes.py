@@ -11,8 +11,8 @@ import torch
 from codegen.jit import cuda
 from codegen.targets import get_target
 from codegen.reference import minimax_m3
-from scripts import (broadcast_probe, code_footprint, heads_twice, no_key_loads, no_mma, pdl_probe, precision_model,
-                     probe_fp8_convert, probe_wgmma_fp8, sass_same, sass_scoreboards)
+from scripts import (broadcast_probe, code_footprint, heads_twice, ncu_stalls, no_key_loads, no_mma, pdl_probe,
+                     precision_model, probe_fp8_convert, probe_wgmma_fp8, sass_same, sass_scoreboards)
 
 
 def test_probe_sources_compile():
@@ -226,34 +226,56 @@ def test_precision_model():
     assert bool((err.abs() <= 0.5 * precision_model.PROBE_BOUND * 3.0).all()) and bool((err != 0).any())
 
 
+# a small sm90 source and its `nvdisasm -gi` listing (code_footprint, ncu_stalls)
+FOOTPRINT_SOURCE = "\n".join([
+    "MONO_DEVICE u32 helper(u32 w) {",            # 1: a target helper, outside the stages
+    "    return w;",                               # 2
+    "}",                                           # 3
+    "namespace stage_scores {",                    # 4
+    "MONO_DEVICE void tile(const Args& a) {",      # 5
+    "    helper(1);",                              # 6
+    "}",                                           # 7
+    "}  // namespace stage_scores",                # 8
+    "MONO_KERNEL k(const Args a) {",               # 9
+    "    stage_scores::tile(a);",                  # 10
+    "}"])                                          # 11
+FOOTPRINT_LISTING = "\n".join([
+    '\t//## File "k.hip", line 10',
+    "        /*0000*/                   S2R R0, SR_TID.X ;",
+    '\t//## File "k.hip", line 2 inlined at "k.hip", line 6',
+    '\t//## File "k.hip", line 6 inlined at "k.hip", line 10',
+    '\t//## File "k.hip", line 10',
+    "        /*0010*/                   PRMT R1, R0, 0x9180, RZ ;",
+    "        /*0020*/                   LOP3.LUT R1, R1, 0x17f017f, RZ, 0xc0, !PT ;",
+    '\t//## File "k.hip", line 11',
+    "        /*0030*/                   EXIT ;"])
+
+
 def test_code_footprint_gives_each_instruction_to_its_stage_and_function():
     """code_footprint: an instruction goes to the innermost line of its inline chain that lies in
     a stage's namespace (a target helper inlined into a stage's function counts for that
     function), the kernel's own lines to `kernel`; an instruction after no `//##` run keeps the
     chain before it."""
-    source = "\n".join([
-        "MONO_DEVICE u32 helper(u32 w) {",            # 1: a target helper, outside the stages
-        "    return w;",                               # 2
-        "}",                                           # 3
-        "namespace stage_scores {",                    # 4
-        "MONO_DEVICE void tile(const Args& a) {",      # 5
-        "    helper(1);",                              # 6
-        "}",                                           # 7
-        "}  // namespace stage_scores",                # 8
-        "MONO_KERNEL k(const Args a) {",               # 9
-        "    stage_scores::tile(a);",                  # 10
-        "}"])                                          # 11
-    listing = "\n".join([
-        '\t//## File "k.hip", line 10',
-        "        /*0000*/                   S2R R0, SR_TID.X ;",
-        '\t//## File "k.hip", line 2 inlined at "k.hip", line 6',
-        '\t//## File "k.hip", line 6 inlined at "k.hip", line 10',
-        '\t//## File "k.hip", line 10',
-        "        /*0010*/                   PRMT R1, R0, 0x9180, RZ ;",
-        "        /*0020*/                   LOP3.LUT R1, R1, 0x17f017f, RZ, 0xc0, !PT ;",
-        '\t//## File "k.hip", line 11',
-        "        /*0030*/                   EXIT ;"])
+    source, listing = FOOTPRINT_SOURCE, FOOTPRINT_LISTING
     assert code_footprint.chains(listing) == [(10,), (2, 6, 10), (2, 6, 10), (11,)]
     per_stage, per_func = code_footprint.footprint(source, listing)
     assert per_stage == {"scores": 2, "kernel": 2}
     assert per_func == {("scores", "tile"): 2, ("kernel", "k"): 2}
+
+
+def test_ncu_stalls_reads_samples_against_the_listing(tmp_path):
+    """ncu_stalls: Nsight Compute's source page (absolute addresses, a stall_* column a reason and
+    its `(Not Issued)` twin, which is not counted again) read by offset from the function's first
+    instruction, each row given to the stage and function code_footprint gives its instruction."""
+    where = ncu_stalls.located(FOOTPRINT_LISTING, FOOTPRINT_SOURCE)
+    assert where[0x10] == ("scores", "tile", 6, "PRMT R1, R0, 0x9180, RZ") and where[0x30][:2] == ("kernel", "k")
+    head = ['"Address"', '"Source"', '"Instructions Executed"', '"stall_no_inst"', '"stall_barrier"',
+            '"stall_no_inst (Not Issued)"']
+    rows = [("0x7f0000001000", "S2R R0, SR_TID.X", 512, 3, 0), ("0x7f0000001010", "PRMT R1, R0, 0x9180, RZ", 512, 7, 1),
+            ("0x7f0000001020", "LOP3.LUT R1, R1, 0x17f017f, RZ, 0xc0, !PT", 512, 0, 0), ("0x7f0000001030", "EXIT", 512, 0, 9)]
+    csv = tmp_path / "case.sass.csv"
+    csv.write_text('"Kernel Name","k",\n' + ",".join(head) + "\n" + "\n".join(
+        f'"{a}","      {t}","{n}","{i}","{b}","{i}"' for a, t, n, i, b in rows) + "\n")
+    got = ncu_stalls.samples(csv)
+    assert [r["offset"] for r in got] == [0, 0x10, 0x20, 0x30]
+    assert got[1]["reasons"] == {"no_inst": 7, "barrier": 1} and got[1]["sass"] == "PRMT R1, R0, 0x9180, RZ"

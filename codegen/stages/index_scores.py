@@ -152,12 +152,24 @@ class Model(StageBase):
     # the rows; a scorer starts its loads only at the stage's start (S = 16: ~3 us from there to
     # the index q, bench/NOTES.md MiniMax session 20). One index head
     iq_from_out: PerTarget = PerTarget(default=0)
+    # tensor-core dots: whether an asked tile starts its warp's next item decided by the tile's
+    # place in the unrolled tile loop (1: a constant, so only the item's last tile carries the next
+    # item's lookup) instead of by the stream's run-time count (0: every unrolled tile carries it,
+    # ~90 SASS instructions jumped over). Same tiles in the same order. Nsight Compute's samples of
+    # S = 16 / 64K: 27 % of the scorer's warp samples wait for instructions (bench/NOTES.md
+    # MiniMax session 34)
+    static_item_starts: PerTarget = PerTarget(default=0)
+    # tensor-core dots, builds of more than 8 rows a request (two 8-row column blocks): a second
+    # tile loop for launches whose requests have at most 8 rows (q_len * index heads <= 8), without
+    # the second block's dots and its jump a tile (1); 0: one loop, the second block skipped at
+    # run time
+    split_row_blocks: PerTarget = PerTarget(default=0)
 
     _per_target = field_validator("lead_cta", "late_ctas", "late_items", "few_items", "few_lead_cta", "few_late_ctas",
                                   "few_late_items", "mma_dots", "f16_dots", "iq_regs", "key_regs", "batch_items",
                                   "tiles_ahead",
                                   "busy_waves", "keys_prefetch", "early_setup", "iq_first", "iq_from_out",
-                                  mode="before")(
+                                  "static_item_starts", "split_row_blocks", mode="before")(
         classmethod(lambda cls, v: per_target(v)))
     # analysis stamps (timeline builds; off in the spec): the phases of each CTA's item
     # `stamped_item` (its j-th; a CTA with fewer items stamps none; tensor-core dots: warp 0's
@@ -287,6 +299,14 @@ def lower(stage: Model, ctx) -> dict:
     if iq_first and not mma:
         ctx.fail(("iq_first",), "iq_first orders the tensor-core dots' start; the CUDA-core dots load their first "
                  "batch's keys into registers before the index q", "give iq_first 0 where mma_dots is off")
+    static_items = ctx.switch(stage.static_item_starts.for_target(ctx.target.name), ("static_item_starts",))
+    if static_items and not mma:
+        ctx.fail(("static_item_starts",), "static_item_starts shapes the tensor-core dots' unrolled tile loop; the "
+                 "CUDA-core dots have none", "give static_item_starts 0 where mma_dots is off")
+    split_blocks = ctx.switch(stage.split_row_blocks.for_target(ctx.target.name), ("split_row_blocks",))
+    if split_blocks and not mma:
+        ctx.fail(("split_row_blocks",), "split_row_blocks shapes the tensor-core dots' tile loop; the CUDA-core dots "
+                 "have none", "give split_row_blocks 0 where mma_dots is off")
     iq_from_out = ctx.switch(stage.iq_from_out.for_target(ctx.target.name), ("iq_from_out",))
     if iq_from_out and heads != 1:
         ctx.fail(("iq_from_out",), f"the head tasks write only the own index-q head to iq_out, not all {heads}",
@@ -365,6 +385,8 @@ def lower(stage: Model, ctx) -> dict:
         "ring": ahead + 1,
         "iq_first": iq_first,
         "iq_from_out": iq_from_out,
+        "static_items": static_items,  # ask_next_tile's item start known per unrolled tile
+        "split_blocks": split_blocks,  # a tile loop of one column block beside the full one
         "busy": busy,
         "mma_iq_pad": MMA_IQ_PAD,
         "tile_keys": MMA_TILE_KEYS,

@@ -1810,11 +1810,12 @@ struct Stream {
 MONO_DEVICE u32x4* ring_slot(u32x4* ring, int s) { return ring + ((wave_id() * RING + s % RING) * 4) * WAVE + lane_id(); }
 
 // The stream's next tile asked for (cp.async; an empty group past the warp's last item).
+// `at`: the tile's place in the warp's share of its item (st.s % PER).
 template <int G>
 MONO_DEVICE void ask_next_tile(const Args& a, const Mailbox& mb, const Request* reqs, const int* pages, const Group<G>& gr,
-                               Stream& st, const Deal& deal, int requests, int q_len, u32x4* ring) {
+                               Stream& st, const Deal& deal, int requests, int q_len, u32x4* ring, int at) {
     constexpr int PER = Group<G>::PER;
-    if (st.s % PER == 0) {  // the warp's next item
+    if (at == 0) {  // the warp's next item
         const int j = gr.id + st.s / PER * gr.COUNT;  // the CTA's item
         st.it = advance(reqs, st.cur, item_of(deal, j), requests);
         if (st.it.valid) {
@@ -1823,7 +1824,7 @@ MONO_DEVICE void ask_next_tile(const Args& a, const Mailbox& mb, const Request* 
         }
     }
     if (st.it.valid) {  // (cp.async.cg reads the L2: coherent for the new keys too)
-        const int g = lane_id() / 4, t = lane_id() % 4, tile = gr.member * PER + st.s % PER;
+        const int g = lane_id() / 4, t = lane_id() % 4, tile = gr.member * PER + at;
         copy_key_pieces(ring_slot(ring, st.s), WAVE, a.index_cache + (st.page * BLOCK + tile * TILE_KEYS + g) * DIM + 16 * t);
     }
     copy_async_commit();
@@ -1836,7 +1837,7 @@ MONO_DEVICE void ask_next_tile(const Args& a, const Mailbox& mb, const Request* 
 // (registers). Per item, the warp's maxima over its keys into `best`; once the group met, its
 // first warp puts the largest of each row, scaled back. The first RING - 1 tiles were asked for
 // before (`st`).
-template <int G>
+template <int G, int NB>
 MONO_DEVICE void score_warp_items(const Args& a, const Mailbox& mb, const float* iq, const int* seq,
                                   const Request* reqs, const int* pages, const Group<G>& gr, Stream& st, const Deal& deal,
                                   int requests, int q_len, u32x4* ring, float* best, u8* lds) {
@@ -1849,10 +1850,10 @@ MONO_DEVICE void score_warp_items(const Args& a, const Mailbox& mb, const float*
         if (!it.valid) break;  // uniform over the group
         const int row0 = it.r * q_len, nh = HEADS == 1 ? 1 : it.heads, rows = q_len * nh;
         const u32* iq_r = reinterpret_cast<const u32*>(iq) + (row0 * HEADS + g) * IQ_WORDS + 8 * t;  // B: row g of a block
-        int lim[NBLOCKS][2];  // columns 2t + m of block nb: their row's context (0: no row)
-        float mx[NBLOCKS][2];
+        int lim[NB][2];  // columns 2t + m of block nb: their row's context (0: no row)
+        float mx[NB][2];
 #pragma unroll
-        for (int nb = 0; nb < NBLOCKS; ++nb)
+        for (int nb = 0; nb < NB; ++nb)
 #pragma unroll
             for (int m = 0; m < 2; ++m) {
                 const int row = nb * 8 + 2 * t + m, sr = row < rows ? seq[row0 + row / nh] : 0;
@@ -1862,7 +1863,7 @@ MONO_DEVICE void score_warp_items(const Args& a, const Mailbox& mb, const float*
 #pragma unroll
         for (int i = 0; i < PER; ++i) {
             const int s = k * PER + i;
-            ask_next_tile(a, mb, reqs, pages, gr, st, deal, requests, q_len, ring);  // tile s + RING - 1
+            ask_next_tile(a, mb, reqs, pages, gr, st, deal, requests, q_len, ring, st.s % PER);  // tile s + RING - 1
             copy_async_wait_pending<RING - 1>();  // this lane's bytes of tile s landed
             const u32x4* slot = ring_slot(ring, s);
             Keys keys;
@@ -1871,7 +1872,7 @@ MONO_DEVICE void score_warp_items(const Args& a, const Mailbox& mb, const float*
             const Frags f = key_frags(keys);
             const int key = it.b * BLOCK + (gr.member * PER + i) * TILE_KEYS + g;  // position of key g (key g + 8: key + 8)
 #pragma unroll
-            for (int nb = 0; nb < NBLOCKS; ++nb) {
+            for (int nb = 0; nb < NB; ++nb) {
                 if (nb * 8 >= rows) break;  // uniform over the warp
                 float c[2][4] = {};
                 block_dots(iq_r + nb * 8 * IQ_WORDS, f, c);
@@ -1881,7 +1882,7 @@ MONO_DEVICE void score_warp_items(const Args& a, const Mailbox& mb, const float*
         }
         float* part = best + (k & 1) * WAVES * MAX_ROWS;  // [wave][(row, head)]: item k's, item k + 2's after the group met again
 #pragma unroll
-        for (int nb = 0; nb < NBLOCKS; ++nb) {
+        for (int nb = 0; nb < NB; ++nb) {
             if (nb * 8 >= rows) break;
 #pragma unroll
             for (int m = 0; m < 2; ++m) {
@@ -1912,10 +1913,10 @@ MONO_DEVICE void score_by_groups(const Args& a, const Mailbox& mb, float* iq, co
     float* best = reinterpret_cast<float*>(lds + LDS_BEST);  // [item k % 2][wave][(row, head)]: each warp's maxima
     const Group<G> gr;
     Stream st{0, Cursor{0, 0}, Item{false, 0, 0, 1, false}, 0, false};
-    for (int s = 0; s < RING - 1; ++s) ask_next_tile(a, mb, reqs, pages, gr, st, deal, requests, q_len, ring);
+    for (int s = 0; s < RING - 1; ++s) ask_next_tile(a, mb, reqs, pages, gr, st, deal, requests, q_len, ring, st.s % Group<G>::PER);
     make_index_q(a, mb, reqs, iq, requests, q_len);
     barrier();
-    score_warp_items(a, mb, iq, seq, reqs, pages, gr, st, deal, requests, q_len, ring, best, lds);
+    score_warp_items<G, NBLOCKS>(a, mb, iq, seq, reqs, pages, gr, st, deal, requests, q_len, ring, best, lds);
     barrier();  // every warp's items scored
 }
 // The CTA's items by warp groups, their size picked by its item count (a loop built for each).

@@ -1773,11 +1773,12 @@ struct Stream {
 };
 
 // The stream's next tile asked for (into st.ahead by 16-byte loads: key_regs).
+// `at`: the tile's place in the warp's share of its item (st.s % PER).
 template <int G>
 MONO_DEVICE void ask_next_tile(const Args& a, const Mailbox& mb, const Request* reqs, const int* pages, const Group<G>& gr,
-                               Stream& st, const Deal& deal, int requests, int q_len, u32x4* ring) {
+                               Stream& st, const Deal& deal, int requests, int q_len, u32x4* ring, int at) {
     constexpr int PER = Group<G>::PER;
-    if (st.s % PER == 0) {  // the warp's next item
+    if (at == 0) {  // the warp's next item
         const int j = gr.id + st.s / PER * gr.COUNT;  // the CTA's item
         st.it = advance(reqs, st.cur, item_of(deal, j), requests);
         if (st.it.valid) {
@@ -1786,7 +1787,7 @@ MONO_DEVICE void ask_next_tile(const Args& a, const Mailbox& mb, const Request* 
         }
     }
     if (st.it.valid) {  // this lane's 64 bytes: keys g and g + 8, bytes 16t and 64 + 16t of each
-        const int g = lane_id() / 4, t = lane_id() % 4, tile = gr.member * PER + st.s % PER;
+        const int g = lane_id() / 4, t = lane_id() % 4, tile = gr.member * PER + at;
         const u8* kp = a.index_cache + (st.page * BLOCK + tile * TILE_KEYS + g) * DIM + 16 * t;
         st.ahead.k[0] = key_bytes(st.it, kp);
         st.ahead.k[1] = key_bytes(st.it, kp + 64);
@@ -1802,7 +1803,7 @@ MONO_DEVICE void ask_next_tile(const Args& a, const Mailbox& mb, const Request* 
 // (registers). Per item, the warp's maxima over its keys into `best`; once the group met, its
 // first warp puts the largest of each row, scaled back. The first RING - 1 tiles were asked for
 // before (`st`).
-template <int G>
+template <int G, int NB>
 MONO_DEVICE void score_warp_items(const Args& a, const Mailbox& mb, const float* iq, const int* seq,
                                   const Request* reqs, const int* pages, const Group<G>& gr, Stream& st, const Deal& deal,
                                   int requests, int q_len, u32x4* ring, float* best, u8* lds) {
@@ -1815,10 +1816,10 @@ MONO_DEVICE void score_warp_items(const Args& a, const Mailbox& mb, const float*
         if (!it.valid) break;  // uniform over the group
         const int row0 = it.r * q_len, nh = HEADS == 1 ? 1 : it.heads, rows = q_len * nh;
         const u32* iq_r = reinterpret_cast<const u32*>(iq) + (row0 * HEADS + g) * IQ_WORDS + 8 * t;  // B: row g of a block
-        int lim[NBLOCKS][2];  // columns 2t + m of block nb: their row's context (0: no row)
-        float mx[NBLOCKS][2];
+        int lim[NB][2];  // columns 2t + m of block nb: their row's context (0: no row)
+        float mx[NB][2];
 #pragma unroll
-        for (int nb = 0; nb < NBLOCKS; ++nb)
+        for (int nb = 0; nb < NB; ++nb)
 #pragma unroll
             for (int m = 0; m < 2; ++m) {
                 const int row = nb * 8 + 2 * t + m, sr = row < rows ? seq[row0 + row / nh] : 0;
@@ -1829,11 +1830,11 @@ MONO_DEVICE void score_warp_items(const Args& a, const Mailbox& mb, const float*
         for (int i = 0; i < PER; ++i) {
             const int s = k * PER + i;
             const Keys keys = st.ahead;  // tile s, asked for a tile ago
-            ask_next_tile(a, mb, reqs, pages, gr, st, deal, requests, q_len, ring);  // tile s + 1, into st.ahead
+            ask_next_tile(a, mb, reqs, pages, gr, st, deal, requests, q_len, ring, st.s % PER);  // tile s + 1, into st.ahead
             const Frags f = key_frags(keys);
             const int key = it.b * BLOCK + (gr.member * PER + i) * TILE_KEYS + g;  // position of key g (key g + 8: key + 8)
 #pragma unroll
-            for (int nb = 0; nb < NBLOCKS; ++nb) {
+            for (int nb = 0; nb < NB; ++nb) {
                 if (nb * 8 >= rows) break;  // uniform over the warp
                 float c[2][4] = {};
                 block_dots(iq_r + nb * 8 * IQ_WORDS, f, c);
@@ -1843,7 +1844,7 @@ MONO_DEVICE void score_warp_items(const Args& a, const Mailbox& mb, const float*
         }
         float* part = best + (k & 1) * WAVES * MAX_ROWS;  // [wave][(row, head)]: item k's, item k + 2's after the group met again
 #pragma unroll
-        for (int nb = 0; nb < NBLOCKS; ++nb) {
+        for (int nb = 0; nb < NB; ++nb) {
             if (nb * 8 >= rows) break;
 #pragma unroll
             for (int m = 0; m < 2; ++m) {
@@ -1874,10 +1875,10 @@ MONO_DEVICE void score_by_groups(const Args& a, const Mailbox& mb, float* iq, co
     float* best = reinterpret_cast<float*>(lds + LDS_BEST);  // [item k % 2][wave][(row, head)]: each warp's maxima
     const Group<G> gr;
     Stream st{0, Cursor{0, 0}, Item{false, 0, 0, 1, false}, 0, false};
-    for (int s = 0; s < RING - 1; ++s) ask_next_tile(a, mb, reqs, pages, gr, st, deal, requests, q_len, ring);
+    for (int s = 0; s < RING - 1; ++s) ask_next_tile(a, mb, reqs, pages, gr, st, deal, requests, q_len, ring, st.s % Group<G>::PER);
     make_index_q(a, mb, reqs, iq, requests, q_len);
     barrier();
-    score_warp_items(a, mb, iq, seq, reqs, pages, gr, st, deal, requests, q_len, ring, best, lds);
+    score_warp_items<G, NBLOCKS>(a, mb, iq, seq, reqs, pages, gr, st, deal, requests, q_len, ring, best, lds);
     barrier();  // every warp's items scored
 }
 // The CTA's items by warp groups, their size picked by its item count (a loop built for each).
