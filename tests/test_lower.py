@@ -792,7 +792,7 @@ def test_scorer_index_q_knobs():
     for tune, first in (({}, False), ({"scores.iq_first": 1}, True)):
         groups = scores_of(tune)
         groups = groups[groups.index("MONO_DEVICE void score_by_groups("):]
-        assert (groups.index("make_index_q(a, mb, reqs, iq, requests, q_len);") < groups.index(ask)) is first
+        assert (groups.index("make_index_q(a, mb, reqs, iq, requests, q_len, lds);") < groups.index(ask)) is first
         assert groups.count(ask) == 1
     with pytest.raises(SpecError, match="iq_first orders the tensor-core dots' start"):
         scores_of({"scores.iq_first": 1, **CUDA_CORES})

@@ -278,6 +278,10 @@ SCORER_TUNES = {"spec": None,  # sm90: tensor cores, each item the fewest warps 
                 "iq-first": {"scores.iq_first": 1},  # the index q made before the first key tiles are asked for
                 # an asked tile's item start decided per unrolled tile, not from the stream's count
                 "static-items": {"scores.static_item_starts": 1},
+                # make_index_q's jobs and the CTA's first items read from tables setup() makes
+                "job-table": {"scores.iq_job_table": 1},
+                "item-table": {"scores.item_table": 1},
+                "tables-static": {"scores.iq_job_table": 1, "scores.item_table": 1, "scores.static_item_starts": 1},
                 # above 8 rows, a tile loop of one column block for launches of at most 8 rows a request
                 "split-blocks": {"scores.split_row_blocks": 1},
                 # the index q made again from the qkv rows by every scorer CTA (the spec's sm90 with four index

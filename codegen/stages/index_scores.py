@@ -164,12 +164,23 @@ class Model(StageBase):
     # the second block's dots and its jump a tile (1); 0: one loop, the second block skipped at
     # run time
     split_row_blocks: PerTarget = PerTarget(default=0)
+    # make_index_q: each 32-lane group's jobs (a request's (row, head)s) read from a table setup()
+    # makes, job n's request and place in it (1), not found by a walk over the requests whose every
+    # step waits for its LDS read (0: at S = 16 a warp's job comes ~16 steps in; Nsight Compute: the
+    # walk's ~15 instructions a step ran 16 times a warp, bench/NOTES.md MiniMax session 34). The
+    # same jobs, rows and values
+    iq_job_table: PerTarget = PerTarget(default=0)
+    # tensor-core dots: the CTA's first items (as many as it keeps pages of) read as setup() found
+    # them, a word each after their pages (1), not by a walk over the requests from a cursor, one
+    # LDS read a step (0; Nsight Compute, S = 16 / 4K: the walks were ~16 % of the scorer's warp
+    # samples, bench/NOTES.md MiniMax session 34). The same items
+    item_table: PerTarget = PerTarget(default=0)
 
     _per_target = field_validator("lead_cta", "late_ctas", "late_items", "few_items", "few_lead_cta", "few_late_ctas",
                                   "few_late_items", "mma_dots", "f16_dots", "iq_regs", "key_regs", "batch_items",
                                   "tiles_ahead",
                                   "busy_waves", "keys_prefetch", "early_setup", "iq_first", "iq_from_out",
-                                  "static_item_starts", "split_row_blocks", mode="before")(
+                                  "static_item_starts", "split_row_blocks", "iq_job_table", "item_table", mode="before")(
         classmethod(lambda cls, v: per_target(v)))
     # analysis stamps (timeline builds; off in the spec): the phases of each CTA's item
     # `stamped_item` (its j-th; a CTA with fewer items stamps none; tensor-core dots: warp 0's
@@ -343,7 +354,15 @@ def lower(stage: Model, ctx) -> dict:
     setup_lds = ctx.lds_kernel if setup_at else ctx.lds  # early: the earlier stage's LDS must not clobber it
     setup_lds(stage.name, "reqs", "u32", REQUEST_WORDS * ctx.tokens)  # each request's work (the template's Request)
     setup_lds(stage.name, "seq", "u32", ctx.tokens)  # each row's context length
-    setup_lds(stage.name, "pages", "u32", ctx.threads)  # the block-table entries of a CTA's first items
+    item_table = ctx.switch(stage.item_table.for_target(ctx.target.name), ("item_table",))
+    if item_table and not mma:
+        ctx.fail(("item_table",), "item_table serves the tensor-core dots' streams; the CUDA-core dots walk their "
+                 "batches' items in order", "give item_table 0 where mma_dots is off")
+    # the block-table entries of a CTA's first items (item_table: then the items themselves)
+    setup_lds(stage.name, "pages", "u32", ctx.threads * (2 if item_table else 1))
+    job_table = ctx.switch(stage.iq_job_table.for_target(ctx.target.name), ("iq_job_table",))
+    if job_table:  # make_index_q's jobs: their count, then one word a job (right after the requests)
+        setup_lds(stage.name, "jobs", "u32", 1 + ctx.tokens * heads)
     if mma and not key_regs:  # each warp's ring of tiles_ahead + 1 tiles (2 KB each)
         ring_bytes = waves * (ahead + 1) * MMA_TILE_KEYS * head_dim
         if ring_bytes > ctx.lds_left(stage.name):
@@ -387,6 +406,8 @@ def lower(stage: Model, ctx) -> dict:
         "iq_from_out": iq_from_out,
         "static_items": static_items,  # ask_next_tile's item start known per unrolled tile
         "split_blocks": split_blocks,  # a tile loop of one column block beside the full one
+        "job_table": job_table,  # make_index_q's jobs from setup()'s table
+        "item_table": item_table,  # the CTA's first items from setup()'s table
         "busy": busy,
         "mma_iq_pad": MMA_IQ_PAD,
         "tile_keys": MMA_TILE_KEYS,

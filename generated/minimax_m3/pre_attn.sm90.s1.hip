@@ -61,8 +61,8 @@
 //   stage_scores::LDS_BEST @   2384  32 x float
 //   stage_scores::LDS_REQS @   2512  5 x u32
 //   stage_scores::LDS_SEQ  @   2544  1 x u32
-//   stage_scores::LDS_PAGES @   2560  512 x u32
-//   stage_scores::LDS_RING @   4608  16384 x u32
+//   stage_scores::LDS_PAGES @   2560  1024 x u32
+//   stage_scores::LDS_RING @   6656  16384 x u32
 //
 // stages (every CTA runs them in this order; a stage waits only on earlier ones):
 //   1. qkv    gemv_fp8     160 tasks on CTAs 0..131 (round_robin)
@@ -1458,8 +1458,8 @@ constexpr int LDS_IQ = 0;  // LDS: 594 x u32
 constexpr int LDS_BEST = 2384;  // LDS: 32 x float
 constexpr int LDS_REQS = 2512;  // LDS: 5 x u32
 constexpr int LDS_SEQ = 2544;  // LDS: 1 x u32
-constexpr int LDS_PAGES = 2560;  // LDS: 512 x u32
-constexpr int LDS_RING = 4608;  // LDS: 16384 x u32
+constexpr int LDS_PAGES = 2560;  // LDS: 1024 x u32
+constexpr int LDS_RING = 6656;  // LDS: 16384 x u32
 
 constexpr int DIM = 128;
 constexpr int ROPE = 64;        // partial NeoX RoPE over dims 0 .. ROPE - 1
@@ -1565,7 +1565,8 @@ static_assert(sizeof(Request) == 5 * 4, "LDS_REQS holds 5 words a request");
 // row r * q_len * HEADS + i * heads + j (bf16 pairs times IQ_UP), as its scoring walks them. The head
 // task's iq_out row, polled as its tagged pairs (iq_from_out), one 32-lane group a (token, head), the requests' jobs
 // numbered in order and dealt to the groups.
-MONO_DEVICE void make_index_q(const Args& a, const Mailbox& mb, const Request* reqs, float* iq, int requests, int q_len) {
+MONO_DEVICE void make_index_q(const Args& a, const Mailbox& mb, const Request* reqs, float* iq, int requests, int q_len,
+                              const u8* lds) {
     const int tid = thread_id(), group = tid / LANES, l32 = tid % LANES, d0 = ELEMS * l32;
     constexpr int GROUPS = THREADS / LANES;
     for (int r = 0, base = 0; r < requests; ++r) {
@@ -1665,6 +1666,22 @@ MONO_DEVICE long long page_of(const Args& a, const Item& it, int q_len) {
 MONO_DEVICE Item own_item(const Request* reqs, int c, int j, int requests) {
     Cursor own{0, 0};
     return advance(reqs, own, item_of(deal_of(c, work_items(reqs, requests)), j), requests);
+}
+// The CTA's first PAGES items as setup() found them, one word each after their pages
+// (item_table): block, request, heads, new keys, valid.
+constexpr u32 ITEM_VALID = 1u << 31, ITEM_NEW = 1u << 30;
+static_assert(STRIDE <= (1 << 20) && TOKENS < 64 && HEADS < 16, "an item's fields fit its word (blocks below STRIDE)");
+MONO_DEVICE u32 item_word(const Item& it) {
+    return it.valid ? ITEM_VALID | (it.new_keys ? ITEM_NEW : 0u) | u32(it.heads) << 26 | u32(it.r) << 20 | u32(it.b) : 0u;
+}
+// The CTA's j-th item: from that table below PAGES (one LDS read, no walk over the requests),
+// else by the cursor's walk.
+MONO_DEVICE Item item_at(const Request* reqs, const int* pages, Cursor& cur, const Deal& deal, int j, int requests) {
+    if (j < PAGES) {
+        const u32 w = u32(pages[PAGES + j]);
+        return Item{(w & ITEM_VALID) != 0, int(w >> 20 & 63u), int(w & 0xfffffu), int(w >> 26 & 15u), (w & ITEM_NEW) != 0};
+    }
+    return advance(reqs, cur, item_of(deal, j), requests);
 }
 
 // The CTA's first PREFETCH_ITEMS items' keys into L2 (one TMA prefetch a block), by the calling
@@ -1810,14 +1827,15 @@ struct Stream {
 MONO_DEVICE u32x4* ring_slot(u32x4* ring, int s) { return ring + ((wave_id() * RING + s % RING) * 4) * WAVE + lane_id(); }
 
 // The stream's next tile asked for (cp.async; an empty group past the warp's last item).
-// `at`: the tile's place in the warp's share of its item (st.s % PER).
+// `at`: the tile's place in the warp's share of its item (st.s % PER), a constant at every
+// call once the tile loops are unrolled: only an item's first tile carries the item's lookup.
 template <int G>
 MONO_DEVICE void ask_next_tile(const Args& a, const Mailbox& mb, const Request* reqs, const int* pages, const Group<G>& gr,
                                Stream& st, const Deal& deal, int requests, int q_len, u32x4* ring, int at) {
     constexpr int PER = Group<G>::PER;
     if (at == 0) {  // the warp's next item
         const int j = gr.id + st.s / PER * gr.COUNT;  // the CTA's item
-        st.it = advance(reqs, st.cur, item_of(deal, j), requests);
+        st.it = item_at(reqs, pages, st.cur, deal, j, requests);
         if (st.it.valid) {
             if (st.it.new_keys) wait_new_keys<WAVE>(mb, st.new_keys_seen);
             st.page = j < PAGES ? pages[j] : page_of(a, st.it, q_len);
@@ -1846,7 +1864,7 @@ MONO_DEVICE void score_warp_items(const Args& a, const Mailbox& mb, const float*
     u64* iscore = reinterpret_cast<u64*>(a.iscore);
     Cursor cur{0, 0};
     for (int k = 0;; ++k) {
-        const Item it = advance(reqs, cur, item_of(deal, gr.id + k * gr.COUNT), requests);
+        const Item it = item_at(reqs, pages, cur, deal, gr.id + k * gr.COUNT, requests);
         if (!it.valid) break;  // uniform over the group
         const int row0 = it.r * q_len, nh = HEADS == 1 ? 1 : it.heads, rows = q_len * nh;
         const u32* iq_r = reinterpret_cast<const u32*>(iq) + (row0 * HEADS + g) * IQ_WORDS + 8 * t;  // B: row g of a block
@@ -1863,7 +1881,7 @@ MONO_DEVICE void score_warp_items(const Args& a, const Mailbox& mb, const float*
 #pragma unroll
         for (int i = 0; i < PER; ++i) {
             const int s = k * PER + i;
-            ask_next_tile(a, mb, reqs, pages, gr, st, deal, requests, q_len, ring, st.s % PER);  // tile s + RING - 1
+            ask_next_tile(a, mb, reqs, pages, gr, st, deal, requests, q_len, ring, (i + RING - 1) % PER);  // tile s + RING - 1
             copy_async_wait_pending<RING - 1>();  // this lane's bytes of tile s landed
             const u32x4* slot = ring_slot(ring, s);
             Keys keys;
@@ -1913,8 +1931,9 @@ MONO_DEVICE void score_by_groups(const Args& a, const Mailbox& mb, float* iq, co
     float* best = reinterpret_cast<float*>(lds + LDS_BEST);  // [item k % 2][wave][(row, head)]: each warp's maxima
     const Group<G> gr;
     Stream st{0, Cursor{0, 0}, Item{false, 0, 0, 1, false}, 0, false};
-    for (int s = 0; s < RING - 1; ++s) ask_next_tile(a, mb, reqs, pages, gr, st, deal, requests, q_len, ring, st.s % Group<G>::PER);
-    make_index_q(a, mb, reqs, iq, requests, q_len);
+#pragma unroll
+    for (int s = 0; s < RING - 1; ++s) ask_next_tile(a, mb, reqs, pages, gr, st, deal, requests, q_len, ring, s % Group<G>::PER);
+    make_index_q(a, mb, reqs, iq, requests, q_len, lds);
     barrier();
     score_warp_items<G, NBLOCKS>(a, mb, iq, seq, reqs, pages, gr, st, deal, requests, q_len, ring, best, lds);
     barrier();  // every warp's items scored
@@ -1949,6 +1968,7 @@ MONO_DEVICE void setup(const Args& a, u8* lds) {
     {  // item j = tid's block-table entry: one round trip a stage, not one an item
         const Item mine = own_item(reqs, c, tid, requests);
         if (mine.valid && tid < PAGES) pages[tid] = int(page_of(a, mine, q_len));
+        if (tid < PAGES) pages[PAGES + tid] = int(item_word(mine));  // the item itself (item_table)
     }
     barrier();
 }

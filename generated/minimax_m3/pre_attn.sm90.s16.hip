@@ -50,7 +50,7 @@
 //   hdone    @   754176      2560 B  320 flags: head task h of token t done: pair t * N_HEAD_TASKS + h
 //   iqp      @   756736      8192 B  1024 pairs: heads.iq_pairs: token t's index q, dims 2i and 2i + 1 (bf16) at pair t * HEAD_DIM / 2 + i
 //
-// LDS (179152 bytes; stages reuse the same bytes, one after another):
+// LDS (181200 bytes; stages reuse the same bytes, one after another):
 //   stage_norm::LDS_RED    @      0  64 x float
 //   stage_qkv::LDS_X8      @      0  24640 x u32
 //   stage_qkv::LDS_PART    @  98560  4608 x float
@@ -62,7 +62,7 @@
 //   stage_scores::LDS_BEST @   6336  512 x float
 //   stage_scores::LDS_REQS @ 176720  80 x u32  (whole kernel: not reused)
 //   stage_scores::LDS_SEQ  @ 177040  16 x u32  (whole kernel: not reused)
-//   stage_scores::LDS_PAGES @ 177104  512 x u32  (whole kernel: not reused)
+//   stage_scores::LDS_PAGES @ 177104  1024 x u32  (whole kernel: not reused)
 //
 // stages (every CTA runs them in this order; a stage waits only on earlier ones):
 //   0. norm   rmsnorm_fp8  16 tasks on CTAs 0..131 (round_robin)
@@ -962,7 +962,7 @@ struct Mailbox {
 };
 MONO_DEVICE void bulk_wait(u64* bar, u32 phase, u32) { bulk_wait(bar, phase); }  // (debug builds: bounded)
 
-constexpr int LDS_BYTES = 179152;  // the union of the stages' LDS, plus the stamps
+constexpr int LDS_BYTES = 181200;  // the union of the stages' LDS, plus the stamps
 
 // ---- timeline ---------------------------------------------------------------------------
 constexpr int TL_START = 0;
@@ -1458,7 +1458,7 @@ constexpr int LDS_IQ = 0;  // LDS: 1584 x u32
 constexpr int LDS_BEST = 6336;  // LDS: 512 x float
 constexpr int LDS_REQS = 176720;  // LDS: 80 x u32
 constexpr int LDS_SEQ = 177040;  // LDS: 16 x u32
-constexpr int LDS_PAGES = 177104;  // LDS: 512 x u32
+constexpr int LDS_PAGES = 177104;  // LDS: 1024 x u32
 
 constexpr int DIM = 128;
 constexpr int ROPE = 64;        // partial NeoX RoPE over dims 0 .. ROPE - 1
@@ -1564,7 +1564,8 @@ static_assert(sizeof(Request) == 5 * 4, "LDS_REQS holds 5 words a request");
 // row r * q_len * HEADS + i * heads + j (bf16 pairs times IQ_UP), as its scoring walks them. The head
 // task's iq_out row, polled as its tagged pairs (iq_from_out), one 32-lane group a (token, head), the requests' jobs
 // numbered in order and dealt to the groups.
-MONO_DEVICE void make_index_q(const Args& a, const Mailbox& mb, const Request* reqs, float* iq, int requests, int q_len) {
+MONO_DEVICE void make_index_q(const Args& a, const Mailbox& mb, const Request* reqs, float* iq, int requests, int q_len,
+                              const u8* lds) {
     const int tid = thread_id(), group = tid / LANES, l32 = tid % LANES, d0 = ELEMS * l32;
     constexpr int GROUPS = THREADS / LANES;
     for (int r = 0, base = 0; r < requests; ++r) {
@@ -1668,6 +1669,22 @@ MONO_DEVICE long long page_of(const Args& a, const Item& it, int q_len) {
 MONO_DEVICE Item own_item(const Request* reqs, int c, int j, int requests) {
     Cursor own{0, 0};
     return advance(reqs, own, item_of(deal_of(c, work_items(reqs, requests)), j), requests);
+}
+// The CTA's first PAGES items as setup() found them, one word each after their pages
+// (item_table): block, request, heads, new keys, valid.
+constexpr u32 ITEM_VALID = 1u << 31, ITEM_NEW = 1u << 30;
+static_assert(STRIDE <= (1 << 20) && TOKENS < 64 && HEADS < 16, "an item's fields fit its word (blocks below STRIDE)");
+MONO_DEVICE u32 item_word(const Item& it) {
+    return it.valid ? ITEM_VALID | (it.new_keys ? ITEM_NEW : 0u) | u32(it.heads) << 26 | u32(it.r) << 20 | u32(it.b) : 0u;
+}
+// The CTA's j-th item: from that table below PAGES (one LDS read, no walk over the requests),
+// else by the cursor's walk.
+MONO_DEVICE Item item_at(const Request* reqs, const int* pages, Cursor& cur, const Deal& deal, int j, int requests) {
+    if (j < PAGES) {
+        const u32 w = u32(pages[PAGES + j]);
+        return Item{(w & ITEM_VALID) != 0, int(w >> 20 & 63u), int(w & 0xfffffu), int(w >> 26 & 15u), (w & ITEM_NEW) != 0};
+    }
+    return advance(reqs, cur, item_of(deal, j), requests);
 }
 
 // The iscore pair of (row, head) `row` of an item whose request's rows start at row0, nh
@@ -1773,14 +1790,15 @@ struct Stream {
 };
 
 // The stream's next tile asked for (into st.ahead by 16-byte loads: key_regs).
-// `at`: the tile's place in the warp's share of its item (st.s % PER).
+// `at`: the tile's place in the warp's share of its item (st.s % PER), a constant at every
+// call once the tile loops are unrolled: only an item's first tile carries the item's lookup.
 template <int G>
 MONO_DEVICE void ask_next_tile(const Args& a, const Mailbox& mb, const Request* reqs, const int* pages, const Group<G>& gr,
                                Stream& st, const Deal& deal, int requests, int q_len, u32x4* ring, int at) {
     constexpr int PER = Group<G>::PER;
     if (at == 0) {  // the warp's next item
         const int j = gr.id + st.s / PER * gr.COUNT;  // the CTA's item
-        st.it = advance(reqs, st.cur, item_of(deal, j), requests);
+        st.it = item_at(reqs, pages, st.cur, deal, j, requests);
         if (st.it.valid) {
             if (st.it.new_keys) wait_new_keys<WAVE>(mb, st.new_keys_seen);
             st.page = j < PAGES ? pages[j] : page_of(a, st.it, q_len);
@@ -1812,7 +1830,7 @@ MONO_DEVICE void score_warp_items(const Args& a, const Mailbox& mb, const float*
     u64* iscore = reinterpret_cast<u64*>(a.iscore);
     Cursor cur{0, 0};
     for (int k = 0;; ++k) {
-        const Item it = advance(reqs, cur, item_of(deal, gr.id + k * gr.COUNT), requests);
+        const Item it = item_at(reqs, pages, cur, deal, gr.id + k * gr.COUNT, requests);
         if (!it.valid) break;  // uniform over the group
         const int row0 = it.r * q_len, nh = HEADS == 1 ? 1 : it.heads, rows = q_len * nh;
         const u32* iq_r = reinterpret_cast<const u32*>(iq) + (row0 * HEADS + g) * IQ_WORDS + 8 * t;  // B: row g of a block
@@ -1830,7 +1848,7 @@ MONO_DEVICE void score_warp_items(const Args& a, const Mailbox& mb, const float*
         for (int i = 0; i < PER; ++i) {
             const int s = k * PER + i;
             const Keys keys = st.ahead;  // tile s, asked for a tile ago
-            ask_next_tile(a, mb, reqs, pages, gr, st, deal, requests, q_len, ring, st.s % PER);  // tile s + 1, into st.ahead
+            ask_next_tile(a, mb, reqs, pages, gr, st, deal, requests, q_len, ring, (i + 1) % PER);  // tile s + 1, into st.ahead
             const Frags f = key_frags(keys);
             const int key = it.b * BLOCK + (gr.member * PER + i) * TILE_KEYS + g;  // position of key g (key g + 8: key + 8)
 #pragma unroll
@@ -1875,8 +1893,9 @@ MONO_DEVICE void score_by_groups(const Args& a, const Mailbox& mb, float* iq, co
     float* best = reinterpret_cast<float*>(lds + LDS_BEST);  // [item k % 2][wave][(row, head)]: each warp's maxima
     const Group<G> gr;
     Stream st{0, Cursor{0, 0}, Item{false, 0, 0, 1, false}, 0, false};
-    for (int s = 0; s < RING - 1; ++s) ask_next_tile(a, mb, reqs, pages, gr, st, deal, requests, q_len, ring, st.s % Group<G>::PER);
-    make_index_q(a, mb, reqs, iq, requests, q_len);
+#pragma unroll
+    for (int s = 0; s < RING - 1; ++s) ask_next_tile(a, mb, reqs, pages, gr, st, deal, requests, q_len, ring, s % Group<G>::PER);
+    make_index_q(a, mb, reqs, iq, requests, q_len, lds);
     barrier();
     score_warp_items<G, NBLOCKS>(a, mb, iq, seq, reqs, pages, gr, st, deal, requests, q_len, ring, best, lds);
     barrier();  // every warp's items scored
@@ -1912,6 +1931,7 @@ MONO_DEVICE void setup(const Args& a, u8* lds) {
     {  // item j = tid's block-table entry: one round trip a stage, not one an item
         const Item mine = own_item(reqs, c, tid, requests);
         if (mine.valid && tid < PAGES) pages[tid] = int(page_of(a, mine, q_len));
+        if (tid < PAGES) pages[PAGES + tid] = int(item_word(mine));  // the item itself (item_table)
     }
     barrier();
 }
