@@ -23,8 +23,10 @@ NUM_BLOCKS = 8
 ROWS_FIRST = {"qkv.rows_first": "tokens <= INLINE_NORM_TOKENS"}
 
 # the scorer's CUDA-core dots (the spec's on every target but sm90): the tensor cores' own knobs,
-# on in the spec's sm90 build (f16 dots; keys in registers above 8 rows), off with them
-CUDA_CORES = {"scores.mma_dots": 0, "scores.f16_dots": 0, "scores.key_regs": 0}
+# on in the spec's sm90 build (f16 dots; keys in registers above 8 rows; the items from a table and
+# their starts per unrolled tile), off with them
+CUDA_CORES = {"scores.mma_dots": 0, "scores.f16_dots": 0, "scores.key_regs": 0, "scores.item_table": 0,
+              "scores.static_item_starts": 0}
 
 
 def rope_table(max_pos: int = MAX_POS, rotary: int = 64, base: float = 10000.0) -> torch.Tensor:

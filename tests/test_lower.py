@@ -273,8 +273,8 @@ def test_scorer_tables_and_batches(target, tokens):
     """The scorers' LDS: index q of every (token, head) (sm90's tensor-core dots: bf16 pairs,
     rows of 66 words, 8 rows more; else floats, quarters padded), two items' maxima of every
     warp (tensor cores) or two batches' per-item maxima of every wave (CUDA cores), the
-    requests, the rows' context lengths, a block-table entry per thread and, on the tensor
-    cores up to 8 rows, each warp's ring of tiles_ahead + 1 tiles of 2 KB (above 8 rows the keys
+    requests, the rows' context lengths, a block-table entry per thread (sm90's item_table: then
+    the item itself, a word each) and, on the tensor cores up to 8 rows, each warp's ring of tiles_ahead + 1 tiles of 2 KB (above 8 rows the keys
     go to registers, key_regs). mma_dots, tiles_ahead and busy_waves come from the spec (sm90:
     on, 1 at S <= 2 and above 8 rows else 3, 8; else off) and a tune overrides them."""
     ir = build_ir(target, tokens)
@@ -287,7 +287,7 @@ def test_scorer_tables_and_batches(target, tokens):
     ring = {"ring": ("u32", waves * slots * 2048 // 4)} if mma and tokens <= 8 else {}
     assert {n: (b.ctype, b.count) for n, b in own.items()} == {
         "iq": iq, "best": ("float", 2 * tokens * waves),
-        "reqs": ("u32", 5 * tokens), "seq": ("u32", tokens), "pages": ("u32", ir.threads), **ring}
+        "reqs": ("u32", 5 * tokens), "seq": ("u32", tokens), "pages": ("u32", ir.threads * (2 if mma else 1)), **ring}
     assert (scores.values["batch"], scores.values["mma"]) == (1, mma)
     if mma:
         assert (scores.values["ring"], scores.values["busy"]) == (slots, 8)
@@ -431,8 +431,10 @@ REFUSALS = [
      "tiles_ahead: {default: 3, sm90: 6}", "16 rings of 7 tiles (229376 bytes) do not fit the"),
     ("scores-iq-first-cuda-cores", [("    " + AHEAD + "\n", "    " + AHEAD + "\n    iq_first: 1\n")],
      "gfx950", 1, "iq_first: 1", "iq_first orders the tensor-core dots' start"),
-    ("scores-static-items-cuda-cores", [("    " + AHEAD + "\n", "    " + AHEAD + "\n    static_item_starts: 1\n")],
+    ("scores-static-items-cuda-cores", [("static_item_starts: {default: 0, sm90: index_heads == 1}", "static_item_starts: 1")],
      "gfx950", 1, "static_item_starts: 1", "static_item_starts shapes the tensor-core dots' unrolled tile loop"),
+    ("scores-item-table-cuda-cores", [("item_table: {default: 0, sm90: 1}", "item_table: 1")],
+     "gfx950", 1, "item_table: 1", "item_table serves the tensor-core dots' streams"),
     ("scores-too-busy", [("busy_waves: 8 ", "busy_waves: {default: 8, sm90: 200} ")], "sm90", 16,
      "busy_waves: {default: 8, sm90: 200}", "200 busy waves: at most 128 (16 waves, 8 an item)"),
     # a generic timeline point a kind does not stamp is refused, not left at 0
@@ -626,9 +628,10 @@ def test_scorer_late_ctas(tmp_path):
     tuned = scores_of({"scores.late_ctas": 20, "scores.late_items": 4, "scores.lead_cta": 0, "scores.few_items": 0})
     assert "constexpr int LATE_CTAS = 20, LATE_ITEMS = 4;" in tuned and "FEW_ITEMS" not in tuned
     for text in (spec, tuned, plain):
-        for call in ("advance(reqs, st.cur, item_of(deal, j), requests)",
+        for call in ("item_at(reqs, pages, st.cur, deal, j, requests)",  # the table's, else (past it):
+                     "return advance(reqs, cur, item_of(deal, j), requests);",
                      "advance(reqs, own, item_of(deal_of(c, work_items(reqs, requests)), j), requests)",  # own_item
-                     "advance(reqs, cur, item_of(deal, gr.id + k * gr.COUNT), requests)",
+                     "item_at(reqs, pages, cur, deal, gr.id + k * gr.COUNT, requests)",
                      "const Deal deal = deal_of(c, work_items(reqs, requests));"):
             assert call in text
         assert "* CTAS, requests)" not in text  # every item index through item_of
@@ -792,7 +795,7 @@ def test_scorer_index_q_knobs():
     for tune, first in (({}, False), ({"scores.iq_first": 1}, True)):
         groups = scores_of(tune)
         groups = groups[groups.index("MONO_DEVICE void score_by_groups("):]
-        assert (groups.index("make_index_q(a, mb, reqs, iq, requests, q_len, lds);") < groups.index(ask)) is first
+        assert (groups.index("make_index_q(a, mb, reqs, iq, requests, q_len);") < groups.index(ask)) is first
         assert groups.count(ask) == 1
     with pytest.raises(SpecError, match="iq_first orders the tensor-core dots' start"):
         scores_of({"scores.iq_first": 1, **CUDA_CORES})

@@ -276,14 +276,9 @@ SCORER_TUNES = {"spec": None,  # sm90: tensor cores, each item the fewest warps 
                 # ... above 2 rows from the early setup's pages, once the GEMV's rows are in
                 "keys-prefetch-set-up": {"scores.keys_prefetch": 1, "scores.keys_prefetch_items": 8},
                 "iq-first": {"scores.iq_first": 1},  # the index q made before the first key tiles are asked for
-                # an asked tile's item start decided per unrolled tile, not from the stream's count
-                "static-items": {"scores.static_item_starts": 1},
-                # make_index_q's jobs and the CTA's first items read from tables setup() makes
-                "job-table": {"scores.iq_job_table": 1},
-                "item-table": {"scores.item_table": 1},
-                "tables-static": {"scores.iq_job_table": 1, "scores.item_table": 1, "scores.static_item_starts": 1},
-                # above 8 rows, a tile loop of one column block for launches of at most 8 rows a request
-                "split-blocks": {"scores.split_row_blocks": 1},
+                # the CTA's items found by a walk over the requests, and an asked tile's item start from
+                # the stream's count (the spec's sm90: from setup()'s table, and per unrolled tile)
+                "items-walked": {"scores.item_table": 0, "scores.static_item_starts": 0},
                 # the index q made again from the qkv rows by every scorer CTA (the spec's sm90 with four index
                 # heads; with one it polls the tagged pairs the head task puts beside iq_out)
                 "iq-made": {"scores.iq_from_out": 0, "heads.iq_tagged": 0},

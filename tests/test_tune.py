@@ -525,3 +525,33 @@ def test_norm_done_point():
     assert "TL_SPARE);  // the CTA's rows" not in spec
     with pytest.raises(SpecError, match="a rmsnorm_fp8 stage does not stamp start_point"):
         source(SPEC, "sm90", tune={"norm.start_point": "spare"}, tokens=4)
+
+
+def test_scorer_item_table_and_static_item_starts():
+    """scores.item_table (the spec's sm90): setup() puts each of the CTA's first PAGES items (as
+    own_item finds it) in a word after its page, in a pages buffer of twice the threads, and the
+    streams read them there (item_at) instead of walking the requests; off, the walk and a buffer
+    of one page a thread. scores.static_item_starts (the spec's sm90): each ask_next_tile call
+    passes the tile's place in its item as an expression of the unrolled loop's index (key
+    registers: the next tile, (i + 1) % PER; the ring: RING - 1 ahead), and the prologue's asks
+    are unrolled; off, the stream's count. S = 1 / 4 / 16, both on or off, compile without spills;
+    both refused on the CUDA-core dots. The scores are checked on the GPU (tunes spec and
+    items-walked)."""
+    for tokens, ahead in ((1, "(i + RING - 1) % PER"), (4, "(i + RING - 1) % PER"), (16, "(i + 1) % PER")):
+        for on in (True, False):
+            tune = None if on else {"scores.item_table": 0, "scores.static_item_starts": 0}
+            ir, text = source(SPEC, "sm90", tokens=tokens, tune=tune)
+            scores = text[text.rindex("namespace stage_scores {"):]
+            pages = next(b for b in ir.lds if b.stage == "scores" and b.name == "pages")
+            assert pages.count == ir.threads * (2 if on else 1)
+            assert ("pages[PAGES + tid] = int(item_word(mine));" in scores) is on
+            assert ("st.it = item_at(reqs, pages, st.cur, deal, j, requests);" in scores) is on
+            assert ("const Item it = item_at(reqs, pages, cur, deal, gr.id + k * gr.COUNT, requests);" in scores) is on
+            assert (f"ring, {ahead});" in scores) is on and ("ring, st.s % PER);" in scores) is not on
+            assert ("#pragma unroll\n    for (int s = 0; s < RING - 1; ++s) ask_next_tile(" in scores) is on
+            (report,) = jit.resource_report(text, "items.hip", get_target("sm90"))
+            assert report.spills == 0 and report.scratch_bytes == 0
+    for knob, why in (("item_table", "item_table serves the tensor-core dots' streams"),
+                      ("static_item_starts", "static_item_starts shapes the tensor-core dots' unrolled tile loop")):
+        with pytest.raises(SpecError, match=why):
+            source(SPEC, "sm90", tokens=4, tune={**CUDA_CORES, f"scores.{knob}": 1})  # (CUDA_CORES: both off)

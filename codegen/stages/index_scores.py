@@ -159,17 +159,6 @@ class Model(StageBase):
     # S = 16 / 64K: 27 % of the scorer's warp samples wait for instructions (bench/NOTES.md
     # MiniMax session 34)
     static_item_starts: PerTarget = PerTarget(default=0)
-    # tensor-core dots, builds of more than 8 rows a request (two 8-row column blocks): a second
-    # tile loop for launches whose requests have at most 8 rows (q_len * index heads <= 8), without
-    # the second block's dots and its jump a tile (1); 0: one loop, the second block skipped at
-    # run time
-    split_row_blocks: PerTarget = PerTarget(default=0)
-    # make_index_q: each 32-lane group's jobs (a request's (row, head)s) read from a table setup()
-    # makes, job n's request and place in it (1), not found by a walk over the requests whose every
-    # step waits for its LDS read (0: at S = 16 a warp's job comes ~16 steps in; Nsight Compute: the
-    # walk's ~15 instructions a step ran 16 times a warp, bench/NOTES.md MiniMax session 34). The
-    # same jobs, rows and values
-    iq_job_table: PerTarget = PerTarget(default=0)
     # tensor-core dots: the CTA's first items (as many as it keeps pages of) read as setup() found
     # them, a word each after their pages (1), not by a walk over the requests from a cursor, one
     # LDS read a step (0; Nsight Compute, S = 16 / 4K: the walks were ~16 % of the scorer's warp
@@ -180,7 +169,7 @@ class Model(StageBase):
                                   "few_late_items", "mma_dots", "f16_dots", "iq_regs", "key_regs", "batch_items",
                                   "tiles_ahead",
                                   "busy_waves", "keys_prefetch", "early_setup", "iq_first", "iq_from_out",
-                                  "static_item_starts", "split_row_blocks", "iq_job_table", "item_table", mode="before")(
+                                  "static_item_starts", "item_table", mode="before")(
         classmethod(lambda cls, v: per_target(v)))
     # analysis stamps (timeline builds; off in the spec): the phases of each CTA's item
     # `stamped_item` (its j-th; a CTA with fewer items stamps none; tensor-core dots: warp 0's
@@ -314,10 +303,6 @@ def lower(stage: Model, ctx) -> dict:
     if static_items and not mma:
         ctx.fail(("static_item_starts",), "static_item_starts shapes the tensor-core dots' unrolled tile loop; the "
                  "CUDA-core dots have none", "give static_item_starts 0 where mma_dots is off")
-    split_blocks = ctx.switch(stage.split_row_blocks.for_target(ctx.target.name), ("split_row_blocks",))
-    if split_blocks and not mma:
-        ctx.fail(("split_row_blocks",), "split_row_blocks shapes the tensor-core dots' tile loop; the CUDA-core dots "
-                 "have none", "give split_row_blocks 0 where mma_dots is off")
     iq_from_out = ctx.switch(stage.iq_from_out.for_target(ctx.target.name), ("iq_from_out",))
     if iq_from_out and heads != 1:
         ctx.fail(("iq_from_out",), f"the head tasks write only the own index-q head to iq_out, not all {heads}",
@@ -360,9 +345,6 @@ def lower(stage: Model, ctx) -> dict:
                  "batches' items in order", "give item_table 0 where mma_dots is off")
     # the block-table entries of a CTA's first items (item_table: then the items themselves)
     setup_lds(stage.name, "pages", "u32", ctx.threads * (2 if item_table else 1))
-    job_table = ctx.switch(stage.iq_job_table.for_target(ctx.target.name), ("iq_job_table",))
-    if job_table:  # make_index_q's jobs: their count, then one word a job (right after the requests)
-        setup_lds(stage.name, "jobs", "u32", 1 + ctx.tokens * heads)
     if mma and not key_regs:  # each warp's ring of tiles_ahead + 1 tiles (2 KB each)
         ring_bytes = waves * (ahead + 1) * MMA_TILE_KEYS * head_dim
         if ring_bytes > ctx.lds_left(stage.name):
@@ -405,8 +387,6 @@ def lower(stage: Model, ctx) -> dict:
         "iq_first": iq_first,
         "iq_from_out": iq_from_out,
         "static_items": static_items,  # ask_next_tile's item start known per unrolled tile
-        "split_blocks": split_blocks,  # a tile loop of one column block beside the full one
-        "job_table": job_table,  # make_index_q's jobs from setup()'s table
         "item_table": item_table,  # the CTA's first items from setup()'s table
         "busy": busy,
         "mma_iq_pad": MMA_IQ_PAD,

@@ -1046,8 +1046,7 @@ static_assert(sizeof(Request) == 5 * 4, "LDS_REQS holds 5 words a request");
 // row r * q_len * HEADS + i * heads + j (quarters padded), as its scoring walks them. The head
 // stage's math on the qkv mailbox, one 32-lane group a (token, head), the requests' jobs
 // numbered in order and dealt to the groups.
-MONO_DEVICE void make_index_q(const Args& a, const Mailbox& mb, const Request* reqs, float* iq, int requests, int q_len,
-                              const u8* lds) {
+MONO_DEVICE void make_index_q(const Args& a, const Mailbox& mb, const Request* reqs, float* iq, int requests, int q_len) {
     const int tid = thread_id(), group = tid / LANES, l32 = tid % LANES, d0 = ELEMS * l32;
     constexpr int GROUPS = THREADS / LANES;
     for (int r = 0, base = 0; r < requests; ++r) {
@@ -1280,7 +1279,7 @@ MONO_DEVICE void score_by_batches(const Args& a, const Mailbox& mb, float* iq, c
     Keys keys[2];
     fetch_batch(a, mb, reqs, pages, cur, deal, 0, requests, q_len, pl, new_keys_seen, its[0], keys[0]);
     if (its[0][0].valid) {
-        make_index_q(a, mb, reqs, iq, requests, q_len, lds);
+        make_index_q(a, mb, reqs, iq, requests, q_len);
         barrier();
     }
     for (int j0 = 0, more = its[0][0].valid; more; j0 += 2 * BATCH) {

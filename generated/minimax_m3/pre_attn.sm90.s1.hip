@@ -1565,8 +1565,7 @@ static_assert(sizeof(Request) == 5 * 4, "LDS_REQS holds 5 words a request");
 // row r * q_len * HEADS + i * heads + j (bf16 pairs times IQ_UP), as its scoring walks them. The head
 // task's iq_out row, polled as its tagged pairs (iq_from_out), one 32-lane group a (token, head), the requests' jobs
 // numbered in order and dealt to the groups.
-MONO_DEVICE void make_index_q(const Args& a, const Mailbox& mb, const Request* reqs, float* iq, int requests, int q_len,
-                              const u8* lds) {
+MONO_DEVICE void make_index_q(const Args& a, const Mailbox& mb, const Request* reqs, float* iq, int requests, int q_len) {
     const int tid = thread_id(), group = tid / LANES, l32 = tid % LANES, d0 = ELEMS * l32;
     constexpr int GROUPS = THREADS / LANES;
     for (int r = 0, base = 0; r < requests; ++r) {
@@ -1855,7 +1854,7 @@ MONO_DEVICE void ask_next_tile(const Args& a, const Mailbox& mb, const Request* 
 // (registers). Per item, the warp's maxima over its keys into `best`; once the group met, its
 // first warp puts the largest of each row, scaled back. The first RING - 1 tiles were asked for
 // before (`st`).
-template <int G, int NB>
+template <int G>
 MONO_DEVICE void score_warp_items(const Args& a, const Mailbox& mb, const float* iq, const int* seq,
                                   const Request* reqs, const int* pages, const Group<G>& gr, Stream& st, const Deal& deal,
                                   int requests, int q_len, u32x4* ring, float* best, u8* lds) {
@@ -1868,10 +1867,10 @@ MONO_DEVICE void score_warp_items(const Args& a, const Mailbox& mb, const float*
         if (!it.valid) break;  // uniform over the group
         const int row0 = it.r * q_len, nh = HEADS == 1 ? 1 : it.heads, rows = q_len * nh;
         const u32* iq_r = reinterpret_cast<const u32*>(iq) + (row0 * HEADS + g) * IQ_WORDS + 8 * t;  // B: row g of a block
-        int lim[NB][2];  // columns 2t + m of block nb: their row's context (0: no row)
-        float mx[NB][2];
+        int lim[NBLOCKS][2];  // columns 2t + m of block nb: their row's context (0: no row)
+        float mx[NBLOCKS][2];
 #pragma unroll
-        for (int nb = 0; nb < NB; ++nb)
+        for (int nb = 0; nb < NBLOCKS; ++nb)
 #pragma unroll
             for (int m = 0; m < 2; ++m) {
                 const int row = nb * 8 + 2 * t + m, sr = row < rows ? seq[row0 + row / nh] : 0;
@@ -1890,7 +1889,7 @@ MONO_DEVICE void score_warp_items(const Args& a, const Mailbox& mb, const float*
             const Frags f = key_frags(keys);
             const int key = it.b * BLOCK + (gr.member * PER + i) * TILE_KEYS + g;  // position of key g (key g + 8: key + 8)
 #pragma unroll
-            for (int nb = 0; nb < NB; ++nb) {
+            for (int nb = 0; nb < NBLOCKS; ++nb) {
                 if (nb * 8 >= rows) break;  // uniform over the warp
                 float c[2][4] = {};
                 block_dots(iq_r + nb * 8 * IQ_WORDS, f, c);
@@ -1900,7 +1899,7 @@ MONO_DEVICE void score_warp_items(const Args& a, const Mailbox& mb, const float*
         }
         float* part = best + (k & 1) * WAVES * MAX_ROWS;  // [wave][(row, head)]: item k's, item k + 2's after the group met again
 #pragma unroll
-        for (int nb = 0; nb < NB; ++nb) {
+        for (int nb = 0; nb < NBLOCKS; ++nb) {
             if (nb * 8 >= rows) break;
 #pragma unroll
             for (int m = 0; m < 2; ++m) {
@@ -1933,9 +1932,9 @@ MONO_DEVICE void score_by_groups(const Args& a, const Mailbox& mb, float* iq, co
     Stream st{0, Cursor{0, 0}, Item{false, 0, 0, 1, false}, 0, false};
 #pragma unroll
     for (int s = 0; s < RING - 1; ++s) ask_next_tile(a, mb, reqs, pages, gr, st, deal, requests, q_len, ring, s % Group<G>::PER);
-    make_index_q(a, mb, reqs, iq, requests, q_len, lds);
+    make_index_q(a, mb, reqs, iq, requests, q_len);
     barrier();
-    score_warp_items<G, NBLOCKS>(a, mb, iq, seq, reqs, pages, gr, st, deal, requests, q_len, ring, best, lds);
+    score_warp_items(a, mb, iq, seq, reqs, pages, gr, st, deal, requests, q_len, ring, best, lds);
     barrier();  // every warp's items scored
 }
 // The CTA's items by warp groups, their size picked by its item count (a loop built for each).
