@@ -268,8 +268,10 @@ class KernelIR:
 class _Ctx:
     """What a stage's lowering may ask for; every failure is located."""
 
-    def __init__(self, loaded: LoadedSpec, build: Build, target: Target, scope: dict, threads: int, active: dict):
+    def __init__(self, loaded: LoadedSpec, build: Build, target: Target, scope: dict, threads: int, active: dict,
+                 kernel_reserve: int = 0):
         self.loaded, self.build, self.target, self.scope = loaded, build, target, scope
+        self.kernel_reserve = kernel_reserve  # kernel-lifetime LDS bytes to plan around before they are declared
         self.threads, self.tokens = threads, build.tokens
         self.active = active  # stage name -> bool
         self.lds_bufs: list[tuple[str, str, str, int]] = []
@@ -415,10 +417,14 @@ class _Ctx:
         the timeline stamps."""
         return self.target.lds_bytes - max(_pack_lds(self.lds_bufs, self.lds_aligns)[1].values(), default=0) - self._beside_union()
 
+    def kernel_lds_bytes(self) -> int:
+        """LDS bytes of the kernel-lifetime buffers declared so far."""
+        return sum(_align(count * LDS_CTYPES[ctype], LDS_ALIGN) for _, _, ctype, count in self.lds_kernel_bufs)
+
     def _beside_union(self) -> int:
-        """LDS bytes outside the stages' union: the kernel-lifetime buffers and the stamps."""
-        kernel = sum(_align(count * LDS_CTYPES[ctype], LDS_ALIGN) for _, _, ctype, count in self.lds_kernel_bufs)
-        return kernel + 8 * len(self.loaded.spec.timeline_points)
+        """LDS bytes outside the stages' union: the kernel-lifetime buffers (at least the
+        reserve, those later stages will declare) and the stamps."""
+        return max(self.kernel_lds_bytes(), self.kernel_reserve) + 8 * len(self.loaded.spec.timeline_points)
 
 
 def _pack_lds(bufs: list[tuple[str, str, str, int]], aligns: dict[tuple[str, str], int]) -> tuple[list[int], dict[str, int]]:
@@ -557,60 +563,71 @@ def _lower(loaded: LoadedSpec, build: Build) -> KernelIR:
         except ExprError as e:
             fail(("stages", i, "when"), str(e))
 
-    ctx = _Ctx(loaded, build, target, scope, threads, active)
-    ctx.args, ctx.regions = {a.name: a for a in abi}, {r.name: r for r in regions}
-    stages, fixed_ranges = [], []
-    for i, s in enumerate(spec.stages):
-        if not active[s.name]:
-            continue
-        loc = ("stages", i)
-        ctx.loc = loc
-        try:
-            tasks = evaluate(s.tasks, scope)
-        except ExprError as e:
-            fail(loc + ("tasks",), str(e))
-        if not isinstance(tasks, int) or tasks <= 0:
-            fail(loc + ("tasks",), f"tasks must be a positive integer, got {tasks!r}")
-        place = s.placement_for(target.name)
-        ploc = loc + (("placement_by_target", target.name) if target.name in s.placement_by_target else ("placement",))
-        if isinstance(place, Fixed):
-            first = whole(place.fixed.first, ploc + ("fixed", "first"), "first", 0)
-            ctas = whole(place.fixed.count, ploc + ("fixed", "count"), "count", 1)
-            if tasks > ctas:
-                fail(ploc, f"{tasks} tasks do not fit the fixed range of {ctas} CTAs", "widen the range or use round_robin")
-            for other, (f0, c0) in fixed_ranges:
-                if first < f0 + c0 and f0 < first + ctas:
-                    fail(ploc, f"fixed CTAs {first}..{first + ctas - 1} overlap stage {other!r}'s {f0}..{f0 + c0 - 1}",
-                         "give each fixed-range stage its own CTAs")
-            fixed_ranges.append((s.name, (first, ctas)))
-            kind = "fixed"
-        else:
-            rloc = ploc + ("round_robin",)
-            first = whole(place.round_robin.first, rloc + ("first",), "first", 0)
-            ctas = (whole(place.round_robin.ctas, rloc + ("ctas",), "ctas", 1)
-                    if place.round_robin.ctas is not None else blocks - first)
-            kind = "round_robin"
-        if first < 0 or ctas <= 0 or first + ctas > blocks:
-            fail(ploc, f"CTAs {first}..{first + ctas - 1} lie outside the grid of {blocks} CTAs",
-                 f"keep the range inside 0..{blocks - 1} for {target.name}")
-        for field in (f for f in type(s).model_fields if f.endswith("_point")):  # start_point, done_point, kinds' own
-            point = getattr(s, field)
-            if point is not None and field in ("start_point", "done_point") and field not in KINDS[s.kind].STAMPED_POINTS:
-                own = [f for f in type(s).model_fields if f.endswith("_point") and f not in ("start_point", "done_point")]
-                stamped = list(KINDS[s.kind].STAMPED_POINTS) + own
-                fail(loc + (field,), f"a {s.kind} stage does not stamp {field}",
-                     f"use one of the points it stamps ({', '.join(stamped)})" if stamped else f"remove {field}: this kind stamps none")
-            if point is not None and point not in spec.timeline_points:
-                if field in s.model_fields_set:
-                    fail(loc + (field,), f"no timeline point {point!r}", f"use one of {', '.join(spec.timeline_points)}")
-                fail(loc + (field,), f"a {s.kind} stage stamps timeline point {point!r} ({field}'s default), "
-                     "which timeline_points does not list",
-                     f"add {point!r} to timeline_points, name another with '{field}: <point>', or '{field}: null'")
-        ctx.task_count, ctx.stage_ctas = tasks, ctas
-        values = KINDS[s.kind].lower(s, ctx)
-        ctx.lowered[s.name] = values
-        waits = tuple(d for d in s.waits_on if active.get(d))
-        stages.append(StageIR(i, s.name, s.kind, s.doc, tasks, kind, first, ctas, waits, values))
+    def lower_stages(kernel_reserve: int):
+        """Every active stage lowered, in order; each plans its LDS around kernel_reserve bytes of
+        kernel-lifetime buffers (ctx.lds_left), besides those declared before it."""
+        ctx = _Ctx(loaded, build, target, scope, threads, active, kernel_reserve)
+        ctx.args, ctx.regions = {a.name: a for a in abi}, {r.name: r for r in regions}
+        stages, fixed_ranges = [], []
+        for i, s in enumerate(spec.stages):
+            if not active[s.name]:
+                continue
+            loc = ("stages", i)
+            ctx.loc = loc
+            try:
+                tasks = evaluate(s.tasks, scope)
+            except ExprError as e:
+                fail(loc + ("tasks",), str(e))
+            if not isinstance(tasks, int) or tasks <= 0:
+                fail(loc + ("tasks",), f"tasks must be a positive integer, got {tasks!r}")
+            place = s.placement_for(target.name)
+            ploc = loc + (("placement_by_target", target.name) if target.name in s.placement_by_target else ("placement",))
+            if isinstance(place, Fixed):
+                first = whole(place.fixed.first, ploc + ("fixed", "first"), "first", 0)
+                ctas = whole(place.fixed.count, ploc + ("fixed", "count"), "count", 1)
+                if tasks > ctas:
+                    fail(ploc, f"{tasks} tasks do not fit the fixed range of {ctas} CTAs", "widen the range or use round_robin")
+                for other, (f0, c0) in fixed_ranges:
+                    if first < f0 + c0 and f0 < first + ctas:
+                        fail(ploc, f"fixed CTAs {first}..{first + ctas - 1} overlap stage {other!r}'s {f0}..{f0 + c0 - 1}",
+                             "give each fixed-range stage its own CTAs")
+                fixed_ranges.append((s.name, (first, ctas)))
+                kind = "fixed"
+            else:
+                rloc = ploc + ("round_robin",)
+                first = whole(place.round_robin.first, rloc + ("first",), "first", 0)
+                ctas = (whole(place.round_robin.ctas, rloc + ("ctas",), "ctas", 1)
+                        if place.round_robin.ctas is not None else blocks - first)
+                kind = "round_robin"
+            if first < 0 or ctas <= 0 or first + ctas > blocks:
+                fail(ploc, f"CTAs {first}..{first + ctas - 1} lie outside the grid of {blocks} CTAs",
+                     f"keep the range inside 0..{blocks - 1} for {target.name}")
+            for field in (f for f in type(s).model_fields if f.endswith("_point")):  # start_point, done_point, kinds' own
+                point = getattr(s, field)
+                if point is not None and field in ("start_point", "done_point") and field not in KINDS[s.kind].STAMPED_POINTS:
+                    own = [f for f in type(s).model_fields if f.endswith("_point") and f not in ("start_point", "done_point")]
+                    stamped = list(KINDS[s.kind].STAMPED_POINTS) + own
+                    fail(loc + (field,), f"a {s.kind} stage does not stamp {field}",
+                         f"use one of the points it stamps ({', '.join(stamped)})" if stamped else f"remove {field}: this kind stamps none")
+                if point is not None and point not in spec.timeline_points:
+                    if field in s.model_fields_set:
+                        fail(loc + (field,), f"no timeline point {point!r}", f"use one of {', '.join(spec.timeline_points)}")
+                    fail(loc + (field,), f"a {s.kind} stage stamps timeline point {point!r} ({field}'s default), "
+                         "which timeline_points does not list",
+                         f"add {point!r} to timeline_points, name another with '{field}: <point>', or '{field}: null'")
+            ctx.task_count, ctx.stage_ctas = tasks, ctas
+            values = KINDS[s.kind].lower(s, ctx)
+            ctx.lowered[s.name] = values
+            waits = tuple(d for d in s.waits_on if active.get(d))
+            stages.append(StageIR(i, s.name, s.kind, s.doc, tasks, kind, first, ctas, waits, values))
+        return ctx, stages
+
+    # A stage that fits its LDS plan to what is left (a GEMV staging all its weights) cannot see
+    # the kernel-lifetime buffers that later stages declare (the scorer's setup, written by an
+    # earlier stage): if the whole does not fit, lower again, every stage planning around them.
+    ctx, stages = lower_stages(0)
+    if ctx.kernel_lds_bytes() and ctx.lds_kernel_left() < 0:
+        ctx, stages = lower_stages(ctx.kernel_lds_bytes())
 
     # LDS: each stage's buffers packed from 0; stages share the space (union)
     offsets, by_stage = _pack_lds(ctx.lds_bufs, ctx.lds_aligns)

@@ -825,3 +825,16 @@ def test_scorer_index_q_knobs():
         scores_of(on, tokens=4, index_heads=4)
 
 
+
+
+def test_every_sm90_row_count_lowers():
+    """Every sm90 build of 1..16 rows lowers. At 15 rows the GEMV's weights all staged in LDS
+    (230464 B of the stage) fit the target only without the scorer's kernel-lifetime setup
+    buffers, which the scorer declares after the GEMV planned its LDS: the lowering sees the whole
+    overflow and plans again around them, so that the GEMV keeps a segment in registers as at 16."""
+    sizes = {}
+    for tokens in range(1, 17):
+        ir = build_ir("sm90", tokens)
+        assert ir.lds_bytes <= ir.target.lds_bytes
+        sizes[tokens] = stage_named(ir, "qkv").values["all_staged"]
+    assert sizes[14] and not sizes[15] and not sizes[16]

@@ -22,7 +22,7 @@ from tests.minimax_case import (CUDA_CORES, POISON_BF16, ROWS_FIRST, context_cas
 
 pytestmark = pytest.mark.gpu
 
-TOKENS = (1, 2, 3, 4, 8, 16)
+TOKENS = (1, 2, 3, 4, 8, 15, 16)  # 15: the GEMV keeps a segment in registers, as at 16 (test_lower)
 
 
 def same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -250,6 +250,7 @@ SCORE_CASES = [  # (tokens, q_len, contexts of the requests' last rows[, init_bl
     (16, 4, [3000, 2049, 65536, 100]),
     (16, 1, [4096 + 7 * i for i in range(16)]),
     (16, 16, [5000]),           # one request of 16 rows: both 8-row column blocks of a tile
+    (15, 3, [4100, 2049, 9001, 100, 70000]),  # 15 rows (a segment of the GEMV in registers), 5 requests
     (4, 2, [5000, 70000], 1, 2),   # pinned first block, two local blocks
     (2, 1, [2200, 3000], 2, 1),
     (9, 1, [1 << 20]),          # 73719 items: past the block-table entries a CTA keeps in LDS (512 an sm90 CTA)
