@@ -24,16 +24,17 @@ from scripts.sass_scoreboards import listing
 
 INSTRUCTION_BYTES = 16  # sm90
 LINE = re.compile(r'//## File "[^"]*", line (\d+)')
-INSTRUCTION = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(.+?)\s*;")
+INSTRUCTION = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(.+?)\s*;")
 NAMESPACE = re.compile(r"namespace stage_(\w+) \{")
 FUNCTION = re.compile(r"MONO_(?:DEVICE|KERNEL)\b[^(]*?\b(\w+)\(")
 
 
-def chains(text: str) -> list[tuple[int, ...]]:
-    """Each instruction's inline chain of source lines, innermost first. nvdisasm prints a chain
-    as a run of `//##` lines (`line A inlined at line B`, then B's own, out to the kernel's); an
-    instruction after no new run keeps the chain before it."""
-    out: list[tuple[int, ...]] = []
+def instructions(text: str) -> list[tuple[int, str, tuple[int, ...]]]:
+    """Each instruction of a `-gi` listing: its offset, its SASS and its inline chain of source
+    lines, innermost first. nvdisasm prints a chain as a run of `//##` lines (`line A inlined at
+    line B`, then B's own, out to the kernel's); an instruction after no new run keeps the chain
+    before it."""
+    out: list[tuple[int, str, tuple[int, ...]]] = []
     chain: tuple[int, ...] = ()
     run: list[int] = []
     for line in text.splitlines():
@@ -41,11 +42,17 @@ def chains(text: str) -> list[tuple[int, ...]]:
         if m:
             run.append(int(m.group(1)))  # (its `inlined at` line is the next one's)
             continue
-        if INSTRUCTION.search(line):
+        m = INSTRUCTION.search(line)
+        if m:
             if run:
                 chain, run = tuple(run), []
-            out.append(chain)
+            out.append((int(m.group(1), 16), m.group(2), chain))
     return out
+
+
+def chains(text: str) -> list[tuple[int, ...]]:
+    """Each instruction's inline chain of source lines, innermost first (``instructions``)."""
+    return [chain for _, _, chain in instructions(text)]
 
 
 def regions(source: str) -> tuple[list[str | None], list[str | None]]:
@@ -72,7 +79,7 @@ def regions(source: str) -> tuple[list[str | None], list[str | None]]:
 def owners(source: str, text: str) -> list[tuple[str, str | None, int]]:
     """Each instruction of ``text`` (a `-gi` listing of ``source``), in address order: its stage
     (`kernel` for the kernel's body and the helpers it calls directly), its function and the
-    source line it was given to."""
+    source line it was given to: the innermost line of its chain that lies in a stage."""
     stage, func = regions(source)
     out = []
     for chain in chains(text):

@@ -16,44 +16,21 @@ from __future__ import annotations
 
 import argparse
 import csv
-import re
 import subprocess
 import sys
-import tempfile
 from collections import Counter, defaultdict
 from pathlib import Path
 
-from scripts.code_footprint import LINE, regions
+from scripts.code_footprint import instructions, owners
 from scripts.sass_scoreboards import nvdisasm
 
-ADDRESS = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(.+?)\s*;")
 SHOWN = ("no_inst", "long_sb", "barrier", "wait", "short_sb", "selected", "not_selected", "math", "branch_resolving",
          "imc", "lg", "mio", "membar", "dispatch")
 
 
 def located(listing: str, source: str) -> dict[int, tuple[str, str | None, int, str]]:
     """Each instruction's offset -> (stage, function, source line, SASS) from a `-gi` listing."""
-    stage, func = regions(source)
-    out: dict[int, tuple[str, str | None, int, str]] = {}
-    chain: tuple[int, ...] = ()
-    run: list[int] = []
-    for line in listing.splitlines():
-        m = LINE.search(line)
-        if m:
-            run.append(int(m.group(1)))
-            continue
-        m = ADDRESS.search(line)
-        if not m:
-            continue
-        if run:
-            chain, run = tuple(run), []
-        n = next((n for n in chain if 0 < n < len(stage) and stage[n]), None)
-        if n is None:  # the kernel's body, or a helper it calls directly
-            n = chain[0] if chain and 0 < chain[0] < len(stage) else 0
-            out[int(m.group(1), 16)] = ("kernel", func[n] if n else None, n, m.group(2))
-        else:
-            out[int(m.group(1), 16)] = (stage[n], func[n], n, m.group(2))
-    return out
+    return {offset: (*owner, sass) for (offset, sass, _), owner in zip(instructions(listing), owners(source, listing))}
 
 
 def samples(path: Path) -> list[dict]:
