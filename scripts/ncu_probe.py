@@ -35,7 +35,8 @@ def main() -> None:
         args["w_qkv"] = weights[i % len(weights)]
         kernel(**args)
     torch.cuda.synchronize()
-    print(f"{tag.name}: S={tokens} context {context} {tune or ''}: {LAUNCHES} launches over {len(weights)} weight copies")
+    print(f"{tag.name}: S={tokens} context {context} {tune or ''}: {LAUNCHES} launches over "
+          f"{len(weights)} weight copies")
 
 
 if __name__ == "__main__":

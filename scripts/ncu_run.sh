@@ -4,9 +4,10 @@
 # flushed before it as ncu does by default, clocks left alone). Each case is "TOKENS CONTEXT
 # [stage.field=value ...]" in NCU_CASES, separated by ';' (default: S = 1 and 16 at 4K, S = 16
 # at 64K); NCU_FLAGS adds ncu options (e.g. "--cache-control none": the profiled launch finds
-# in L2 what the launches before it left, as in the bench; NCU_TAG then names the files). For each it keeps the report's details and raw metrics and its per-instruction
-# source page as CSV, and the CUBIN; all packed into $OUT/ncu.tgz (only 8 files come back),
-# read on the CPU by scripts/ncu_stalls.py.
+# in L2 what the launches before it left, as in the bench; NCU_TAG then names the files). For
+# each it keeps the report's details and raw metrics and its per-instruction source page as
+# CSV, and the CUBIN; all packed into $OUT/ncu.tgz (only 8 files come back), read on the CPU by
+# scripts/ncu_stalls.py.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1

@@ -3,7 +3,8 @@ per-instruction warp-state samples (its source page as CSV, scripts/ncu_run.sh) 
 the same CUBIN's line info (nvdisasm -gi), each instruction given to its stage and function as
 scripts/code_footprint.py gives them.
 
-    PYTHONPATH=. python3 scripts/ncu_stalls.py CASE.sass.csv CASE.cubin generated/minimax_m3/pre_attn.sm90.s16.hip [--top N]
+    PYTHONPATH=. python3 scripts/ncu_stalls.py CASE.sass.csv CASE.cubin \
+        generated/minimax_m3/pre_attn.sm90.s16.hip [--top N]
 
 A sample is one warp at one instant (issuing, or stalled for one reason), so a stage's share
 of the samples is its share of warp-time, idle warps included (a warp at a barrier counts).
@@ -42,7 +43,8 @@ def samples(path: Path) -> list[dict]:
     out = []
     for r in body:
         d = dict(zip(names, r))
-        reasons = {k[len("stall_"):]: int(v or 0) for k, v in d.items() if k.startswith("stall_") and "Not Issued" not in k}
+        reasons = {k[len("stall_"):]: int(v or 0) for k, v in d.items()
+                   if k.startswith("stall_") and "Not Issued" not in k}  # (its twin: the same samples again)
         out.append({"offset": int(d["Address"], 16) - base, "sass": d["Source"].strip(), "reasons": reasons,
                     "executed": int(d.get("Instructions Executed") or 0)})
     return out

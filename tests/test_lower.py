@@ -274,8 +274,8 @@ def test_scorer_tables_and_batches(target, tokens):
     rows of 66 words, 8 rows more; else floats, quarters padded), two items' maxima of every
     warp (tensor cores) or two batches' per-item maxima of every wave (CUDA cores), the
     requests, the rows' context lengths, a block-table entry per thread (sm90's item_table: then
-    the item itself, a word each) and, on the tensor cores up to 8 rows, each warp's ring of tiles_ahead + 1 tiles of 2 KB (above 8 rows the keys
-    go to registers, key_regs). mma_dots, tiles_ahead and busy_waves come from the spec (sm90:
+    the item itself, a word each) and, on the tensor cores up to 8 rows, each warp's ring of
+    tiles_ahead + 1 tiles of 2 KB (above 8 rows the keys go to registers, key_regs). mma_dots, tiles_ahead and busy_waves come from the spec (sm90:
     on, 1 at S <= 2 and above 8 rows else 3, 8; else off) and a tune overrides them."""
     ir = build_ir(target, tokens)
     scores = stage_named(ir, "scores")
@@ -287,7 +287,8 @@ def test_scorer_tables_and_batches(target, tokens):
     ring = {"ring": ("u32", waves * slots * 2048 // 4)} if mma and tokens <= 8 else {}
     assert {n: (b.ctype, b.count) for n, b in own.items()} == {
         "iq": iq, "best": ("float", 2 * tokens * waves),
-        "reqs": ("u32", 5 * tokens), "seq": ("u32", tokens), "pages": ("u32", ir.threads * (2 if mma else 1)), **ring}
+        "reqs": ("u32", 5 * tokens), "seq": ("u32", tokens), "pages": ("u32", ir.threads * (2 if mma else 1)),
+        **ring}
     assert (scores.values["batch"], scores.values["mma"]) == (1, mma)
     if mma:
         assert (scores.values["ring"], scores.values["busy"]) == (slots, 8)
@@ -431,7 +432,8 @@ REFUSALS = [
      "tiles_ahead: {default: 3, sm90: 6}", "16 rings of 7 tiles (229376 bytes) do not fit the"),
     ("scores-iq-first-cuda-cores", [("    " + AHEAD + "\n", "    " + AHEAD + "\n    iq_first: 1\n")],
      "gfx950", 1, "iq_first: 1", "iq_first orders the tensor-core dots' start"),
-    ("scores-static-items-cuda-cores", [("static_item_starts: {default: 0, sm90: index_heads == 1}", "static_item_starts: 1")],
+    ("scores-static-items-cuda-cores",
+     [("static_item_starts: {default: 0, sm90: index_heads == 1}", "static_item_starts: 1")],
      "gfx950", 1, "static_item_starts: 1", "static_item_starts shapes the tensor-core dots' unrolled tile loop"),
     ("scores-item-table-cuda-cores", [("item_table: {default: 0, sm90: 1}", "item_table: 1")],
      "gfx950", 1, "item_table: 1", "item_table serves the tensor-core dots' streams"),
@@ -823,8 +825,6 @@ def test_scorer_index_q_knobs():
     assert made in iq(scores_of({}, "gfx950", tokens=16))
     with pytest.raises(SpecError, match="the head tasks write only the own index-q head to iq_out, not all 4"):
         scores_of(on, tokens=4, index_heads=4)
-
-
 
 
 def test_every_sm90_row_count_lowers():
