@@ -23,11 +23,13 @@
 #   tp        scripts/tp_run.py on every GPU of the machine
 #   scorer    the MiniMax scorer's variants side by side (scripts/timeline_probe.py --cold-keys,
 #             S = 1 / 4 / 16 at 4K and 64K): the spec's, then each of SCORER_TUNES ("a=1 b=2;c=3")
+#   ncu       Nsight Compute's warp samples of MiniMax builds (scripts/ncu_run.sh: NCU_CASES,
+#             NCU_FLAGS, NCU_TAG), as $OUT/ncu.tgz for scripts/ncu_stalls.py
 set -uo pipefail
 cd "$(dirname "$0")/.."
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 MONO_CACHE_DIR=/tmp/mono-cache
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+export OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader | tee "$OUT/gpu.txt"
 status=0
 for what in "${@:-tests}"; do
@@ -62,6 +64,7 @@ for what in "${@:-tests}"; do
                     | tee -a "$OUT/branches.log"; status=$((status | PIPESTATUS[0])) ;;
         variants) eval "python3 scripts/ab_variants.py ${VARIANT_ARGS:?VARIANT_ARGS: scripts/ab_variants.py --help}" 2>&1 \
                 | tee "$OUT/variants.out"; status=$((status | PIPESTATUS[0])) ;;
+        ncu) bash scripts/ncu_run.sh 2>&1 | grep -v '^"' | tee "$OUT/ncu.log"; status=$((status | PIPESTATUS[0])) ;;
         tp) NCCL_NVLS_ENABLE=0 python3 -m torch.distributed.run --nproc-per-node "$(nvidia-smi -L | wc -l)" \
                 scripts/tp_run.py 2>&1 | tee "$OUT/tp-run.log"; status=$((status | PIPESTATUS[0])) ;;
         *) echo "unknown step $what"; status=1 ;;

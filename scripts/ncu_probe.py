@@ -8,7 +8,7 @@ binary on the CPU (scripts/ncu_stalls.py).
         --section WarpStateStats --section SourceCounters -o OUT/s16 \\
         python3 scripts/ncu_probe.py --cold-keys 16 4096 OUT/s16 [stage.field=value ...]
 
-scripts/ncu_run.sh runs this for a few cases and exports what ncu measured as CSV."""
+scripts/ncu_run.sh (scripts/gpu_run.sh ncu) runs this for a few cases and exports what ncu measured as CSV."""
 
 import sys
 from pathlib import Path

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# On the lent GPU machine: Nsight Compute's warp-state sampling of MiniMax pre_attn builds
+# `scripts/gpu_run.sh ncu` on the lent GPU machine (its wheels, PYTHONPATH and OUT): Nsight
+# Compute's warp-state sampling of MiniMax pre_attn builds
 # (scripts/ncu_probe.py launches each as the bench does; the 11th launch is profiled, caches
 # flushed before it as ncu does by default, clocks left alone). Each case is "TOKENS CONTEXT
 # [stage.field=value ...]" in NCU_CASES, separated by ';' (default: S = 1 and 16 at 4K, S = 16
@@ -10,9 +11,8 @@
 # scripts/ncu_stalls.py.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 MONO_CACHE_DIR=/tmp/mono-cache
-OUT=${OUT:-/tmp/out}; work=$(mktemp -d); mkdir -p "$OUT"
+: "${OUT:?run it as scripts/gpu_run.sh ncu}"
+work=$(mktemp -d)
 ncu --version | tail -1; ncu --help | grep -i -A1 "sampling-interval\|print-source" | head -12
 IFS=';' read -ra cases <<< "${NCU_CASES:-1 4096;16 4096;16 65536}"
 for case in "${cases[@]}"; do
@@ -30,4 +30,4 @@ for case in "${cases[@]}"; do
     wc -c "$work/$tag".* | head -8
     grep -i "stall\|warp cycles per issued" "$work/$tag.details.csv" | cut -c1-200 | head -30
 done
-tar -C "$work" -czf "$OUT/ncu.tgz" --exclude='*.ncu-rep' . && ls -la "$OUT"
+tar -C "$work" -czf "$OUT/ncu.tgz" --exclude='*.ncu-rep' .

@@ -286,29 +286,28 @@ def lower(stage: Model, ctx) -> dict:
     else:
         ctx.lds(stage.name, "iq", "float", rows * quarters * (head_dim // quarters + IQ_PAD))  # index q, quarters padded
         ctx.lds(stage.name, "best", "float", 2 * batch * rows * waves)  # per-wave maxima, two batches
-    f16 = ctx.switch(stage.f16_dots.for_target(ctx.target.name), ("f16_dots",))
-    if f16 and not mma:
-        ctx.fail(("f16_dots",), "f16_dots picks the tensor-core dots' input type; the CUDA-core dots take f32",
-                 "give f16_dots 0 where mma_dots is off")
-    iq_regs = ctx.switch(stage.iq_regs.for_target(ctx.target.name), ("iq_regs",))
-    if iq_regs and not mma:
-        ctx.fail(("iq_regs",), "iq_regs holds the tensor-core dots' B fragments; the CUDA-core dots read the index q "
-                 "from LDS a key at a time", "give iq_regs 0 where mma_dots is off")
-    key_regs = ctx.switch(stage.key_regs.for_target(ctx.target.name), ("key_regs",))
-    if key_regs and not mma:
-        ctx.fail(("key_regs",), "key_regs replaces the tensor-core dots' LDS ring; the CUDA-core dots load their keys "
-                 "into registers already", "give key_regs 0 where mma_dots is off")
+
+    def tensor_core_knob(field: str, value, why: str):
+        """A knob of the tensor-core dots (``value``, already read), refused on the CUDA-core dots."""
+        if value and not mma:
+            ctx.fail((field,), f"{field} {why}", f"give {field} 0 where mma_dots is off")
+        return value
+
+    def tensor_core_switch(field: str, why: str) -> bool:
+        return tensor_core_knob(field, ctx.switch(getattr(stage, field).for_target(ctx.target.name), (field,)), why)
+
+    f16 = tensor_core_switch("f16_dots", "picks the tensor-core dots' input type; the CUDA-core dots take f32")
+    iq_regs = tensor_core_switch("iq_regs", "holds the tensor-core dots' B fragments; the CUDA-core dots read the "
+                                 "index q from LDS a key at a time")
+    key_regs = tensor_core_switch("key_regs", "replaces the tensor-core dots' LDS ring; the CUDA-core dots load "
+                                  "their keys into registers already")
     if key_regs and ahead != 1:
         ctx.fail(("key_regs",), f"key_regs holds one tile ahead in registers (16 a lane), not {ahead}",
                  "give tiles_ahead 1 with key_regs")
-    iq_first = ctx.switch(stage.iq_first.for_target(ctx.target.name), ("iq_first",))
-    if iq_first and not mma:
-        ctx.fail(("iq_first",), "iq_first orders the tensor-core dots' start; the CUDA-core dots load their first "
-                 "batch's keys into registers before the index q", "give iq_first 0 where mma_dots is off")
-    static_items = ctx.switch(stage.static_item_starts.for_target(ctx.target.name), ("static_item_starts",))
-    if static_items and not mma:
-        ctx.fail(("static_item_starts",), "static_item_starts shapes the tensor-core dots' unrolled tile loop; the "
-                 "CUDA-core dots have none", "give static_item_starts 0 where mma_dots is off")
+    iq_first = tensor_core_switch("iq_first", "orders the tensor-core dots' start; the CUDA-core dots load their "
+                                  "first batch's keys into registers before the index q")
+    static_items = tensor_core_switch("static_item_starts", "shapes the tensor-core dots' unrolled tile loop; the "
+                                      "CUDA-core dots have none")
     iq_from_out = ctx.switch(stage.iq_from_out.for_target(ctx.target.name), ("iq_from_out",))
     if iq_from_out and heads != 1:
         ctx.fail(("iq_from_out",), f"the head tasks write only the own index-q head to iq_out, not all {heads}",
@@ -345,17 +344,13 @@ def lower(stage: Model, ctx) -> dict:
     setup_lds = ctx.lds_kernel if setup_at else ctx.lds  # early: the earlier stage's LDS must not clobber it
     setup_lds(stage.name, "reqs", "u32", REQUEST_WORDS * ctx.tokens)  # each request's work (the template's Request)
     setup_lds(stage.name, "seq", "u32", ctx.tokens)  # each row's context length
-    item_table = ctx.switch(stage.item_table.for_target(ctx.target.name), ("item_table",))
-    if item_table and not mma:
-        ctx.fail(("item_table",), "item_table serves the tensor-core dots' streams; the CUDA-core dots walk their "
-                 "batches' items in order", "give item_table 0 where mma_dots is off")
+    item_table = tensor_core_switch("item_table", "serves the tensor-core dots' streams; the CUDA-core dots walk "
+                                    "their batches' items in order")
     tile_unroll = ctx.integer(stage.tile_unroll.for_target(ctx.target.name), ("tile_unroll",), minimum=0)
     if tile_unroll not in (0, 1, 2, 4):
         ctx.fail(("tile_unroll",), f"tile_unroll {tile_unroll}: an item's tiles unroll 1, 2 or 4 at a time (0: all)",
                  "give tile_unroll 0, 1, 2 or 4")
-    if tile_unroll and not mma:
-        ctx.fail(("tile_unroll",), "tile_unroll shapes the tensor-core dots' tile loop; the CUDA-core dots have none",
-                 "give tile_unroll 0 where mma_dots is off")
+    tensor_core_knob("tile_unroll", tile_unroll, "shapes the tensor-core dots' tile loop; the CUDA-core dots have none")
     # the block-table entries of a CTA's first items (item_table: then the items themselves)
     setup_lds(stage.name, "pages", "u32", ctx.threads * (2 if item_table else 1))
     if mma and not key_regs:  # each warp's ring of tiles_ahead + 1 tiles (2 KB each)
