@@ -280,7 +280,6 @@ SCORER_TUNES = {"spec": None,  # sm90: tensor cores, each item the fewest warps 
                 # the CTA's items found by a walk over the requests, and an asked tile's item start from
                 # the stream's count (the spec's sm90: from setup()'s table, and per unrolled tile)
                 "items-walked": {"scores.item_table": 0, "scores.static_item_starts": 0},
-                "tile-unroll-2": {"scores.tile_unroll": 2},  # an item's tiles two a turn (the spec's: all unrolled)
                 # the index q made again from the qkv rows by every scorer CTA (the spec's sm90 with four index
                 # heads; with one it polls the tagged pairs the head task puts beside iq_out)
                 "iq-made": {"scores.iq_from_out": 0, "heads.iq_tagged": 0},

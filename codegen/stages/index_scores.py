@@ -164,18 +164,12 @@ class Model(StageBase):
     # LDS read a step (0; Nsight Compute, S = 16 / 4K: the walks were ~16 % of the scorer's warp
     # samples, bench/NOTES.md MiniMax session 34). The same items
     item_table: PerTarget = PerTarget(default=0)
-    # tensor-core dots: the tiles of a warp's share of an item unrolled n at a time (1, 2, 4; a
-    # loop of PER / n turns), not all PER (0): at one warp an item the unrolled loop is 8 tiles
-    # (~20 KB of SASS), and at S = 16 / 64K 23 % of the scorer's warp samples wait for instructions
-    # even warm (bench/NOTES.md MiniMax session 34; session 33: fully rolled, 1, was +0.5 us at S =
-    # 16). Built after session 34's device time, off
-    tile_unroll: PerTarget = PerTarget(default=0)
 
     _per_target = field_validator("lead_cta", "late_ctas", "late_items", "few_items", "few_lead_cta", "few_late_ctas",
                                   "few_late_items", "mma_dots", "f16_dots", "iq_regs", "key_regs", "batch_items",
                                   "tiles_ahead",
                                   "busy_waves", "keys_prefetch", "early_setup", "iq_first", "iq_from_out",
-                                  "static_item_starts", "item_table", "tile_unroll", mode="before")(
+                                  "static_item_starts", "item_table", mode="before")(
         classmethod(lambda cls, v: per_target(v)))
     # analysis stamps (timeline builds; off in the spec): the phases of each CTA's item
     # `stamped_item` (its j-th; a CTA with fewer items stamps none; tensor-core dots: warp 0's
@@ -346,11 +340,6 @@ def lower(stage: Model, ctx) -> dict:
     setup_lds(stage.name, "seq", "u32", ctx.tokens)  # each row's context length
     item_table = tensor_core_switch("item_table", "serves the tensor-core dots' streams; the CUDA-core dots walk "
                                     "their batches' items in order")
-    tile_unroll = ctx.integer(stage.tile_unroll.for_target(ctx.target.name), ("tile_unroll",), minimum=0)
-    if tile_unroll not in (0, 1, 2, 4):
-        ctx.fail(("tile_unroll",), f"tile_unroll {tile_unroll}: an item's tiles unroll 1, 2 or 4 at a time (0: all)",
-                 "give tile_unroll 0, 1, 2 or 4")
-    tensor_core_knob("tile_unroll", tile_unroll, "shapes the tensor-core dots' tile loop; the CUDA-core dots have none")
     # the block-table entries of a CTA's first items (item_table: then the items themselves)
     setup_lds(stage.name, "pages", "u32", ctx.threads * (2 if item_table else 1))
     if mma and not key_regs:  # each warp's ring of tiles_ahead + 1 tiles (2 KB each)
@@ -396,7 +385,6 @@ def lower(stage: Model, ctx) -> dict:
         "iq_from_out": iq_from_out,
         "static_items": static_items,  # ask_next_tile's item start known per unrolled tile
         "item_table": item_table,  # the CTA's first items from setup()'s table
-        "tile_unroll": tile_unroll,  # tiles unrolled a turn (0: all)
         "busy": busy,
         "mma_iq_pad": MMA_IQ_PAD,
         "tile_keys": MMA_TILE_KEYS,
