@@ -289,7 +289,10 @@ SCORER_TUNES = {"spec": None,  # sm90: tensor cores, each item the fewest warps 
                 # the head CTAs (ranks 112..131 from CTA 0) 2 items fewer at every S, whatever the items
                 "late-ctas-2": {"scores.late_ctas": 20, "scores.late_items": 2, "scores.lead_cta": 0, "scores.few_items": 0},
                 # the scorer's setup in its own stage (the spec's sm90: by the qkv GEMV CTAs above 2 rows)
-                "setup-in-stage": {"scores.early_setup": 0}}
+                "setup-in-stage": {"scores.early_setup": 0},
+                # the index q of the requests of the CTA's items only (setup() marks them), on both dots
+                "iq-own-requests": {"scores.iq_own_requests": 1},
+                "iq-own-requests-cuda-cores": {**CUDA_CORES, "scores.iq_own_requests": 1}}
 
 
 def scorer_kernel(tune_id: str, tokens: int, **params):

@@ -164,12 +164,18 @@ class Model(StageBase):
     # LDS read a step (0; Nsight Compute, S = 16 / 4K: the walks were ~16 % of the scorer's warp
     # samples, bench/NOTES.md MiniMax session 34). The same items
     item_table: PerTarget = PerTarget(default=0)
+    # make_index_q makes only the rows of the requests that the CTA's items score (1; setup() marks
+    # them), not every request's (0): the CTA then polls only those tokens' index q, not the last
+    # head task of every token, and its groups share fewer jobs (S = 16 / 4K: ~4 items a CTA, 16
+    # jobs on 8 groups, two polls in turn a group; Nsight Compute: make_index_q 20 % of the
+    # scorer's warp samples, bench/NOTES.md MiniMax session 34). The same scores
+    iq_own_requests: PerTarget = PerTarget(default=0)
 
     _per_target = field_validator("lead_cta", "late_ctas", "late_items", "few_items", "few_lead_cta", "few_late_ctas",
                                   "few_late_items", "mma_dots", "f16_dots", "iq_regs", "key_regs", "batch_items",
                                   "tiles_ahead",
                                   "busy_waves", "keys_prefetch", "early_setup", "iq_first", "iq_from_out",
-                                  "static_item_starts", "item_table", mode="before")(
+                                  "static_item_starts", "item_table", "iq_own_requests", mode="before")(
         classmethod(lambda cls, v: per_target(v)))
     # analysis stamps (timeline builds; off in the spec): the phases of each CTA's item
     # `stamped_item` (its j-th; a CTA with fewer items stamps none; tensor-core dots: warp 0's
@@ -342,6 +348,9 @@ def lower(stage: Model, ctx) -> dict:
                                     "their batches' items in order")
     # the block-table entries of a CTA's first items (item_table: then the items themselves)
     setup_lds(stage.name, "pages", "u32", ctx.threads * (2 if item_table else 1))
+    own_requests = ctx.switch(stage.iq_own_requests.for_target(ctx.target.name), ("iq_own_requests",))
+    if own_requests:
+        setup_lds(stage.name, "want", "u32", ctx.tokens)  # [request]: nonzero if the CTA's items score it
     if mma and not key_regs:  # each warp's ring of tiles_ahead + 1 tiles (2 KB each)
         ring_bytes = waves * (ahead + 1) * MMA_TILE_KEYS * head_dim
         if ring_bytes > ctx.lds_left(stage.name):
@@ -385,6 +394,7 @@ def lower(stage: Model, ctx) -> dict:
         "iq_from_out": iq_from_out,
         "static_items": static_items,  # ask_next_tile's item start known per unrolled tile
         "item_table": item_table,  # the CTA's first items from setup()'s table
+        "own_requests": own_requests,  # make_index_q: only the requests of the CTA's items
         "busy": busy,
         "mma_iq_pad": MMA_IQ_PAD,
         "tile_keys": MMA_TILE_KEYS,
