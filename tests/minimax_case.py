@@ -26,7 +26,7 @@ ROWS_FIRST = {"qkv.rows_first": "tokens <= INLINE_NORM_TOKENS"}
 # on in the spec's sm90 build (f16 dots; keys in registers above 8 rows; the items from a table and
 # their starts per unrolled tile), off with them
 CUDA_CORES = {"scores.mma_dots": 0, "scores.f16_dots": 0, "scores.key_regs": 0, "scores.item_table": 0,
-              "scores.static_item_starts": 0}
+              "scores.static_item_starts": 0, "scores.iq_own_requests": 0}
 
 
 def rope_table(max_pos: int = MAX_POS, rotary: int = 64, base: float = 10000.0) -> torch.Tensor:

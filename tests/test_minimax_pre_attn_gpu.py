@@ -290,8 +290,9 @@ SCORER_TUNES = {"spec": None,  # sm90: tensor cores, each item the fewest warps 
                 "late-ctas-2": {"scores.late_ctas": 20, "scores.late_items": 2, "scores.lead_cta": 0, "scores.few_items": 0},
                 # the scorer's setup in its own stage (the spec's sm90: by the qkv GEMV CTAs above 2 rows)
                 "setup-in-stage": {"scores.early_setup": 0},
-                # the index q of the requests of the CTA's items only (setup() marks them), on both dots
-                "iq-own-requests": {"scores.iq_own_requests": 1},
+                # the index q of every request (the spec's sm90 above one row: only those of the CTA's
+                # items, which setup() marks); and those only on the CUDA-core dots
+                "iq-all-requests": {"scores.iq_own_requests": 0},
                 "iq-own-requests-cuda-cores": {**CUDA_CORES, "scores.iq_own_requests": 1}}
 
 

@@ -558,26 +558,29 @@ def test_scorer_item_table_and_static_item_starts():
 
 
 def test_scorer_iq_own_requests():
-    """scores.iq_own_requests (off in the spec): setup() marks in a kernel-lifetime `want` word a
-    request the requests of the CTA's items (every thread's own item, and from the last thread's
-    request on: the items past the first THREADS follow it in the work list), and make_index_q skips
-    the others. S = 1 / 4 / 16 compile without spills on sm90, and S = 16 on gfx950 (CUDA-core dots);
-    off, no `want`. The scores are checked on the GPU (tunes iq-own-requests, on both dots)."""
-    for tokens in (1, 4, 16):
-        ir, text = source(SPEC, "sm90", tokens=tokens, tune={"scores.iq_own_requests": 1})
-        scores = text[text.rindex("namespace stage_scores {"):]
-        want = next(b for b in ir.lds if b.stage == "scores" and b.name == "want")
-        assert want.count == tokens
-        setup = scores[scores.index("MONO_DEVICE void setup("):]
-        assert setup.index("want[tid] = 0u;") < setup.index("barrier();") < setup.index("if (mine.valid) want[mine.r] = 1u;")
-        assert "for (int r = mine.r + 1; r < requests; ++r) want[r] = 1u;" in setup
-        assert "if (!want[r]) continue;" in scores
-        assert "make_index_q(a, mb, reqs, iq, requests, q_len, reinterpret_cast<const u32*>(lds + LDS_WANT));" in scores
-        (report,) = jit.resource_report(text, "own_requests.hip", get_target("sm90"))
-        assert report.spills == 0 and report.scratch_bytes == 0
-        ir, text = source(SPEC, "sm90", tokens=tokens)
-        assert "want" not in text[text.rindex("namespace stage_scores {"):]
-        assert not any(b.name == "want" for b in ir.lds)
+    """scores.iq_own_requests (the spec's sm90 above one row): setup() marks in a kernel-lifetime
+    `want` word a request the requests of the CTA's items (every thread's own item, and from the
+    last thread's request on: the items past the first THREADS follow it in the work list), and
+    make_index_q skips the others. S = 2 / 4 / 16 compile without spills on sm90, and S = 16 on
+    gfx950 (CUDA-core dots); off (the spec's S = 1, or the knob 0), no `want`. The scores are
+    checked on the GPU (tunes spec, iq-all-requests, iq-own-requests-cuda-cores)."""
+    for tokens in (1, 2, 4, 16):
+        for tune in (None, {"scores.iq_own_requests": 0}):
+            on = tune is None and tokens > 1
+            ir, text = source(SPEC, "sm90", tokens=tokens, tune=tune)
+            scores = text[text.rindex("namespace stage_scores {"):]
+            assert any(b.stage == "scores" and b.name == "want" and b.count == tokens for b in ir.lds) is on
+            assert ("if (!want[r]) continue;" in scores) is on
+            if not on:
+                assert "want" not in scores
+                continue
+            setup = scores[scores.index("MONO_DEVICE void setup("):]
+            assert (setup.index("want[tid] = 0u;") < setup.index("barrier();")
+                    < setup.index("if (mine.valid) want[mine.r] = 1u;"))
+            assert "for (int r = mine.r + 1; r < requests; ++r) want[r] = 1u;" in setup
+            assert "make_index_q(a, mb, reqs, iq, requests, q_len, reinterpret_cast<const u32*>(lds + LDS_WANT));" in scores
+            (report,) = jit.resource_report(text, "own_requests.hip", get_target("sm90"))
+            assert report.spills == 0 and report.scratch_bytes == 0
     _, text = source(SPEC, "gfx950", tokens=16, tune={"scores.iq_own_requests": 1})
     assert "if (!want[r]) continue;" in text
     (report,) = jit.resource_report(text, "own_requests.hip", get_target("gfx950"))

@@ -50,7 +50,7 @@
 //   hdone    @   754176      2560 B  320 flags: head task h of token t done: pair t * N_HEAD_TASKS + h
 //   iqp      @   756736      8192 B  1024 pairs: heads.iq_pairs: token t's index q, dims 2i and 2i + 1 (bf16) at pair t * HEAD_DIM / 2 + i
 //
-// LDS (138944 bytes; stages reuse the same bytes, one after another):
+// LDS (138960 bytes; stages reuse the same bytes, one after another):
 //   stage_norm::LDS_RED    @      0  64 x float
 //   stage_qkv::LDS_X8      @      0  6160 x u32
 //   stage_qkv::LDS_PART    @  24640  4608 x float
@@ -63,6 +63,7 @@
 //   stage_scores::LDS_REQS @ 134752  20 x u32  (whole kernel: not reused)
 //   stage_scores::LDS_SEQ  @ 134832  4 x u32  (whole kernel: not reused)
 //   stage_scores::LDS_PAGES @ 134848  1024 x u32  (whole kernel: not reused)
+//   stage_scores::LDS_WANT @ 138944  4 x u32  (whole kernel: not reused)
 //
 // stages (every CTA runs them in this order; a stage waits only on earlier ones):
 //   0. norm   rmsnorm_fp8  4 tasks on CTAs 0..131 (round_robin)
@@ -962,7 +963,7 @@ struct Mailbox {
 };
 MONO_DEVICE void bulk_wait(u64* bar, u32 phase, u32) { bulk_wait(bar, phase); }  // (debug builds: bounded)
 
-constexpr int LDS_BYTES = 138944;  // the union of the stages' LDS, plus the stamps
+constexpr int LDS_BYTES = 138960;  // the union of the stages' LDS, plus the stamps
 
 // ---- timeline ---------------------------------------------------------------------------
 constexpr int TL_START = 0;
@@ -1448,6 +1449,7 @@ constexpr int LDS_RING = 3680;  // LDS: 32768 x u32
 constexpr int LDS_REQS = 134752;  // LDS: 20 x u32
 constexpr int LDS_SEQ = 134832;  // LDS: 4 x u32
 constexpr int LDS_PAGES = 134848;  // LDS: 1024 x u32
+constexpr int LDS_WANT = 138944;  // LDS: 4 x u32
 
 constexpr int DIM = 128;
 constexpr int ROPE = 64;        // partial NeoX RoPE over dims 0 .. ROPE - 1
@@ -1552,11 +1554,13 @@ static_assert(sizeof(Request) == 5 * 4, "LDS_REQS holds 5 words a request");
 // The index q of every scored request, bf16-rounded, into LDS: request r's (row i, head j) at
 // row r * q_len * HEADS + i * heads + j (bf16 pairs times IQ_UP), as its scoring walks them. The head
 // task's iq_out row, polled as its tagged pairs (iq_from_out), one 32-lane group a (token, head), the requests' jobs
-// numbered in order and dealt to the groups.
-MONO_DEVICE void make_index_q(const Args& a, const Mailbox& mb, const Request* reqs, float* iq, int requests, int q_len) {
+// numbered in order and dealt to the groups. Only the requests that setup() marked in `want`: those
+// of the CTA's items (iq_own_requests); the other rows are never read.
+MONO_DEVICE void make_index_q(const Args& a, const Mailbox& mb, const Request* reqs, float* iq, int requests, int q_len, const u32* want) {
     const int tid = thread_id(), group = tid / LANES, l32 = tid % LANES, d0 = ELEMS * l32;
     constexpr int GROUPS = THREADS / LANES;
     for (int r = 0, base = 0; r < requests; ++r) {
+        if (!want[r]) continue;  // none of the CTA's items (uniform over the CTA)
         const Request req = reqs[r];
         const int jobs = req.count > 0 ? q_len * req.heads : 0;
         for (int n = base + (group - base % GROUPS + GROUPS) % GROUPS; n < base + jobs; n += GROUPS) {  // uniform per 32 lanes
@@ -1891,7 +1895,7 @@ MONO_DEVICE void score_by_groups(const Args& a, const Mailbox& mb, float* iq, co
     Stream st{0, Cursor{0, 0}, Item{false, 0, 0, 1, false}, 0, false};
 #pragma unroll
     for (int s = 0; s < RING - 1; ++s) ask_next_tile(a, mb, reqs, pages, gr, st, deal, requests, q_len, ring, s % Group<G>::PER);
-    make_index_q(a, mb, reqs, iq, requests, q_len);
+    make_index_q(a, mb, reqs, iq, requests, q_len, reinterpret_cast<const u32*>(lds + LDS_WANT));
     barrier();
     score_warp_items(a, mb, iq, seq, reqs, pages, gr, st, deal, requests, q_len, ring, best, lds);
     barrier();  // every warp's items scored
@@ -1923,11 +1927,19 @@ MONO_DEVICE void setup(const Args& a, u8* lds) {
     const int requests = q_len > 0 ? TOKENS / q_len : 0;
     if (tid < requests) reqs[tid] = request_of(a, tid, q_len);
     if (tid < TOKENS) seq[tid] = a.seq_lens[tid];
+    u32* want = reinterpret_cast<u32*>(lds + LDS_WANT);
+    if (tid < TOKENS) want[tid] = 0u;
     barrier();
     {  // item j = tid's block-table entry: one round trip a stage, not one an item
         const Item mine = own_item(reqs, c, tid, requests);
         if (mine.valid && tid < PAGES) pages[tid] = int(page_of(a, mine, q_len));
         if (tid < PAGES) pages[PAGES + tid] = int(item_word(mine));  // the item itself (item_table)
+        // the requests of the CTA's items (a thread's item each: the same 1 stored by all of a
+        // request's); its items past the first THREADS follow in the work list's order, so they
+        // belong to the last one's request or later ones
+        if (mine.valid) want[mine.r] = 1u;
+        if (tid == THREADS - 1 && mine.valid)
+            for (int r = mine.r + 1; r < requests; ++r) want[r] = 1u;
     }
     barrier();
 }
