@@ -275,7 +275,8 @@ def test_scorer_tables_and_batches(target, tokens):
     warp (tensor cores) or two batches' per-item maxima of every wave (CUDA cores), the
     requests, the rows' context lengths, a block-table entry per thread (sm90's item_table: then
     the item itself, a word each) and, on the tensor cores up to 8 rows, each warp's ring of
-    tiles_ahead + 1 tiles of 2 KB (above 8 rows the keys go to registers, key_regs). mma_dots, tiles_ahead and busy_waves come from the spec (sm90:
+    tiles_ahead + 1 tiles of 2 KB (above 8 rows the keys go to registers, key_regs); on sm90 above
+    one row a word per request that marks those the CTA's items score (iq_own_requests). mma_dots, tiles_ahead and busy_waves come from the spec (sm90:
     on, 1 at S <= 2 and above 8 rows else 3, 8; else off) and a tune overrides them."""
     ir = build_ir(target, tokens)
     scores = stage_named(ir, "scores")
@@ -285,10 +286,11 @@ def test_scorer_tables_and_batches(target, tokens):
     iq = ("u32", (tokens + 8) * 66) if mma else ("float", tokens * 4 * 36)
     slots = 4 if 2 < tokens <= 8 else 2  # tiles_ahead + 1
     ring = {"ring": ("u32", waves * slots * 2048 // 4)} if mma and tokens <= 8 else {}
+    want = {"want": ("u32", tokens)} if mma and tokens > 1 else {}  # iq_own_requests: sm90's above one row
     assert {n: (b.ctype, b.count) for n, b in own.items()} == {
         "iq": iq, "best": ("float", 2 * tokens * waves),
         "reqs": ("u32", 5 * tokens), "seq": ("u32", tokens), "pages": ("u32", ir.threads * (2 if mma else 1)),
-        **ring}
+        **ring, **want}
     assert (scores.values["batch"], scores.values["mma"]) == (1, mma)
     if mma:
         assert (scores.values["ring"], scores.values["busy"]) == (slots, 8)
@@ -797,7 +799,7 @@ def test_scorer_index_q_knobs():
     for tune, first in (({}, False), ({"scores.iq_first": 1}, True)):
         groups = scores_of(tune)
         groups = groups[groups.index("MONO_DEVICE void score_by_groups("):]
-        assert (groups.index("make_index_q(a, mb, reqs, iq, requests, q_len);") < groups.index(ask)) is first
+        assert (groups.index("make_index_q(a, mb, reqs, iq, requests, q_len") < groups.index(ask)) is first
         assert groups.count(ask) == 1
     with pytest.raises(SpecError, match="iq_first orders the tensor-core dots' start"):
         scores_of({"scores.iq_first": 1, **CUDA_CORES})
