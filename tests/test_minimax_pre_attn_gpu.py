@@ -167,6 +167,23 @@ def test_timeline(tokens):
         assert same_bytes(outs[False][k], outs[True][k]), f"{k} differs with the timeline on"
 
 
+def test_timeline_last_got_point():
+    """heads.last_got_point (S = 16): each head CTA's slot holds the latest of its tokens' stamps, so
+    it is at or after thread 0's got_point (token 0's) and before the CTA enters the scorer; no
+    other CTA stamps it."""
+    kernel = codegen.load("minimax_m3/pre_attn", tokens=16, timeline=True, tune={"heads.last_got_point": "spare"})
+    inp = make_inputs(16, kernel.target.name, seed=3)
+    ws = kernel.workspace("cuda")
+    launch(kernel, launch_args(inp, ws))
+    tl, pts = ws["tl"].cpu(), kernel.ir.timeline_points
+    heads = next(s for s in kernel.ir.stages if s.name == "heads")
+    mine = torch.zeros(tl.shape[0], dtype=torch.bool)
+    mine[heads.first:heads.first + heads.ctas] = True
+    last, got, entered = (tl[:, pts.index(p)] for p in ("spare", "head_got_qkv", "pre_attn_done"))
+    assert (last[mine] > 0).all() and (last[~mine] == 0).all()
+    assert (last[mine] >= got[mine]).all() and (last[mine] <= entered[mine]).all()
+
+
 @pytest.mark.parametrize("eps", (1e-5,))
 def test_eps_build_parameter(eps):
     """The eps build parameter reaches the input norm and the head norms."""

@@ -210,6 +210,28 @@ def test_heads_twice_probe_build():
     assert twin.source == heads_twice.heads_twice_source(kernel.source) != kernel.source
 
 
+def test_heads_last_got_point():
+    """heads.last_got_point: every token's first lane stamps, right after its qkv values and after
+    thread 0's got_point, into the point's LDS slot by an atomic max (the last of the task's tokens);
+    the builds compile without spills on sm90 and gfx950 (an LDS 64-bit atomic max each), and a
+    timeline-off build calls a stamp_last that does nothing."""
+    from codegen import jit
+    from codegen.render import source
+    for target in ("sm90", "gfx950"):
+        ir, src = source("minimax_m3/pre_attn", target, tokens=16, timeline=True,
+                         tune={"heads.last_got_point": "spare"})
+        head = src[src.index("namespace stage_heads {\n"):src.index("}  // namespace stage_heads")]
+        got = head.index("head_values(mb.qkv + tk * ROWS + off + d0, mb.tag, e);")
+        assert got < head.index("stamp(lds, TL_HEAD_GOT_QKV);") < head.index("if (l32 == 0) stamp_last(lds, TL_SPARE);")
+        assert head.count("stamp_last(") == 1
+        atomic = "atomicMax(reinterpret_cast<unsigned long long*>(p)" if target == "sm90" else "__hip_atomic_fetch_max(p, v"
+        assert atomic in src
+        (report,) = jit.resource_report(src, f"{ir.name}.last-got.hip", ir.target)
+        assert report.spill_store_bytes == 0
+    _, off = source("minimax_m3/pre_attn", "sm90", tokens=16, tune={"heads.last_got_point": "spare"})
+    assert "MONO_DEVICE void stamp_last(u8*, int) {}" in off and "if (l32 == 0) stamp_last(lds, TL_SPARE);" in off
+
+
 def test_precision_model():
     """With no block error the modelled wgmma GEMV writes the reference's exact qkv bit for bit;
     with the probe's bound it moves values, each block's error within that bound of its sum |w x|."""

@@ -290,8 +290,9 @@ def test_timeline_only_in_timeline_builds(build):
         assert f"constexpr int LDS_TL = {tl.offset};" in text
         assert "tl[block_id() * TL_POINTS + thread_id()]" in text
         assert "MONO_DEVICE void stamp(u8* lds, int point)" in text
+        assert "MONO_DEVICE void stamp_last(u8* lds, int point)" in text
     else:
-        assert "MONO_DEVICE void stamp(u8*, int) {}" in text
+        assert "MONO_DEVICE void stamp(u8*, int) {}" in text and "MONO_DEVICE void stamp_last(u8*, int) {}" in text
         assert "tl[" not in text
     for i, p in enumerate(ir.timeline_points):  # the stamp indices exist either way
         assert f"constexpr int TL_{p.upper()} = {i};" in text

@@ -273,6 +273,8 @@ constexpr long long TIMER_HZ = 100000000;  // timer_now() ticks per second
 // The timeline's stamps (kernel.hip.j2): the timer itself (10 ns steps)
 MONO_DEVICE constexpr bool stamp_cycles() { return false; }  // (a function: a constant would take global memory)
 MONO_DEVICE long long stamp_clock() { return timer_now(); }
+// atomic max of a u64 in LDS (the timeline's stamp_last)
+MONO_DEVICE void lds_max_u64(u64* p, u64 v) { (void)__hip_atomic_fetch_max(p, v, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_WORKGROUP); }
 
 // ---- FP8 MMA: D(16x16) += A(16x32) * B(32x16), v_mfma_f32_16x16x32_fp8_fp8 -------------
 // Lane l holds A row l % 16 and B column l % 16, 8 k values each (k block l / 16);
@@ -601,6 +603,7 @@ constexpr int TL_SPARE2 = 7;
 constexpr int TL_SPARE3 = 8;
 constexpr int TL_SPARE4 = 9;
 MONO_DEVICE void stamp(u8*, int) {}  // timeline off
+MONO_DEVICE void stamp_last(u8*, int) {}
 
 // =========================================================================================
 // stage 0: xq (mxfp8_quant) -- S > INLINE_QUANT_TOKENS: x's (token, K part) units -> MXFP8 X8 / X8S, a flag each

@@ -352,6 +352,8 @@ constexpr long long TIMER_HZ = 1000000000;  // timer_now() ticks per second
 // at the kernel's end (%globaltimer moves in 32 ns steps on the H200; a cycle is ~0.5 ns)
 MONO_DEVICE long long stamp_clock() { return (long long)clock64(); }
 MONO_DEVICE constexpr bool stamp_cycles() { return true; }  // (a function: a constant would take global memory)
+// atomic max of a u64 in LDS (the timeline's stamp_last)
+MONO_DEVICE void lds_max_u64(u64* p, u64 v) { atomicMax(reinterpret_cast<unsigned long long*>(p), (unsigned long long)v); }
 
 // ---- FP8 MMA: D(16x8) += A(16x32 e4m3, rows) * B(32x8 e4m3, columns) -------------------
 // Lane l (g = l / 4, q = l % 4) holds A rows g and g + 8, k 4q..4q+3 and 16+4q..;
@@ -975,6 +977,7 @@ constexpr int TL_PRE_ATTN_DONE = 5;
 constexpr int TL_SCORES_DONE = 6;
 constexpr int TL_SPARE = 7;
 MONO_DEVICE void stamp(u8*, int) {}  // timeline off
+MONO_DEVICE void stamp_last(u8*, int) {}
 namespace stage_scores { MONO_DEVICE void setup(const Args& a, u8* lds); }  // called by stage qkv
 
 // =========================================================================================
