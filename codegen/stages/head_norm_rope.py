@@ -29,8 +29,8 @@ PAGE_BYTES = 2048  # one page-16 page of one kv head: 16 tokens x 128 dims
 
 class Model(StageBase):
     kind: Literal["head_norm_rope"]
-    got_point: Name | None = "head_got_qkv"  # timeline point: the head's qkv values arrived
-    last_got_point: Name | None = None  # timeline point: the last of the task's tokens got its qkv values (got_point: thread 0's, token 0)
+    got_point: Name | None = "head_got_qkv"  # timeline point: the head's qkv values arrived (thread 0's: token 0's)
+    last_got_point: Name | None = None  # timeline point: the last of the CTA's tokens (of all its tasks) got its qkv values
     stored_point: Name | None = None  # timeline point: the task's stores issued (index q: its pairs too)
     fenced_point: Name | None = None  # timeline point: the release fence after them passed (with done)
     qkv: Name  # pairs region: the GEMV's rows, token t at pair t * rows
