@@ -310,7 +310,9 @@ SCORER_TUNES = {"spec": None,  # sm90: tensor cores, each item the fewest warps 
                 # the index q of every request (the spec's sm90 above one row: only those of the CTA's
                 # items, which setup() marks); and those only on the CUDA-core dots
                 "iq-all-requests": {"scores.iq_own_requests": 0},
-                "iq-own-requests-cuda-cores": {**CUDA_CORES, "scores.iq_own_requests": 1}}
+                "iq-own-requests-cuda-cores": {**CUDA_CORES, "scores.iq_own_requests": 1},
+                # the polls of the head task's index-q pairs 500 ns apart (the spec's: the target's pause())
+                "iq-poll-sleep": {"scores.iq_poll_sleep": 500}}
 
 
 def scorer_kernel(tune_id: str, tokens: int, **params):
