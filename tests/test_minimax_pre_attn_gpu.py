@@ -310,9 +310,7 @@ SCORER_TUNES = {"spec": None,  # sm90: tensor cores, each item the fewest warps 
                 # the index q of every request (the spec's sm90 above one row: only those of the CTA's
                 # items, which setup() marks); and those only on the CUDA-core dots
                 "iq-all-requests": {"scores.iq_own_requests": 0},
-                "iq-own-requests-cuda-cores": {**CUDA_CORES, "scores.iq_own_requests": 1},
-                # the polls of the head task's index-q pairs 500 ns apart (the spec's: the target's pause())
-                "iq-poll-sleep": {"scores.iq_poll_sleep": 500}}
+                "iq-own-requests-cuda-cores": {**CUDA_CORES, "scores.iq_own_requests": 1}}
 
 
 def scorer_kernel(tune_id: str, tokens: int, **params):
@@ -382,9 +380,11 @@ CP_CASES = [  # (tokens, q_len, contexts): long requests have more than 288 bloc
 ]
 
 
-@pytest.mark.parametrize("tune_id,own", [("spec", own) for own in range(4)] +
-                         [(tune_id, 1) for tune_id in SCORER_TUNES  # one rank is enough
-                          if tune_id not in ("spec", "iq-made")])  # (iq-made: the spec's with four heads)
+# the scorer tunes run with four index heads, on one rank (enough): not iq-made, the spec's there
+CP_TUNES = [tune_id for tune_id in SCORER_TUNES if tune_id not in ("spec", "iq-made")]
+
+
+@pytest.mark.parametrize("tune_id,own", [("spec", own) for own in range(4)] + [(tune_id, 1) for tune_id in CP_TUNES])
 @pytest.mark.parametrize("tokens,q_len,contexts", CP_CASES)
 def test_index_context_parallel(tune_id, own, tokens, q_len, contexts):
     """index_heads 4, rank `own`: own-head outputs and caches exact; the other

@@ -587,37 +587,11 @@ def test_scorer_iq_own_requests():
     assert report.vgpr_spills == 0 and report.scratch_bytes == 0
 
 
-def test_scorer_iq_poll_sleep():
-    """scores.iq_poll_sleep (off in the spec): make_index_q's polls of the head task's index-q
-    pairs sleep that many ns after a round that saw one untagged (mailbox_wait_all2<NS>), on sm90
-    and gfx950 (both with iq_from_out); 0 leaves the source as the spec's. Refused without
-    iq_from_out (nothing to poll) and above 10000 ns. S = 16 compiles without spills on both;
-    the scores are checked on the GPU (tune iq-poll-sleep)."""
-    poll = "mailbox_wait_all2(couple, mb.tag, w);"
-
-    def body(src: str) -> list[str]:  # the source less its header's tune line
-        return [ln for ln in src.splitlines() if "(overrides of the spec's knobs)" not in ln]
-
-    for target in ("sm90", "gfx950"):
-        tune = {"scores.iq_from_out": 1, "heads.iq_tagged": 1}
-        _, plain = source(SPEC, target, tokens=16, tune=tune)
-        ir, text = source(SPEC, target, tokens=16, tune={**tune, "scores.iq_poll_sleep": 500})
-        assert plain.count(poll) == 1 and poll not in text
-        assert text.count("mailbox_wait_all2<500>(couple, mb.tag, w);") == 1
-        assert body(text) == body(plain.replace(poll, "mailbox_wait_all2<500>(couple, mb.tag, w);"))  # nothing else
-        (report,) = jit.resource_report(text, "iq_poll_sleep.hip", get_target(target))
-        assert report.spill_store_bytes == 0 and report.scratch_bytes == 0
-    assert body(source(SPEC, "sm90", tokens=16, tune={"scores.iq_poll_sleep": 0})[1]) == body(source(SPEC, "sm90", tokens=16)[1])
-    with pytest.raises(SpecError, match="iq_poll_sleep paces the polls of the head task's index-q pairs"):
-        source(SPEC, "gfx950", tokens=16, tune={"scores.iq_poll_sleep": 500})  # the spec: iq_from_out sm90's only
-    with pytest.raises(SpecError, match="20000 ns between polls: at most 10000"):
-        source(SPEC, "sm90", tokens=16, tune={"scores.iq_poll_sleep": 20000})
-
-
 def test_minimax_gpu_tunes_lower():
     """Every tune the MiniMax GPU file runs (GEMV_TUNES at each of its row counts, SCORER_TUNES at
-    each score case's rows and pinned blocks) lowers and renders for sm90 here, so that the lent
-    GPU's minutes go to running them, not to a spec error."""
+    each score case's rows and pinned blocks, CP_TUNES with four index heads at each context-parallel
+    case's rows) lowers and renders for sm90 here, so that the lent GPU's minutes go to running
+    them, not to a spec error."""
     from tests import test_minimax_pre_attn_gpu as gpu
     for tune in gpu.GEMV_TUNES.values():
         for tokens in gpu.TOKENS:
@@ -626,3 +600,6 @@ def test_minimax_gpu_tunes_lower():
         for tokens, _q_len, _contexts, *pinned in gpu.SCORE_CASES:
             init_blocks, local_blocks = pinned or (0, 1)
             source(SPEC, "sm90", tokens=tokens, tune=tune, init_blocks=init_blocks, local_blocks=local_blocks)
+    for tune_id in ("spec", *gpu.CP_TUNES):
+        for tokens, _q_len, _contexts in gpu.CP_CASES:
+            source(SPEC, "sm90", tokens=tokens, tune=gpu.SCORER_TUNES[tune_id], index_heads=4, index_own=1)

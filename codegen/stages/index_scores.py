@@ -170,12 +170,6 @@ class Model(StageBase):
     # jobs on 8 groups, two polls in turn a group; Nsight Compute: make_index_q 20 % of the
     # scorer's warp samples, bench/NOTES.md MiniMax session 34). The same scores
     iq_own_requests: PerTarget = PerTarget(default=0)
-    # with iq_from_out: ns a lane sleeps after a poll round of the head task's pairs that saw one
-    # untagged (0: the target's pause(), 64 ns on sm90). Longer: fewer polls on the lines the
-    # index-q task is storing to (at 64K all 132 CTAs poll them; that task took 2.5 / 3.5 us from
-    # its rows to its end at S = 1 / 16, the index-K task beside it 0.8 / 1.2: bench/NOTES.md
-    # MiniMax session 36), a later sight of them. Same scores
-    iq_poll_sleep: Expr = 0
 
     _per_target = field_validator("lead_cta", "late_ctas", "late_items", "few_items", "few_lead_cta", "few_late_ctas",
                                   "few_late_items", "mma_dots", "f16_dots", "iq_regs", "key_regs", "batch_items",
@@ -357,10 +351,6 @@ def lower(stage: Model, ctx) -> dict:
     own_requests = ctx.switch(stage.iq_own_requests.for_target(ctx.target.name), ("iq_own_requests",))
     if own_requests:
         setup_lds(stage.name, "want", "u32", ctx.tokens)  # [request]: nonzero if the CTA's items score it
-    iq_poll_sleep = ctx.poll_sleep(stage.iq_poll_sleep, ("iq_poll_sleep",))
-    if iq_poll_sleep and not iq_from_out:
-        ctx.fail(("iq_poll_sleep",), "iq_poll_sleep paces the polls of the head task's index-q pairs; this build "
-                 "makes the index q from the qkv rows (iq_from_out off)", "set iq_poll_sleep to 0, or turn iq_from_out on")
     if mma and not key_regs:  # each warp's ring of tiles_ahead + 1 tiles (2 KB each)
         ring_bytes = waves * (ahead + 1) * MMA_TILE_KEYS * head_dim
         if ring_bytes > ctx.lds_left(stage.name):
@@ -405,7 +395,6 @@ def lower(stage: Model, ctx) -> dict:
         "static_items": static_items,  # ask_next_tile's item start known per unrolled tile
         "item_table": item_table,  # the CTA's first items from setup()'s table
         "own_requests": own_requests,  # make_index_q: only the requests of the CTA's items
-        "iq_poll_sleep": iq_poll_sleep,  # ns between its poll rounds of the pairs (0: pause())
         "busy": busy,
         "mma_iq_pad": MMA_IQ_PAD,
         "tile_keys": MMA_TILE_KEYS,
