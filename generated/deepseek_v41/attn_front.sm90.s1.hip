@@ -1597,24 +1597,6 @@ MONO_DEVICE void load_unit(const Args& a, int u, u32x4 (&w)[CPW], u32 (&codes)[C
     }
 }
 
-// The CTA's units' weights (one TMA prefetch a unit, by thread 0) and scale codes (the lines of
-// a unit's codes, by one lane of wave 1) into L2; the kernel calls it as the CTA enters stage
-// qkv: the HBM streams them while that stage runs, and this stage's loads find them in L2.
-MONO_DEVICE void prefetch_l2(const Args& a) {
-    const int b0 = block_id() - FIRST;
-    if (b0 < 0 || b0 >= CTAS) return;
-    for (int i = 0; i < UPC && b0 + CTAS * i < TASKS; ++i) {
-        const int u = b0 + CTAS * i;
-        if (thread_id() == 0)
-            bulk_prefetch_l2(a.wqb + (long long)unit_row0(u) * K + (long long)unit_part(u) * NC * 16 * GEMV_K_CHUNK,
-                             NC * 16 * GEMV_K_CHUNK);
-        if (thread_id() == WAVE) {
-            prefetch_line_l2(unit_codes(a, u));
-            prefetch_line_l2(unit_codes(a, u) + NC * MX_BLOCKS_PER_CHUNK - 1);
-        }
-    }
-}
-
 // The source's first word of 16-byte piece v of token t's row, K part `part` (of its codes' piece
 // v), from its words (codes) at `at`: the plain row-major layout. Tagged pairs index the same
 // way (T = u64: pair i holds word i)
@@ -1839,7 +1821,6 @@ MONO_KERNEL deepseek_v41_attn_front(
     barrier();  // the stages share LDS
     stage_wqkv_a::run(a, mb, lds);
     barrier();  // the stages share LDS
-    stage_wq_b::prefetch_l2(a);  // wq_b's weights into L2 while qkv runs
     stage_qkv::run(a, mb, lds);
     barrier();  // the stages share LDS
     stage_wq_b::run(a, mb, lds);
