@@ -306,15 +306,6 @@ class _Ctx:
             self.fail(loc, f"must be an integer >= {minimum}, got {v!r}")
         return v
 
-    def poll_sleep(self, value, loc: tuple) -> int:
-        """``integer`` >= 0: the ns a poll loop sleeps after a round that saw an untagged pair
-        (0: the target's pause()), refused above 10000 (a wait, not a nap)."""
-        v = self.integer(value, loc, minimum=0)
-        if v > 10000:
-            self.fail(loc, f"{v} ns between polls: at most 10000 (a wait, not a nap)",
-                      f"set {loc[-1]} to 0 (the target's pause) .. 10000 ns")
-        return v
-
     def switch(self, value, loc: tuple) -> bool:
         """``evaluate``, refusing anything but a boolean or 0 / 1 (on / off knobs)."""
         v = self.evaluate(value, loc)

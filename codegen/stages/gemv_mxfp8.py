@@ -373,7 +373,10 @@ def lower(stage: Model, ctx) -> dict:
     src_copies = ({k: ctx.stage_values(src.name)[k] for k in ("tagged_copies", "copy_pairs", "copy_code_pairs")}
                   if tagged else {"tagged_copies": 1})
     pending_polls = ctx.switch(stage.pending_polls, ("pending_polls",)) and tagged
-    poll_sleep = ctx.poll_sleep(stage.poll_sleep, ("poll_sleep",)) if tagged else 0
+    poll_sleep = ctx.integer(stage.poll_sleep, ("poll_sleep",), minimum=0) if tagged else 0
+    if poll_sleep > 10000:
+        ctx.fail(("poll_sleep",), f"{poll_sleep} ns between polls: at most 10000 (a wait, not a nap)",
+                 "set poll_sleep to 0 (the target's pause) .. 10000 ns")
     if tagged and rows_async:
         ctx.fail(("rows_async",), f"stage {src.name!r} publishes tagged pairs, which the rows' polls check "
                  "(an asynchronous copy cannot)", "turn rows_async off for this build")
