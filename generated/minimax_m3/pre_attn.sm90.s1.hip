@@ -50,13 +50,14 @@
 //   hdone    @   754176      2560 B  320 flags: head task h of token t done: pair t * N_HEAD_TASKS + h
 //   iqp      @   756736      8192 B  1024 pairs: heads.iq_pairs: token t's index q, dims 2i and 2i + 1 (bf16) at pair t * HEAD_DIM / 2 + i
 //
-// LDS (144192 bytes; stages reuse the same bytes, one after another):
-//   stage_qkv::LDS_X8      @      0  1540 x u32
-//   stage_qkv::LDS_PART    @   6160  4608 x float
-//   stage_qkv::LDS_XS      @  24592  1 x float
-//   stage_qkv::LDS_RED     @  24608  64 x float
-//   stage_qkv::LDS_WSTAGE  @  24864  29824 x u32
-//   stage_qkv::LDS_WBAR    @ 144160  3 x u64
+// LDS (138688 bytes; stages reuse the same bytes, one after another):
+//   stage_qkv::LDS_PAIR_SUMS @      0  32 x float
+//   stage_qkv::LDS_X8      @    128  1540 x u32
+//   stage_qkv::LDS_PART    @   6288  4608 x float
+//   stage_qkv::LDS_XS      @  24720  1 x float
+//   stage_qkv::LDS_RED     @  24736  64 x float
+//   stage_qkv::LDS_WSTAGE  @  24992  28416 x u32
+//   stage_qkv::LDS_WBAR    @ 138656  3 x u64
 //   stage_scores::LDS_IQ   @      0  594 x u32
 //   stage_scores::LDS_BEST @   2384  32 x float
 //   stage_scores::LDS_REQS @   2512  5 x u32
@@ -963,7 +964,7 @@ struct Mailbox {
 };
 MONO_DEVICE void bulk_wait(u64* bar, u32 phase, u32) { bulk_wait(bar, phase); }  // (debug builds: bounded)
 
-constexpr int LDS_BYTES = 144192;  // the union of the stages' LDS, plus the stamps
+constexpr int LDS_BYTES = 138688;  // the union of the stages' LDS, plus the stamps
 
 // ---- timeline ---------------------------------------------------------------------------
 constexpr int TL_START = 0;
@@ -984,12 +985,13 @@ namespace stage_qkv {
 constexpr int TASKS = 160;  // task t runs on CTA FIRST + t % CTAS
 constexpr int FIRST = 0;
 constexpr int CTAS = 132;
-constexpr int LDS_X8 = 0;  // LDS: 1540 x u32
-constexpr int LDS_PART = 6160;  // LDS: 4608 x float
-constexpr int LDS_XS = 24592;  // LDS: 1 x float
-constexpr int LDS_RED = 24608;  // LDS: 64 x float
-constexpr int LDS_WSTAGE = 24864;  // LDS: 29824 x u32
-constexpr int LDS_WBAR = 144160;  // LDS: 3 x u64
+constexpr int LDS_PAIR_SUMS = 0;  // LDS: 32 x float
+constexpr int LDS_X8 = 128;  // LDS: 1540 x u32
+constexpr int LDS_PART = 6288;  // LDS: 4608 x float
+constexpr int LDS_XS = 24720;  // LDS: 1 x float
+constexpr int LDS_RED = 24736;  // LDS: 64 x float
+constexpr int LDS_WSTAGE = 24992;  // LDS: 28416 x u32
+constexpr int LDS_WBAR = 138656;  // LDS: 3 x u64
 
 constexpr int ROWS = 2560;              // output rows (all tasks)
 constexpr int K = 6144;
@@ -1003,9 +1005,9 @@ constexpr int ROW_BATCH = 1;          // 16-byte loads a thread issues at once w
 constexpr bool WEIGHTS_FIRST = false;  // weight stream before the norm math / x8 wait (else once its inputs arrived)
 static_assert(K % (GEMV_K_CHUNK * THREADS / WAVE) == 0, "K splits into whole chunks per wave");
 // the 16-row groups the tasks cover, range by range: (first group, groups)
-constexpr int N_RANGES = 3;
-constexpr int RANGE_FIRST[N_RANGES] = {0, 144, 152};
-constexpr int RANGE_GROUPS[N_RANGES] = {144, 8, 8};
+constexpr int N_RANGES = 2;
+constexpr int RANGE_FIRST[N_RANGES] = {0, 152};
+constexpr int RANGE_GROUPS[N_RANGES] = {144, 8};
 
 // The first projection row of task t.
 MONO_DEVICE int task_row0(int t) {
@@ -1122,12 +1124,88 @@ MONO_DEVICE void load_weights(const Args& a, int row0, int first_chunk, int n, i
 // The CTA of task t0 writes (and, inline, publishes) token tk's residual.
 MONO_DEVICE bool writes_token(int tk, int t0) { return WRITES_RESIDUAL && tk < TASKS && tk % CTAS == t0; }
 
-// Stream-K (sm90: 160 row groups do not divide over 132 SMs): the
+// Rows first (rows_first): rows PAIR_RANGE0 .. + PAIR_RANGE_ROWS - 1 are not among the stream-K units.
+// The stage's first PAIR_CTAS CTAs take two each, rows p and p + 8 of a 16-row group: the 64
+// bytes at 64p of each 32-k chunk (lanes 4p .. 4p + 3 of the preshuffle, registers a0 / a2 row p,
+// a1 / a3 row p + 8), asked for before the CTA's share and summed on the CUDA cores against the
+// norm's LDS rows, then scaled and rounded as the MMA epilogue does.
+constexpr int PAIR_RANGE0 = 2304, PAIR_RANGE_ROWS = 128;
+constexpr int PAIR_CTAS = PAIR_RANGE_ROWS / 2;
+constexpr int PAIR_PIECES = K / GEMV_K_CHUNK * 4;  // 16-byte pieces of a row pair, four a chunk
+constexpr int PAIR_LOADS = (PAIR_PIECES + THREADS - 1) / THREADS;  // a thread's: pieces tid, tid + THREADS, ..
+struct RowPair {
+    u32x4 w[PAIR_LOADS];
+    float scale;  // thread j < 2 TOKENS: the weight scale of row p + 8 (j % 2)
+};
+MONO_DEVICE int pair_row_of(int t0) { return PAIR_RANGE0 + 16 * (t0 / 8) + t0 % 8; }  // row p of CTA t0's pair
+MONO_DEVICE void load_row_pair(const Args& a, int t0, RowPair& rp) {
+    if (t0 >= PAIR_CTAS) return;
+    const int row = pair_row_of(t0), tid = thread_id();
+    const u8* pair = a.w_qkv + (row / 16) * 16 * K + (row % 16) * 64;  // in chunk 0
+#pragma unroll
+    for (int i = 0; i < PAIR_LOADS; ++i) {
+        const int pc = tid + i * THREADS;
+        if (pc < PAIR_PIECES) rp.w[i] = ld16(pair + (pc / 4) * 16 * GEMV_K_CHUNK + (pc % 4) * 16);
+    }
+    if (tid < 2 * TOKENS) rp.scale = a.s_qkv[row + 8 * (tid % 2)];
+}
+// The pair's dots with every token row (x8 in LDS, scales xs), the CTA's sum (each warp's by a
+// butterfly, then the warps' in order), into qkv.
+MONO_DEVICE void row_pair_dots(const Mailbox& mb, int t0, const RowPair& rp, const u32* x8, const float* xs, float* sums) {
+    if (t0 >= PAIR_CTAS) return;  // uniform over the CTA
+    const int tid = thread_id(), lane = lane_id(), wave = wave_id();
+    constexpr int WAVES = THREADS / WAVE;
+    float acc[2][TOKENS];
+#pragma unroll
+    for (int tk = 0; tk < TOKENS; ++tk) acc[0][tk] = acc[1][tk] = 0.0f;
+#pragma unroll
+    for (int i = 0; i < PAIR_LOADS; ++i) {
+        const int pc = tid + i * THREADS;
+        if (pc >= PAIR_PIECES) continue;
+        float w[4][4];  // registers a0 .. a3: row p, row p + 8 at k 4q .., then both at k 16 + 4q ..
+        fp8x4_to_f32(rp.w[i].x, w[0]);
+        fp8x4_to_f32(rp.w[i].y, w[1]);
+        fp8x4_to_f32(rp.w[i].z, w[2]);
+        fp8x4_to_f32(rp.w[i].w, w[3]);
+#pragma unroll
+        for (int tk = 0; tk < TOKENS; ++tk) {
+            const u32* xr = x8 + tk * X8_STRIDE + 8 * (pc / 4) + pc % 4;  // the same k as a0 / a1, then a2 / a3
+            float lo[4], hi[4];
+            fp8x4_to_f32(xr[0], lo);
+            fp8x4_to_f32(xr[4], hi);
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {  // (e4m3 products are exact in f32)
+                acc[0][tk] = acc[0][tk] + w[0][e] * lo[e];
+                acc[1][tk] = acc[1][tk] + w[1][e] * lo[e];
+                acc[0][tk] = acc[0][tk] + w[2][e] * hi[e];
+                acc[1][tk] = acc[1][tk] + w[3][e] * hi[e];
+            }
+        }
+    }
+#pragma unroll
+    for (int m = 0; m < 2; ++m)
+#pragma unroll
+        for (int tk = 0; tk < TOKENS; ++tk) {
+            float v = acc[m][tk];
+            for (int o = WAVE / 2; o > 0; o /= 2) v = v + shfl_xor(v, o);
+            if (lane == 0) sums[(tk * 2 + m) * WAVES + wave] = v;
+        }
+    barrier();
+    if (tid < 2 * TOKENS) {  // thread (token tk, row p + 8 m)
+        const int m = tid % 2, tk = tid / 2;
+        float tot = 0.0f;
+        for (int wv = 0; wv < WAVES; ++wv) tot = tot + sums[tid * WAVES + wv];
+        const float val = bf16_round((tot * xs[tk]) * rp.scale);
+        mailbox_put(mb.qkv + tk * ROWS + pair_row_of(t0) + 8 * m, float_as_u32(val), mb.tag);
+    }
+}
+
+// Stream-K (sm90: 152 row groups do not divide over 132 SMs): the
 // (row group, 32-k chunk) units are split evenly over the CTAs, so a row group's
 // chunks may lie on two CTAs: the lower chunks' CTA puts its partial tile into qkv_part
 // (the "head" piece), the other adds it first and finishes the group (the "tail").
 constexpr int NCHUNK = K / GEMV_K_CHUNK;   // chunks of a row group
-constexpr int UNITS = TASKS * NCHUNK;      // (row group, chunk) units of the stage
+constexpr int UNITS = 152 * NCHUNK;  // (row group, chunk) units: the row pairs' groups are not among them
 
 struct Segment {
     int g, k0, k1;  // row group g's chunks k0 .. k1 - 1 on this CTA
@@ -1167,7 +1245,7 @@ MONO_DEVICE void wave_share(const Segment& sg, int wave, int& first, int& n) {
 }
 
 // LDS prefetch: the CTA's largest segment goes to registers (ties: the first processed),
-// its other segments (233 chunks at most) to LDS (here: every segment, as
+// its other segments (222 chunks at most) to LDS (here: every segment, as
 // they all fit) by bulk copies, in processing order (row group g_last down to
 // g_first), chunk k of a segment at LDS chunk `slot + k - k0`, lane l's 16 bytes at word 4l
 // of it: the layout of the preshuffled weight, so a segment is one contiguous copy.
@@ -1233,6 +1311,8 @@ MONO_DEVICE void run(const Args& a, const Mailbox& mb, u8* lds) {
     NormIn in[TOKENS];
 #pragma unroll
     for (int tk = 0; tk < TOKENS; ++tk) norm_load(a, tk, in[tk]);
+    RowPair rp;
+    load_row_pair(a, t0, rp);  // the rows-first pair's weights before the CTA's share
     const WeightScales wsc = weight_scales(a, lo, hi);
     // the weight stream: right behind the norm's loads (WEIGHTS_FIRST), or once they have
     // arrived, so that they do not queue behind it
@@ -1256,6 +1336,7 @@ MONO_DEVICE void run(const Args& a, const Mailbox& mb, u8* lds) {
         if (tid == 0) xs[tk] = scale;
     }
     barrier();
+    row_pair_dots(mb, t0, rp, x8, xs, reinterpret_cast<float*>(lds + LDS_PAIR_SUMS));
     stamp(lds, TL_X8_READY);
     if (tid == THREADS - 1) stage_scores::prefetch_first_keys(a);  // the scores stage's first keys into L2 while the weights land
     const int n_staged = staged_segments(lo, hi, g_reg);
