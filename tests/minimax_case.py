@@ -19,7 +19,7 @@ MAX_POS = 4096
 NUM_BLOCKS = 8
 
 # the index q's rows first (qkv.rows_first: CUDA-core dots on CTAs 0..63), up to
-# INLINE_NORM_TOKENS rows; the spec's sm90 build at one row
+# INLINE_NORM_TOKENS rows; the spec's sm90 builds with one index head
 ROWS_FIRST = {"qkv.rows_first": "tokens <= INLINE_NORM_TOKENS"}
 
 # the scorer's CUDA-core dots (the spec's on every target but sm90): the tensor cores' own knobs,

@@ -17,7 +17,7 @@ from codegen.fp import bf16_rn
 from codegen.reference import minimax_m3 as ref
 from tests.graphs import capture
 from tests.launch_guard import launch
-from tests.minimax_case import (CUDA_CORES, POISON_BF16, ROWS_FIRST, context_case, expected_tag, launch_args, make_inputs, read_mailbox,
+from tests.minimax_case import (CUDA_CORES, POISON_BF16, context_case, expected_tag, launch_args, make_inputs, read_mailbox,
                                 reference_heads, reference_scores)
 
 pytestmark = pytest.mark.gpu
@@ -32,15 +32,15 @@ def same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
 IQ_ROWS = slice(2304, 2304 + 128)  # the own index-q head's rows (IQ_OFF, one index head)
 
 # the GEMV's builds besides the spec's: each must write the same qkv bits (the same sums in the
-# same order), the staged weights only waited for differently; rows-first the same bits outside
-# the index q's rows (theirs summed on the CUDA cores, within the GEMV's tolerance)
+# same order), the staged weights only waited for differently; iq-in-stream-k the same bits outside
+# the index q's rows (the spec's sum those on the CUDA cores up to 2 rows: rows_first)
 GEMV_TUNES = {"spec": None,
               "segment-waits": {"qkv.segment_waits": 1},  # each staged segment waited for before its MMAs
               "bulk-copies": {"qkv.bulk_copies": 1},  # every staged segment by TMA bulk copies, at every S
               "tail-in-turn": {"qkv.tail_read_ahead": 0},  # the tail's lower piece read in its turn (the spec's sm90: ahead)
               # the last CTA out advances the epoch (the spec's: the CTAs finished over all launches / BLOCKS)
               "epoch-last-out": {"mailbox.advance": "last_out"},
-              "rows-first": ROWS_FIRST,
+              "iq-in-stream-k": {"qkv.rows_first": 0},  # the index q's rows in the stream-K units at every S
               # the CTA's segments into L2 before the wait for the previous launch (l2_prefetch_at launch)
               "early-prefetch": {"qkv.l2_prefetch": 1, "qkv.l2_prefetch_at": "launch"}}
 
@@ -80,7 +80,7 @@ def test_pre_attn_norm_gemv(tokens, tune_id):
         spec_ws = spec.workspace("cuda")
         launch(spec, launch_args(inp, spec_ws))
         same = torch.ones(got["qkv"].shape[1], dtype=torch.bool)
-        if tune_id == "rows-first" and tokens <= 2:
+        if tune_id == "iq-in-stream-k" and tokens <= 2:
             same[IQ_ROWS] = False
         spec_qkv = read_mailbox(spec, spec_ws["scratch"], tokens)["qkv"]
         assert torch.equal(spec_qkv[:, same].view(torch.int16), got["qkv"][:, same].view(torch.int16))

@@ -167,7 +167,7 @@ def test_gemv_l2_prefetch_at_launch():
 
 
 def test_gemv_rows_first():
-    """qkv.rows_first (sm90 with the inline norm; the spec's at one row, rows_first_range the own
+    """qkv.rows_first (sm90 with the inline norm; the spec's with one index head, rows_first_range the own
     index-q head): those 128 rows leave the stream-K units (152 row groups, the ranges without
     them) and CTAs 0..63 compute two each, rows p and p + 8 of a group. The rendered addresses,
     applied to a preshuffled random weight (codegen.weights) and random fp8 rows, give each row's

@@ -116,7 +116,8 @@ class Model(StageBase):
     # each 32-k chunk in the sm90 preshuffle), by CUDA-core dots against the norm's LDS rows, their
     # weights (2 K bytes) asked for before the CTA's share, so that those rows are done long
     # before the GEMV: the index q's rows (bench/NOTES.md MiniMax sessions 22-24: S = 1 at 4K
-    # -0.4 us, at 64K and S = 2 slower)
+    # -0.4 us, at 64K and S = 2 slower; session 38, on later code: S = 1 -0.4 / -0.4 us at 4K /
+    # 64K, S = 2 -0.3 / even, so the spec's up to 2 rows)
     rows_first: PerTarget = PerTarget(default=0)
     rows_first_range: tuple[Expr, Expr] | None = None
     # the CTA's stream-K segments' weights into L2 (1 = on; sm90: a TMA prefetch a segment, by
