@@ -144,7 +144,7 @@ def test_lowering(target, tokens):
     assert qkv.kind == "gemv_fp8" and qkv.tasks == 160 == QKV_ROWS // 16
     assert qkv.values["inline"] is (tokens <= 2)
     # q | k | v, the own index q, index k; sm90 up to 2 rows: the own index q's rows first, outside
-    # stream-K (rows_first up to 2 rows, measured faster: MiniMax session 38)
+    # stream-K (rows_first, measured faster: MiniMax session 38)
     rows_first = target == "sm90" and tokens <= 2
     assert qkv.values["ranges"] == [(0, 144)] + [(144, 8)] * (not rows_first) + [(152, 8)]
     assert qkv.values["rows_first"] == ((2304, 128) if rows_first else None)
