@@ -1,0 +1,127 @@
+"""Why DeepSeek's kernel reads slower in a bench run with the torch.compile contender
+(bench/NOTES.md: S = 6 / 16 ~0.7-1.4 us above the same build timed by turns without it;
+MiniMax shows no such offset). Times ours in ONE process, the bench's way (bench/timing.py),
+at each step of what a with-compile run does, so the step that moves it shows:
+
+  plain          a case without the compiled chain (the by-turns harness's state)
+  compiled       a case whose warm-up compiled the chain (inductor), ours timed first
+  after          ours again after the compiled chain's own timing
+  no-workers     after shutting down inductor's compile worker processes
+  emptied        after torch.cuda.empty_cache()
+  plain-beside   a case without the compiled chain, built while the compiled one lives
+  compiled-again a second compiled case of the same S (the chain already compiled: no compile)
+  plain-again    a fresh case without the compiled chain, after the others are released
+  --steps chain: instead, in plain cases: ours, then ours after one run of the compiled chain
+  (plain+chain), after cuCtxResetPersistingL2Cache (reset-l2: evict_last lines demoted),
+  after another chain run and its tensors dropped (chain-dropped), and in another plain case
+  after ten more runs of the eager chain (plain+eager)
+
+Each line also prints the caching allocator's reserved / allocated MiB.
+
+  python3 scripts/compile_offset_probe.py [--tokens 6,16] [--rounds 2]"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.run import DeepSeekBench, auto_copies, device_meta, parse_args  # noqa: E402
+from bench.timing import GpuTimer, reset_persisting_l2  # noqa: E402
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tokens", default="6,16")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--steps", default="states", choices=("states", "chain"))
+    a = ap.parse_args()
+    tokens = [int(x) for x in a.tokens.split(",")]
+    args = parse_args(["--kernels", "deepseek", "--no-jit", "--no-generate"])
+    kb = DeepSeekBench(args, dry=False)
+    copies = auto_copies(device_meta(False)["l2_bytes"], kb.per_copy)
+    timer = GpuTimer(replays=30, reset_l2=False)  # the state each step leaves is what is timed
+    rows: dict[str, dict[int, list[float]]] = {}
+    quiet = lambda *_: None  # noqa: E731
+
+    def ours(label: str, case, s: int) -> None:
+        us = timer.graph(case.contenders()["ours"]).median
+        rows.setdefault(label, {}).setdefault(s, []).append(us)
+        print(f"{label:14s} S={s:<3d} {us:7.2f} us  (reserved {torch.cuda.memory_reserved() / 2**20:6.0f} MiB, "
+              f"allocated {torch.cuda.memory_allocated() / 2**20:6.0f})", flush=True)
+
+    def make(s: int, compiled):
+        case = kb.make_case(s, None, copies=copies, compiled=compiled, log=quiet)
+        t0 = time.perf_counter()
+        case.warm_up()
+        if compiled is not None:
+            print(f"(S={s}: warm-up with the compiled chain {time.perf_counter() - t0:.1f} s)", flush=True)
+        return case
+
+    def plain(label: str) -> None:
+        for s in tokens:
+            case = make(s, None)
+            ours(label, case, s)
+            case.release()
+
+    for _ in range(a.rounds):
+        plain("plain")
+    compiled = torch.compile(kb.unfused, dynamic=False, backend="inductor")
+    for s in tokens if a.steps == "chain" else []:
+        for _ in range(a.rounds):
+            case = make(s, None)
+            ours("plain", case, s)
+            case._unfused(compiled, 0)
+            torch.cuda.synchronize()
+            ours("plain+chain", case, s)
+            assert reset_persisting_l2(), "no cuCtxResetPersistingL2Cache here"
+            ours("reset-l2", case, s)
+            case._unfused(compiled, 0)
+            torch.cuda.synchronize()
+            case.w_chain = case.chain_in = case.swa_chain = None
+            torch.cuda.empty_cache()
+            ours("chain-dropped", case, s)
+            case.release()
+            case = make(s, None)
+            for _ in range(10):
+                case._unfused(case.unfused, 0)
+            torch.cuda.synchronize()
+            ours("plain+eager", case, s)
+            case.release()
+    for s in tokens if a.steps == "states" else []:
+        case = make(s, compiled)
+        ours("compiled", case, s)
+        print(f"{'(chain)':14s} S={s:<3d} {timer.graph(case.contenders()['compile']).median:7.2f} us", flush=True)
+        ours("after", case, s)
+        if s == tokens[0]:
+            try:
+                from torch._inductor.async_compile import shutdown_compile_workers
+                shutdown_compile_workers()
+                print("(inductor's compile workers shut down)", flush=True)
+            except Exception as e:  # noqa: BLE001 - the probe goes on without this step
+                print(f"(no shutdown_compile_workers: {e})", flush=True)
+        ours("no-workers", case, s)
+        torch.cuda.empty_cache()
+        ours("emptied", case, s)
+        beside = make(s, None)
+        ours("plain-beside", beside, s)
+        beside.release()
+        case.release()
+        again = make(s, compiled)
+        ours("compiled-again", again, s)
+        again.release()
+    for _ in range(a.rounds):
+        plain("plain-again")
+    print("\n| state | " + " | ".join(f"S = {s}" for s in tokens) + " |\n|---|" + "---:|" * len(tokens))
+    for label, by_s in rows.items():
+        print(f"| {label} | " + " | ".join(" / ".join(f"{u:.2f}" for u in by_s.get(s, [])) for s in tokens) + " |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
