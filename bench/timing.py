@@ -14,12 +14,8 @@ graphs of thousands of nodes such as the eager DeepSeek chain), and the elapsed
 time is divided by the number of calls. The warm-up replays go on for at least
 ``warmup_s`` (25 ms, as triton's do_bench), a precaution: an idle H200 sits at
 345 MHz, and a contender is timed right after seconds of host work (compiling the
-next case). Before its warm-up, every persisting (evict_last) line of the L2 is
-demoted to normal (``reset_persisting_l2``): a contender that loads with evict_last
-(inductor's generated kernels do) would otherwise leave its lines in the L2 through
-the next contender's timing, since streaming evicts normal lines first (DeepSeek S = 16:
-ours 14.9 -> 15.5 us after one run of the compiled chain, bench/NOTES.md DeepSeek
-session 39). The result is the median (min, p90 and all samples are kept too)."""
+next case). The result is the median (min, p90
+and all samples are kept too)."""
 
 from __future__ import annotations
 
@@ -56,23 +52,6 @@ def warm_clocks(launch: Callable[[int], None], seconds: float = WARMUP_S,
     return n
 
 
-def reset_persisting_l2() -> bool:
-    """Demote every persisting (evict_last) line of the current context's L2 to
-    normal (``cuCtxResetPersistingL2Cache``), after the work queued so far; False
-    where there is no such call (not an NVIDIA build of torch, or no cuda-python)."""
-    torch.cuda.synchronize()
-    if torch.version.cuda is None:
-        return False
-    try:
-        from cuda.bindings import driver
-    except ImportError:
-        return False
-    (err,) = driver.cuCtxResetPersistingL2Cache()
-    if err != driver.CUresult.CUDA_SUCCESS:
-        raise RuntimeError(f"cuCtxResetPersistingL2Cache failed: {err}")
-    return True
-
-
 @dataclass
 class Sample:
     """Per-call microseconds of each timed replay."""
@@ -81,7 +60,6 @@ class Sample:
     fake: bool = False
     sleep_cycles: int | None = None  # the sleep before each timed replay (GpuTimer)
     warmup_replays: int | None = None  # the untimed replays before them (GpuTimer)
-    l2_reset: bool | None = None  # persisting L2 lines demoted before the warm-up (GpuTimer)
 
     @property
     def median(self) -> float:
@@ -98,22 +76,19 @@ class Sample:
             "fake": self.fake,
             "sleep_cycles": self.sleep_cycles,
             "warmup_replays": self.warmup_replays,
-            "l2_reset": self.l2_reset,
         }
 
 
 class GpuTimer:
     fake = False
 
-    def __init__(self, replays: int = 50, warmup: int = 10, sleep_cycles: int = SLEEP_CYCLES, warmup_s: float = WARMUP_S,
-                 reset_l2: bool = True):
+    def __init__(self, replays: int = 50, warmup: int = 10, sleep_cycles: int = SLEEP_CYCLES, warmup_s: float = WARMUP_S):
         if replays < 1 or warmup < 0 or warmup_s < 0:
             raise ValueError("replays must be >= 1, warmup and warmup_s >= 0")
         self.replays = replays
         self.warmup = warmup
         self.sleep_cycles = sleep_cycles
         self.warmup_s = warmup_s
-        self.reset_l2 = reset_l2  # off: scripts/compile_offset_probe.py, which times the L2 state left behind
 
     @staticmethod
     def _run_eager(calls: Sequence[Callable[[], object]]) -> None:
@@ -134,7 +109,6 @@ class GpuTimer:
             for call in calls:
                 call()
         torch.cuda.synchronize()
-        l2_reset = self.reset_l2 and reset_persisting_l2()
         enqueue_s = 0.0
         n, began = 0, time.perf_counter()
         # at least `warmup` replays and warmup_s seconds; the first also uploads the graph: its
@@ -148,7 +122,7 @@ class GpuTimer:
             n += 1
         sleep_cycles = max(self.sleep_cycles, int(2 * enqueue_s * SLEEP_HZ))
         out = Sample()
-        out.sleep_cycles, out.warmup_replays, out.l2_reset = sleep_cycles, n, l2_reset
+        out.sleep_cycles, out.warmup_replays = sleep_cycles, n
         for _ in range(self.replays):
             start = torch.cuda.Event(enable_timing=True)
             end = torch.cuda.Event(enable_timing=True)

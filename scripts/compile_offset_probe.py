@@ -15,6 +15,9 @@ at each step of what a with-compile run does, so the step that moves it shows:
   (plain+chain), after cuCtxResetPersistingL2Cache (reset-l2: evict_last lines demoted),
   after another chain run and its tensors dropped (chain-dropped), and in another plain case
   after ten more runs of the eager chain (plain+eager)
+  --steps timeline: in fresh plain cases, ours timed and a timeline build's stamps (the same
+  weight copies, rotated as the bench does) before and after one run of the compiled chain:
+  which stage the state moves
 
 Each line also prints the caching allocator's reserved / allocated MiB.
 
@@ -32,20 +35,38 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.run import DeepSeekBench, auto_copies, device_meta, parse_args  # noqa: E402
-from bench.timing import GpuTimer, reset_persisting_l2  # noqa: E402
+import codegen  # noqa: E402
+from bench.deepseek import KERNEL  # noqa: E402
+from bench.timing import GpuTimer, warm_clocks  # noqa: E402
+from codegen.trace import point_stats  # noqa: E402
+from tests import deepseek_case as dc  # noqa: E402
+
+
+# the timeline build's spare points: x rows in wqkv's LDS, the qkv stage's partials, QX8's first
+# flags seen by wq_b, its rows in LDS (bench/NOTES.md DeepSeek session 28's steps)
+SPARE_POINTS = {"wqkv_a.rows_point": "spare", "qkv.got_point": "spare2", "wq_b.flags_point": "spare3",
+                "wq_b.rows_point": "spare4"}
+
+
+def reset_persisting_l2() -> bool:
+    """Demote every persisting (evict_last) line of the L2 to normal (cuCtxResetPersistingL2Cache)."""
+    from cuda.bindings import driver
+    torch.cuda.synchronize()
+    (err,) = driver.cuCtxResetPersistingL2Cache()
+    return err == driver.CUresult.CUDA_SUCCESS
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tokens", default="6,16")
     ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--steps", default="states", choices=("states", "chain"))
+    ap.add_argument("--steps", default="states", choices=("states", "chain", "timeline"))
     a = ap.parse_args()
     tokens = [int(x) for x in a.tokens.split(",")]
     args = parse_args(["--kernels", "deepseek", "--no-jit", "--no-generate"])
     kb = DeepSeekBench(args, dry=False)
     copies = auto_copies(device_meta(False)["l2_bytes"], kb.per_copy)
-    timer = GpuTimer(replays=30, reset_l2=False)  # the state each step leaves is what is timed
+    timer = GpuTimer(replays=30)
     rows: dict[str, dict[int, list[float]]] = {}
     quiet = lambda *_: None  # noqa: E731
 
@@ -92,6 +113,31 @@ def main() -> int:
                 case._unfused(case.unfused, 0)
             torch.cuda.synchronize()
             ours("plain+eager", case, s)
+            case.release()
+    for s in tokens if a.steps == "timeline" else []:
+        for _ in range(a.rounds):
+            case = make(s, None)
+            stamped = codegen.load(KERNEL, timeline=True, tokens=s, tp=case.tp, ratio=case.ratio, tune=SPARE_POINTS)
+            targs = dc.launch_args(case.case, stamped.workspace("cuda"))
+            launch = lambda i: stamped(**dict(targs, **case.w_ours[i % copies], layer=i % copies))  # noqa: E731
+            points = {}
+            for label in ("plain", "plain+chain"):
+                if label == "plain+chain":
+                    case._unfused(compiled, 0)
+                    torch.cuda.synchronize()
+                ours(label, case, s)
+                warm_clocks(launch)
+                got = []
+                for i in range(2 * copies):  # the second round's stamps: weights last read a round ago
+                    launch(i)
+                    if i >= copies:
+                        got.append(targs["tl"].clone())
+                torch.cuda.synchronize()
+                points[label] = point_stats([t.cpu() for t in got], stamped.ir.timeline_points)
+            print(f"S={s}: timeline medians (us after the first CTA's start; max in brackets)")
+            for name in points["plain"]:
+                a_, b_ = points["plain"][name], points["plain+chain"].get(name, (0, 0, 0, 0))
+                print(f"  {name:14s} {a_[1]:7.2f} ({a_[2]:6.2f})  ->  {b_[1]:7.2f} ({b_[2]:6.2f})", flush=True)
             case.release()
     for s in tokens if a.steps == "states" else []:
         case = make(s, compiled)
