@@ -326,8 +326,10 @@ def run_kernel(kb, args, run: dict, *, timer, bw: float, dev: dict, common: dict
 
     def time_ours_again(case, entry, lbl, fake_us):
         """Ours once more, after the other contenders ran: a with-compile run once timed
-        DeepSeek S = 16 1.1 us slower than a run without (bench/NOTES.md, DeepSeek session 17),
-        so the table's time (ours first) is checked against a second one in the same state.
+        DeepSeek S = 16 1.1 us slower than a run without (bench/NOTES.md, DeepSeek session 17;
+        session 39: the SM's L1 / shared split the previous kernels left, which a build that sets
+        grid.smem_carveout no longer inherits), so the table's time (ours first) is checked
+        against a second one in the same state.
         A difference over 3 % becomes a note of the entry."""
         contenders = case.contenders()
         if entry.get("ours_us") is None or len(contenders) < 2:
@@ -350,6 +352,7 @@ def run_kernel(kb, args, run: dict, *, timer, bw: float, dev: dict, common: dict
     tokens = [int(x) for x in args.tokens.split(",") if x] if args.tokens else list(kb.default_tokens)
     contexts = ([int(x) for x in args.contexts.split(",") if x] if kb.takes_contexts else []) or [None]
     ok = True
+    carveouts: dict[str, int] = {}  # case -> ours' grid.smem_carveout (-1: the driver's)
     for ctx in contexts:  # one context's rows together (the table's and the plot's grouping)
         for s in tokens:
             lbl = f"S={s}" if ctx is None else f"S={s} ctx={ctx}"
@@ -360,6 +363,7 @@ def run_kernel(kb, args, run: dict, *, timer, bw: float, dev: dict, common: dict
                 with watchdog.step(f"{kb.kernel} {lbl}"):
                     case = kb.make_case(s, ctx, copies=copies, compiled=compiled, log=log)
                     meta["target"] = case.target.name
+                    carveouts[lbl] = case.kernel.ir.smem_carveout
                     nbytes = case.bytes()
                     floor_us = nbytes.get("floor", nbytes["total"]) / bw * 1e6
                     entry.update(bytes=nbytes, floor_us=floor_us)
@@ -404,6 +408,11 @@ def run_kernel(kb, args, run: dict, *, timer, bw: float, dev: dict, common: dict
                 if case is not None:
                     case.release()
                 save()
+    if any(c >= 0 for c in carveouts.values()):  # the SM's L1 / shared split is part of the result
+        meta["notes"].append("ours prefers this share of the SM's L1 / shared memory as shared memory (grid.smem_carveout; "
+                             "-1: the driver's, which keeps the split the previous kernel left): "
+                             + ", ".join(f"{lbl} {c} %" if c >= 0 else f"{lbl} -1" for lbl, c in carveouts.items()))
+        save()
     return ok
 
 

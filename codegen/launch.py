@@ -215,6 +215,8 @@ class Kernel:
         fn = module.function(self.name)
         if self.dynamic_lds > 48 * 1024:
             fn.set_max_dynamic_shared(self.dynamic_lds)
+        if self.ir.smem_carveout >= 0:  # NVIDIA only (lowering refuses it elsewhere)
+            fn.set_shared_carveout(self.ir.smem_carveout)
         per_cu = fn.max_active_blocks_per_sm(self.ir.threads, self.dynamic_lds)
         units = _compute_units()
         self.co_resident_ctas = per_cu * units

@@ -209,6 +209,7 @@ class KernelIR:
     target: Target
     threads: int
     blocks: int
+    smem_carveout: int  # NVIDIA: preferred shared-memory percent of the L1 / shared split (-1: the driver's)
     constants: tuple[Const, ...]
     abi: tuple[Arg, ...]
     regions: tuple[Region, ...]
@@ -507,6 +508,16 @@ def _lower(loaded: LoadedSpec, build: Build) -> KernelIR:
     if isinstance(blocks, bool) or not isinstance(blocks, int) or blocks <= 0:
         fail(bloc, f"blocks must be a positive integer, got {blocks!r}")
     scope["BLOCKS"] = blocks
+    cloc = ("grid", "smem_carveout", spec.grid.smem_carveout.key_for(target.name))
+    try:
+        carveout = evaluate(spec.grid.smem_carveout.for_target(target.name), scope)
+    except ExprError as e:
+        fail(cloc, str(e))
+    if isinstance(carveout, bool) or not isinstance(carveout, int) or not -1 <= carveout <= 100:
+        fail(cloc, f"smem_carveout must be an integer percent 0..100 or -1 (the driver's choice), got {carveout!r}")
+    if carveout >= 0 and target.vendor != "nvidia":
+        fail(cloc, f"{target.name} has no L1 / shared memory carveout (smem_carveout {carveout})",
+             f"leave smem_carveout at -1 for {target.name}: give the value under sm90 only")
 
     # scratch: regions in spec order, each 256-byte aligned
     regions, offset = [], 0
@@ -661,7 +672,7 @@ def _lower(loaded: LoadedSpec, build: Build) -> KernelIR:
             constants.append(Const(k, v, DERIVED.get(k, "")))
     return KernelIR(
         spec_path=loaded.path, kernel=spec.kernel, name=spec.c_name, doc=spec.doc.strip(), build=build,
-        target=target, threads=threads, blocks=blocks, constants=tuple(constants), abi=tuple(abi),
+        target=target, threads=threads, blocks=blocks, smem_carveout=carveout, constants=tuple(constants), abi=tuple(abi),
         regions=tuple(regions), scratch_bytes=scratch_bytes, lds=tuple(lds), lds_bytes=lds_bytes,
         stages=tuple(stages), timeline_points=tuple(spec.timeline_points), timeline_extra=TL_EXTRA_SLOTS,
         scratch_arg=next(a.name for a in spec.abi if a.workspace == "scratch"),

@@ -1,27 +1,28 @@
-"""Why DeepSeek's kernel reads slower in a bench run with the torch.compile contender
-(bench/NOTES.md: S = 6 / 16 ~0.7-1.4 us above the same build timed by turns without it;
-MiniMax shows no such offset). Times ours in ONE process, the bench's way (bench/timing.py),
-at each step of what a with-compile run does, so the step that moves it shows:
+"""Why DeepSeek's kernel read slower in a bench run with the torch.compile contender
+(bench/NOTES.md: S = 6 / 16 up to 1.4 us above the same build timed by turns without it).
+Times ours in ONE process, the bench's way (bench/timing.py), in the states a with-compile run
+goes through. The answer (DeepSeek session 39): the SM's L1 / shared memory split. A kernel
+that leaves its carveout to the driver runs in the split the previous kernel left, if its LDS
+fits it; the eager chain's last kernels leave one split, the compiled chain's another. Since
+then the spec sets it (grid.smem_carveout), so ``--steps carveout`` clears the preference
+(-1) to show the old behaviour. Steps:
 
-  plain          a case without the compiled chain (the by-turns harness's state)
-  compiled       a case whose warm-up compiled the chain (inductor), ours timed first
-  after          ours again after the compiled chain's own timing
-  no-workers     after shutting down inductor's compile worker processes
-  emptied        after torch.cuda.empty_cache()
-  plain-beside   a case without the compiled chain, built while the compiled one lives
-  compiled-again a second compiled case of the same S (the chain already compiled: no compile)
-  plain-again    a fresh case without the compiled chain, after the others are released
-  --steps chain: instead, in plain cases: ours, then ours after one run of the compiled chain
-  (plain+chain), after cuCtxResetPersistingL2Cache (reset-l2: evict_last lines demoted),
-  after another chain run and its tensors dropped (chain-dropped), and in another plain case
-  after ten more runs of the eager chain (plain+eager)
-  --steps timeline: in fresh plain cases, ours timed and a timeline build's stamps (the same
-  weight copies, rotated as the bench does) before and after one run of the compiled chain:
-  which stage the state moves
+  states (default): plain (a case without the compiled chain), compiled (a case whose
+    warm-up compiled and ran the chain), after (after the chain's timing), no-workers
+    (inductor's compile workers shut down), emptied (torch.cuda.empty_cache()), plain-beside
+    (a plain case built while the compiled one lives), compiled-again (a second compiled case
+    of the same S: no compile), plain-again (a fresh plain case at the end)
+  chain: in plain cases, ours before and after one run of the compiled chain (plain+chain),
+    after cuCtxResetPersistingL2Cache (reset-l2: not it), after the chain's tensors are dropped
+    (chain-dropped: not them), and in another case after ten runs of the eager chain
+  timeline: a timeline build's stamps before and after one run of the compiled chain (the
+    step that moved: wqkv's partials reaching the qkv stage)
+  carveout: for each preferred carveout of --carveouts (-1: none), ours after one run of the
+    eager chain and after one of the compiled chain
 
-Each line also prints the caching allocator's reserved / allocated MiB.
+Each timing line also prints the caching allocator's reserved / allocated MiB.
 
-  python3 scripts/compile_offset_probe.py [--tokens 6,16] [--rounds 2]"""
+  python3 scripts/compile_offset_probe.py [--tokens 6,16] [--rounds 2] [--steps carveout --carveouts -1,100,0]"""
 
 from __future__ import annotations
 
@@ -60,7 +61,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tokens", default="6,16")
     ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--steps", default="states", choices=("states", "chain", "timeline"))
+    ap.add_argument("--steps", default="states", choices=("states", "chain", "timeline", "carveout"))
+    ap.add_argument("--carveouts", default="-1,100,0", help="--steps carveout: percents to prefer (-1: none)")
     a = ap.parse_args()
     tokens = [int(x) for x in a.tokens.split(",")]
     args = parse_args(["--kernels", "deepseek", "--no-jit", "--no-generate"])
@@ -114,6 +116,17 @@ def main() -> int:
             torch.cuda.synchronize()
             ours("plain+eager", case, s)
             case.release()
+    for s in tokens if a.steps == "carveout" else []:
+        case = make(s, None)
+        fn = case.kernel.compile()  # the loaded function: its preference is set here, then restored
+        for percent in (int(x) for x in a.carveouts.split(",")):
+            fn.set_shared_carveout(percent)
+            for label, chain in (("eager", case.unfused), ("compiled", compiled)):
+                case._unfused(chain, 0)
+                torch.cuda.synchronize()
+                ours(f"{percent:>3d} % {label}", case, s)
+        fn.set_shared_carveout(case.kernel.ir.smem_carveout)
+        case.release()
     for s in tokens if a.steps == "timeline" else []:
         for _ in range(a.rounds):
             case = make(s, None)

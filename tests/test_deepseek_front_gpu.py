@@ -277,3 +277,15 @@ def test_graph_replays(flags, pdl):
     assert kernel.ir.epoch(args["epoch"].cpu()) == before + 20 and args["epoch"].cpu().tolist() == want
     assert torch.equal(args["q"].view(torch.int16), q1.view(torch.int16))
     dc.check(case, kernel.ir, args, epoch=before + 19)
+
+
+@pytest.mark.parametrize("tokens", [1, 6])
+def test_load_sets_the_smem_carveout(tokens):
+    """The loaded function carries the build's grid.smem_carveout (TP4: 100 at S = 1, 0 at 6), read
+    back from the driver (the file's other cases launch these builds and check their outputs)."""
+    kernel = codegen.load(SPEC, tokens=tokens, tp=4, ratio=1)
+    if kernel.target.vendor != "nvidia":
+        pytest.skip("the carveout is NVIDIA's")
+    assert kernel.ir.smem_carveout == (100 if tokens == 1 else 0)
+    fn = kernel.compile()
+    assert fn._attr("CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT") == kernel.ir.smem_carveout

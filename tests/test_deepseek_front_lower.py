@@ -823,3 +823,22 @@ def test_tagged_qx8():
     assert "<256>(pair" not in render(ir_of(tokens=16, tune={"wq_b.poll_sleep": 256}))
     with pytest.raises(SpecError, match="poll_sleep.*at most 10000"):
         ir_of(tokens=6, tune={**tagged, "wq_b.poll_sleep": 20000})
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("tp", [2, 4])
+def test_smem_carveout(target, tp):
+    """grid.smem_carveout (SMEM_CARVEOUT): sm90 TP4 prefers all shared memory at the rows where
+    that was measured faster (1, 2, 12, 16; 13..15 between them), the most L1 elsewhere (0), TP2
+    0 unmeasured; AMD leaves it to the driver (-1). The sm90 header says which."""
+    loaded = load_spec("deepseek_v41/attn_front")
+    for tokens in range(1, 49):
+        ir = lower(loaded, make_build(loaded, target, tokens=tokens, tp=tp))
+        if target != "sm90":
+            want = -1
+        else:
+            want = 100 if tp == 4 and (tokens <= 2 or 12 <= tokens <= 16) else 0
+        assert ir.smem_carveout == want, (target, tp, tokens)
+    ir = lower(loaded, make_build(loaded, target, tokens=16, tp=tp))
+    line = f"// L1 / shared memory: {ir.smem_carveout} % as shared memory preferred"
+    assert (line in render(ir)) is (target == "sm90")

@@ -5,11 +5,13 @@ One GPU test (marked ``gpu``) loads and launches a kernel where a GPU is."""
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import logging
 import multiprocessing
 import os
 import sys
 import time
+import types
 from pathlib import Path
 
 import pytest
@@ -409,6 +411,8 @@ def test_cuda_load_and_launch():
     torch.cuda.synchronize()
     assert torch.equal(x, ref)
     fn.set_max_dynamic_shared(64 * 1024)
+    fn.set_shared_carveout(100)  # read back, and a launch under it
+    assert fn._attr("CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT") == 100
     fn.launch(4, 256, 64 * 1024, stream, [("u64", x.data_ptr()), ("f32", 0.5), ("i32", x.numel())], cooperative=True)
     torch.cuda.synchronize()
     assert torch.equal(x, ref * 0.5)
@@ -448,6 +452,34 @@ def test_cuda_pdl_launch_config(monkeypatch, cooperative):
 
     with pytest.raises(ValueError, match="HIP has no programmatic dependent launch"):
         HipFunction(None, "k", "handle").launch(132, 512, 0, 0, args, cooperative=cooperative, pdl=True)
+
+
+@pytest.mark.parametrize("tokens, carveout", [(1, 100), (6, 0)])
+def test_kernel_load_sets_the_spec_carveout(monkeypatch, tokens, carveout):
+    """Kernel.compile sets the build's grid.smem_carveout on the loaded function, through
+    cuFuncSetAttribute's preferred-carveout attribute; a build that leaves it to the driver
+    (-1: MiniMax) sets nothing. Without a GPU: the module load and the driver are stand-ins."""
+    import codegen
+    from codegen import launch
+    from codegen.jit import cuda as jcuda
+
+    calls = []
+    monkeypatch.setattr(jcuda, "_driver_call", lambda name, *args: calls.append((name, args)) or 1)
+    fn = jcuda.CudaFunction(None, "k", "handle")
+    monkeypatch.setattr(jit, "load_module", lambda binary, target, backend: types.SimpleNamespace(function=lambda name: fn))
+    monkeypatch.setattr(launch, "_compute_units", lambda: 132)
+    monkeypatch.setattr(launch.Kernel, "binary", lambda self: b"")
+    monkeypatch.setattr(jcuda.CudaFunction, "max_active_blocks_per_sm", lambda self, threads, lds: 1)
+    attr = jcuda._driver().CUfunction_attribute.CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT
+    kernel = codegen.load("deepseek_v41/attn_front", tokens=tokens, tp=4, ratio=1, target="sm90")
+    assert kernel.ir.smem_carveout == carveout
+    dataclasses.replace(kernel).compile()  # a copy: the in-process cache's kernel keeps no stand-in
+    assert [args for name, args in calls if name == "cuFuncSetAttribute" and args[1] == attr] == [("handle", attr, carveout)]
+    calls.clear()
+    minimax = codegen.load("minimax_m3/pre_attn", tokens=1, target="sm90")
+    assert minimax.ir.smem_carveout == -1
+    dataclasses.replace(minimax).compile()
+    assert not [args for name, args in calls if name == "cuFuncSetAttribute" and args[1] == attr]
 
 
 # y[i] = x[i] + 1 after a wait for the previous launch (PDL): chained launches add up only if

@@ -293,6 +293,17 @@ class CudaFunction:
         )
         self._dyn_smem_max = int(nbytes)
 
+    def set_shared_carveout(self, percent: int) -> None:
+        """Prefer ``percent`` (0..100) of the SM's unified L1 / shared memory as shared memory for
+        this kernel's launches (the spec's grid.smem_carveout); -1: no preference (the driver's)."""
+        driver = _driver()
+        _driver_call(
+            "cuFuncSetAttribute",
+            self.handle,
+            driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
+            int(percent),
+        )
+
     def attributes(self) -> dict[str, int]:
         """Registers per thread, static shared and local (spill/stack) bytes per
         thread, and the largest block this kernel can launch with."""

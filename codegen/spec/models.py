@@ -204,8 +204,15 @@ class MailboxSpec(Model):
 class Grid(Model):
     threads: int = Field(gt=0)
     blocks: PerTarget
+    # NVIDIA: the share of the SM's unified L1 / shared memory the kernel prefers as shared
+    # memory, in percent (0..100: CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, set when the
+    # kernel is loaded); -1 leaves it to the driver, which keeps the split the SM had if the
+    # kernel's LDS fits it: the kernel's speed then depends on what ran before it (DeepSeek TP4
+    # S = 16 on H200: 14.9 us after the unfused eager chain, 15.6-15.9 after its torch.compile,
+    # 14.2-14.7 at 100 after either; bench/NOTES.md DeepSeek session 39). AMD: -1 only
+    smem_carveout: PerTarget = PerTarget(default=-1)
 
-    _blocks = field_validator("blocks", mode="before")(classmethod(lambda cls, v: per_target(v)))
+    _per_target = field_validator("blocks", "smem_carveout", mode="before")(classmethod(lambda cls, v: per_target(v)))
 
 
 class RoundRobin(Model):

@@ -125,6 +125,7 @@ constexpr int FLAG_COPIES = 1;  // copies of each flag in this build
 constexpr int FLAG_ALIGN = 1;  // tuned: every copy starts its own 256-byte stretch (32 pairs)
 constexpr int XRDY_STRIDE = 32;  // pairs between copies of XRDY
 constexpr int QRDY_STRIDE = 16;  // pairs between copies of QRDY
+constexpr int SMEM_CARVEOUT = -1;
 constexpr int BLOCKS = 256;  // CTAs of the grid for the build's target
 constexpr int SCRATCH_BYTES = 574464;  // size of the scratch buffer (all regions, 256-byte aligned)
 

@@ -9,6 +9,7 @@
 //   -> q; the top-k + window key table (KT, KLEN) for the attention kernel.
 //
 // grid: 132 CTAs x 512 threads (16 waves of 32); every CTA must be co-resident.
+// L1 / shared memory: 100 % as shared memory preferred (grid.smem_carveout, set when the kernel is loaded).
 //
 // ABI (kernel arguments, in order):
 //   1  x          bf16  [1, 5120]          in    the attention's normed input row
@@ -124,6 +125,7 @@ constexpr int FLAG_COPIES = 1;  // copies of each flag in this build
 constexpr int FLAG_ALIGN = 1;  // tuned: every copy starts its own 256-byte stretch (32 pairs)
 constexpr int XRDY_STRIDE = 4;  // pairs between copies of XRDY
 constexpr int QRDY_STRIDE = 1;  // pairs between copies of QRDY
+constexpr int SMEM_CARVEOUT = 100;
 constexpr int BLOCKS = 132;  // CTAs of the grid for the build's target
 constexpr int SCRATCH_BYTES = 66816;  // size of the scratch buffer (all regions, 256-byte aligned)
 
