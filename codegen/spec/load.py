@@ -69,8 +69,8 @@ def parse_spec(text: str, path: str, tune: tuple = ()) -> LoadedSpec:
     """Validate spec ``text`` read from ``path``; raise SpecError with every issue.
     ``tune``: ``("stage.field", value)`` pairs that replace those stage fields
     before validation (a knob's value for every target, or a per-target mapping),
-    ``("symbols.NAME", value)`` a spec symbol's value,
-    so that a tuning sweep needs no edit of the file; they are checked like the
+    ``("symbols.NAME", value)`` a spec symbol's value, ``("mailbox.advance", value)`` and
+    ``("grid.smem_carveout", value)`` those two fields, so that a tuning sweep needs no edit of the file; they are checked like the
     file's own values and named in the generated source's header."""
     try:
         data, pos = load(text, path)
@@ -107,7 +107,8 @@ def _apply_tune(data: dict, tune: tuple, path: str, pos: Positions) -> None:
         stage, dot, field = str(key).partition(".")
         if not dot or not field or "." in field:
             raise SpecError([SpecIssue(path, pos.line_of(("stages",)), ("stages",), f"tune key {key!r} is not STAGE.FIELD",
-                                       "name a stage and one of its fields, e.g. qkv.bulk_copies (or symbols.NAME, mailbox.advance)")])
+                                       "name a stage and one of its fields, e.g. qkv.bulk_copies (or symbols.NAME, mailbox.advance, "
+                                       "grid.smem_carveout)")])
         if stage == "mailbox" and stage not in names:  # mailbox.FIELD: how the epoch is made
             mailbox = data.get("mailbox") if isinstance(data.get("mailbox"), dict) else {}
             if field not in ("advance",):
@@ -115,6 +116,14 @@ def _apply_tune(data: dict, tune: tuple, path: str, pos: Positions) -> None:
                                            f"tune {key!r}: mailbox.advance is the only mailbox field a tune may set",
                                            "use mailbox.advance=last_out or mailbox.advance=count")])
             mailbox[field] = value
+            continue
+        if stage == "grid" and stage not in names:  # grid.smem_carveout: the L1 / shared split
+            grid = data.get("grid") if isinstance(data.get("grid"), dict) else {}
+            if field not in ("smem_carveout",):
+                raise SpecError([SpecIssue(path, pos.line_of(("grid",)), ("grid",),
+                                           f"tune {key!r}: grid.smem_carveout is the only grid field a tune may set",
+                                           "use grid.smem_carveout=100 (or 0..100, -1: the driver's)")])
+            grid[field] = value
             continue
         if stage == "symbols" and stage not in names:  # symbols.NAME: a spec symbol's value
             symbols = data.get("symbols") if isinstance(data.get("symbols"), dict) else {}
