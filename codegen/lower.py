@@ -500,19 +500,20 @@ def _lower(loaded: LoadedSpec, build: Build) -> KernelIR:
                  "symbols are C int constants: keep them within +-2^31")
         if isinstance(v, float) and not math.isfinite(v):
             fail(("symbols", name), f"{name} = {v} is not a finite number")
-    bloc = ("grid", "blocks", spec.grid.blocks.key_for(target.name))
-    try:
-        blocks = evaluate(spec.grid.blocks.for_target(target.name), scope)
-    except ExprError as e:
-        fail(bloc, str(e))
+    def grid_value(name: str):
+        """grid.NAME for this target, evaluated: (its location, its value)."""
+        field = getattr(spec.grid, name)
+        loc = ("grid", name, field.key_for(target.name))
+        try:
+            return loc, evaluate(field.for_target(target.name), scope)
+        except ExprError as e:
+            fail(loc, str(e))
+
+    bloc, blocks = grid_value("blocks")
     if isinstance(blocks, bool) or not isinstance(blocks, int) or blocks <= 0:
         fail(bloc, f"blocks must be a positive integer, got {blocks!r}")
     scope["BLOCKS"] = blocks
-    cloc = ("grid", "smem_carveout", spec.grid.smem_carveout.key_for(target.name))
-    try:
-        carveout = evaluate(spec.grid.smem_carveout.for_target(target.name), scope)
-    except ExprError as e:
-        fail(cloc, str(e))
+    cloc, carveout = grid_value("smem_carveout")
     if isinstance(carveout, bool) or not isinstance(carveout, int) or not -1 <= carveout <= 100:
         fail(cloc, f"smem_carveout must be an integer percent 0..100 or -1 (the driver's choice), got {carveout!r}")
     if carveout >= 0 and target.vendor != "nvidia":

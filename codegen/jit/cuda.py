@@ -281,28 +281,20 @@ class CudaFunction:
         attr = getattr(driver.CUfunction_attribute, which)
         return int(_driver_call("cuFuncGetAttribute", attr, self.handle))
 
+    def _set_attr(self, which: str, value: int) -> None:
+        driver = _driver()
+        _driver_call("cuFuncSetAttribute", self.handle, getattr(driver.CUfunction_attribute, which), int(value))
+
     def set_max_dynamic_shared(self, nbytes: int) -> None:
         """Allow launches with up to ``nbytes`` of dynamic shared memory (needed
         past 48 KiB)."""
-        driver = _driver()
-        _driver_call(
-            "cuFuncSetAttribute",
-            self.handle,
-            driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-            int(nbytes),
-        )
+        self._set_attr("CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES", nbytes)
         self._dyn_smem_max = int(nbytes)
 
     def set_shared_carveout(self, percent: int) -> None:
         """Prefer ``percent`` (0..100) of the SM's unified L1 / shared memory as shared memory for
         this kernel's launches (the spec's grid.smem_carveout); -1: no preference (the driver's)."""
-        driver = _driver()
-        _driver_call(
-            "cuFuncSetAttribute",
-            self.handle,
-            driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
-            int(percent),
-        )
+        self._set_attr("CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT", percent)
 
     def attributes(self) -> dict[str, int]:
         """Registers per thread, static shared and local (spill/stack) bytes per

@@ -99,6 +99,13 @@ def parse_spec(text: str, path: str, tune: tuple = ()) -> LoadedSpec:
     return LoadedSpec(spec, path, pos, text, tuple(tune))
 
 
+# top-level sections a tune may reach besides stages and symbols: section -> (fields, hint)
+TUNABLE_SECTIONS = {
+    "mailbox": (("advance",), "use mailbox.advance=last_out or mailbox.advance=count"),  # how the epoch is made
+    "grid": (("smem_carveout",), "use grid.smem_carveout=100 (or 0..100, -1: the driver's)"),  # the L1 / shared split
+}
+
+
 def _apply_tune(data: dict, tune: tuple, path: str, pos: Positions) -> None:
     stages = data.get("stages") if isinstance(data.get("stages"), list) else []
     names = [st.get("name") for st in stages if isinstance(st, dict)]
@@ -109,21 +116,14 @@ def _apply_tune(data: dict, tune: tuple, path: str, pos: Positions) -> None:
             raise SpecError([SpecIssue(path, pos.line_of(("stages",)), ("stages",), f"tune key {key!r} is not STAGE.FIELD",
                                        "name a stage and one of its fields, e.g. qkv.bulk_copies (or symbols.NAME, mailbox.advance, "
                                        "grid.smem_carveout)")])
-        if stage == "mailbox" and stage not in names:  # mailbox.FIELD: how the epoch is made
-            mailbox = data.get("mailbox") if isinstance(data.get("mailbox"), dict) else {}
-            if field not in ("advance",):
-                raise SpecError([SpecIssue(path, pos.line_of(("mailbox",)), ("mailbox",),
-                                           f"tune {key!r}: mailbox.advance is the only mailbox field a tune may set",
-                                           "use mailbox.advance=last_out or mailbox.advance=count")])
-            mailbox[field] = value
-            continue
-        if stage == "grid" and stage not in names:  # grid.smem_carveout: the L1 / shared split
-            grid = data.get("grid") if isinstance(data.get("grid"), dict) else {}
-            if field not in ("smem_carveout",):
-                raise SpecError([SpecIssue(path, pos.line_of(("grid",)), ("grid",),
-                                           f"tune {key!r}: grid.smem_carveout is the only grid field a tune may set",
-                                           "use grid.smem_carveout=100 (or 0..100, -1: the driver's)")])
-            grid[field] = value
+        if stage in TUNABLE_SECTIONS and stage not in names:  # mailbox.advance, grid.smem_carveout
+            fields, hint = TUNABLE_SECTIONS[stage]
+            section = data.get(stage) if isinstance(data.get(stage), dict) else {}
+            if field not in fields:
+                raise SpecError([SpecIssue(path, pos.line_of((stage,)), (stage,),
+                                           f"tune {key!r}: {stage}.{fields[0]} is the only {stage} field a tune may set",
+                                           hint)])
+            section[field] = value
             continue
         if stage == "symbols" and stage not in names:  # symbols.NAME: a spec symbol's value
             symbols = data.get("symbols") if isinstance(data.get("symbols"), dict) else {}
