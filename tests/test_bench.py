@@ -65,7 +65,7 @@ def test_dry_run(tmp_path):
     assert not any("not like for like" in n for n in data["kernels"]["minimax_m3/pre_attn"]["meta"]["notes"])
     entry = (out / "RESULTS-entry.md").read_text()
     assert "DRY RUN" in entry and "| 1 | 4K |" in entry and "| 1 | 64K |" in entry and "| S | context |" in entry
-    assert "smem_carveout" not in entry  # MiniMax leaves the L1 / shared split to the driver: no note
+    assert "(grid.smem_carveout;" in entry and "S=1 ctx=4096 0 %" in entry  # the L1 / shared split, named
     assert (out / "RESULTS.md").exists()
 
 

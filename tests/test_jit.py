@@ -458,7 +458,7 @@ def test_cuda_pdl_launch_config(monkeypatch, cooperative):
 def test_kernel_load_sets_the_spec_carveout(monkeypatch, tokens, carveout):
     """Kernel.compile sets the build's grid.smem_carveout on the loaded function, through
     cuFuncSetAttribute's preferred-carveout attribute; a build that leaves it to the driver
-    (-1: MiniMax) sets nothing. Without a GPU: the module load and the driver are stand-ins."""
+    (-1: MiniMax tuned so) sets nothing. Without a GPU: the module load and the driver are stand-ins."""
     import codegen
     from codegen import launch
     from codegen.jit import cuda as jcuda
@@ -476,7 +476,7 @@ def test_kernel_load_sets_the_spec_carveout(monkeypatch, tokens, carveout):
     dataclasses.replace(kernel).compile()  # a copy: the in-process cache's kernel keeps no stand-in
     assert [args for name, args in calls if name == "cuFuncSetAttribute" and args[1] == attr] == [("handle", attr, carveout)]
     calls.clear()
-    minimax = codegen.load("minimax_m3/pre_attn", tokens=1, target="sm90")
+    minimax = codegen.load("minimax_m3/pre_attn", tokens=1, target="sm90", tune={"grid.smem_carveout": -1})
     assert minimax.ir.smem_carveout == -1
     dataclasses.replace(minimax).compile()
     assert not [args for name, args in calls if name == "cuFuncSetAttribute" and args[1] == attr]

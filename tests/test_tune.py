@@ -274,16 +274,18 @@ def test_epoch_by_count():
 
 
 def test_grid_carveout_tune():
-    """grid.smem_carveout=N (MiniMax leaves it to the driver, -1): the build prefers N % shared
-    memory, its header names the value and the tune; a value AMD cannot take, or another grid
-    field, is refused."""
+    """grid.smem_carveout=N (MiniMax's spec: 0 on sm90): the build prefers N % shared memory, its
+    header names the value and the tune, -1 leaves it to the driver (no header line); a value AMD
+    cannot take, or another grid field, is refused."""
     ir, src = source("minimax_m3/pre_attn", "sm90", tokens=1)
+    assert ir.smem_carveout == 0 and "// L1 / shared memory: 0 % as shared memory preferred" in src
+    ir, src = source("minimax_m3/pre_attn", "sm90", tune={"grid.smem_carveout": -1}, tokens=1)
     assert ir.smem_carveout == -1 and "L1 / shared memory:" not in src
     ir, src = source("minimax_m3/pre_attn", "sm90", tune={"grid.smem_carveout": 100}, tokens=1)
     assert ir.smem_carveout == 100 and "// L1 / shared memory: 100 % as shared memory preferred" in src
     assert "grid.smem_carveout=100" in src[:src.index("ABI (kernel arguments")]
-    ir, _ = source("minimax_m3/pre_attn", "sm90", tune={"grid.smem_carveout": {"default": -1, "sm90": 0}}, tokens=1)
-    assert ir.smem_carveout == 0
+    ir, _ = source("minimax_m3/pre_attn", "sm90", tune={"grid.smem_carveout": {"default": -1, "sm90": 50}}, tokens=1)
+    assert ir.smem_carveout == 50
     with pytest.raises(SpecError, match="gfx942 has no L1 / shared memory carveout"):
         source("minimax_m3/pre_attn", "gfx942", tune={"grid.smem_carveout": 100}, tokens=1)
     with pytest.raises(SpecError, match="grid.smem_carveout is the only grid field a tune may set"):

@@ -9,6 +9,7 @@
 //   FP8 cache with per-token scales, V raw -> page-16 cache, index K -> index cache.
 //
 // grid: 132 CTAs x 512 threads (16 waves of 32); every CTA must be co-resident.
+// L1 / shared memory: 0 % as shared memory preferred (grid.smem_carveout, set when the kernel is loaded).
 //
 // ABI (kernel arguments, in order):
 //   1  ar         bf16  [1, 6144]          in    the all-reduced previous-layer output
