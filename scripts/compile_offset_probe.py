@@ -19,6 +19,15 @@ then the spec sets it (grid.smem_carveout), so ``--steps carveout`` clears the p
     step that moved: wqkv's partials reaching the qkv stage)
   carveout: for each preferred carveout of --carveouts (-1: none), ours after one run of the
     eager chain and after one of the compiled chain
+  placement: where the CTAs land (a stand-in kernel of ours's grid, threads, LDS and carveout
+    that writes each CTA's %smid, launched right after ours), ours's CTAs per SM, the L2
+    persisting limit, and ours at each of --carveouts, in a plain case and after the compiled
+    chain's timing
+  pdl: whether the slow state outlives a drained SM: in a compiled case (the RESULTS run's
+    order: warm-up, ours, the compiled chain's timing, ours again), ours with programmatic
+    dependent launch, then without it (every launch after the previous one's end), then with it
+    again, then after 3 s idle; the same in a plain case after the eager chain's timing. Each
+    timing line starts with the wall time, to be read beside an ``nvidia-smi -lms`` log
 
 Each timing line also prints the caching allocator's reserved / allocated MiB.
 
@@ -61,7 +70,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tokens", default="6,16")
     ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--steps", default="states", choices=("states", "chain", "timeline", "carveout"))
+    ap.add_argument("--steps", default="states", choices=("states", "chain", "timeline", "carveout", "pdl", "placement"))
     ap.add_argument("--carveouts", default="-1,100,0", help="--steps carveout: percents to prefer (-1: none)")
     a = ap.parse_args()
     tokens = [int(x) for x in a.tokens.split(",")]
@@ -75,7 +84,7 @@ def main() -> int:
     def ours(label: str, case, s: int) -> None:
         us = timer.graph(case.contenders()["ours"]).median
         rows.setdefault(label, {}).setdefault(s, []).append(us)
-        print(f"{label:14s} S={s:<3d} {us:7.2f} us  (reserved {torch.cuda.memory_reserved() / 2**20:6.0f} MiB, "
+        print(f"{time.time():.3f} {label:14s} S={s:<3d} {us:7.2f} us  (reserved {torch.cuda.memory_reserved() / 2**20:6.0f} MiB, "
               f"allocated {torch.cuda.memory_allocated() / 2**20:6.0f})", flush=True)
 
     def make(s: int, compiled):
@@ -126,6 +135,71 @@ def main() -> int:
                 torch.cuda.synchronize()
                 ours(f"{percent:>3d} % {label}", case, s)
         fn.set_shared_carveout(case.kernel.ir.smem_carveout)
+        case.release()
+    def pdl_off_on(label: str, case, s: int) -> None:
+        ours(label, case, s)
+        case.kernel.pdl = False
+        ours(f"{label} no-pdl", case, s)
+        case.kernel.pdl = True
+        ours(f"{label} pdl again", case, s)
+
+    smid_fn = None
+
+    def placement(label: str, case, s: int) -> list[int]:
+        """Ours timed, then the stand-in's CTA -> SM map after one more launch of ours."""
+        nonlocal smid_fn
+        from codegen.jit import cuda as jc
+        from codegen.targets import get_target
+        k = case.kernel
+        fn = k.compile()
+        if smid_fn is None:
+            src = ('extern "C" __global__ void smid_map(unsigned* out) { if (threadIdx.x == 0) { unsigned s; '
+                   'asm volatile("mov.u32 %0, %%smid;" : "=r"(s)); out[blockIdx.x] = s; } }')
+            smid_fn = jc.CudaModule(jc.compile(src, "smid_map.cu", get_target("sm90"))).function("smid_map")
+        smid_fn.set_max_dynamic_shared(k.dynamic_lds)
+        smid_fn.set_shared_carveout(k.ir.smem_carveout)
+        ours(label, case, s)
+        out = torch.full((k.ir.blocks,), 0xFFFF, dtype=torch.int32, device="cuda")
+        case._ours(0)
+        smid_fn.launch(k.ir.blocks, k.ir.threads, k.dynamic_lds, torch.cuda.current_stream().cuda_stream,
+                       [("u64", out.data_ptr())], cooperative=True)
+        torch.cuda.synchronize()
+        m = out.tolist()
+        from cuda.bindings import driver
+        err, limit = driver.cuCtxGetLimit(driver.CUlimit.CU_LIMIT_PERSISTING_L2_CACHE_SIZE)
+        print(f"   {label}: ours {fn.max_active_blocks_per_sm(k.ir.threads, k.dynamic_lds)} CTA(s)/SM, "
+              f"{len(set(m))} SMs for {len(m)} CTAs, L2 persisting limit {limit} ({err}); CTA -> SM: {m[:16]} ..",
+              flush=True)
+        return m
+
+    for s in tokens if a.steps == "placement" else []:
+        case = make(s, compiled)
+        fast = placement("compiled (warm-up)", case, s)
+        for _ in range(2):
+            timer.graph(case.contenders()["compile"])
+            slow = placement("after compiled timing", case, s)
+            print(f"   CTAs on another SM than in the plain state: {sum(x != y for x, y in zip(fast, slow))}", flush=True)
+            fn = case.kernel.compile()
+            for percent in (int(x) for x in a.carveouts.split(",")):
+                fn.set_shared_carveout(percent)
+                ours(f"{percent:>3d} % after", case, s)
+            fn.set_shared_carveout(case.kernel.ir.smem_carveout)
+        case.release()
+    for s in tokens if a.steps == "pdl" else []:
+        case = make(s, compiled)
+        pdl_off_on("compiled", case, s)
+        timer.graph(case.contenders()["compile"])
+        pdl_off_on("after compile", case, s)
+        time.sleep(3)
+        ours("after compile, 3 s idle", case, s)
+        timer.graph(case.contenders()["compile"])
+        time.sleep(3)
+        ours("after compile again, 3 s idle", case, s)
+        case.release()
+        case = make(s, None)
+        pdl_off_on("plain", case, s)
+        timer.graph(case.contenders()["eager"])
+        pdl_off_on("after eager", case, s)
         case.release()
     for s in tokens if a.steps == "timeline" else []:
         for _ in range(a.rounds):
