@@ -178,7 +178,7 @@ def main() -> int:
         for _ in range(2):
             timer.graph(case.contenders()["compile"])
             slow = placement("after compiled timing", case, s)
-            print(f"   CTAs on another SM than in the plain state: {sum(x != y for x, y in zip(fast, slow))}", flush=True)
+            print(f"   CTAs on another SM than after the warm-up: {sum(x != y for x, y in zip(fast, slow))}", flush=True)
             fn = case.kernel.compile()
             for percent in (int(x) for x in a.carveouts.split(",")):
                 fn.set_shared_carveout(percent)
