@@ -23,6 +23,11 @@ then the spec sets it (grid.smem_carveout), so ``--steps carveout`` clears the p
     that writes each CTA's %smid, launched right after ours), ours's CTAs per SM, the L2
     persisting limit, and ours at each of --carveouts, in a plain case and after the compiled
     chain's timing
+  evict: whether L2 lines of evict_last priority (inductor's Triton loads carry that hint) are
+    the state: ours after --mibs MiB of a buffer loaded with an L2::evict_last cache policy,
+    then after those lines are demoted (applypriority.global.L2::evict_normal); then, after the
+    compiled chain's timing, ours after cuCtxResetPersistingL2Cache and after demoting every
+    segment the caching allocator holds (the chain's weights and its graph's buffers among them)
   pdl: whether the slow state outlives a drained SM: in a compiled case (the RESULTS run's
     order: warm-up, ours, the compiled chain's timing, ours again), ours with programmatic
     dependent launch, then without it (every launch after the previous one's end), then with it
@@ -66,12 +71,50 @@ def reset_persisting_l2() -> bool:
     return err == driver.CUresult.CUDA_SUCCESS
 
 
+L2_PRIORITY_SRC = r"""
+extern "C" __global__ void l2_priority(const uint4* p, unsigned long long n, int last, unsigned* sink) {
+    // last: load every 16 bytes with an L2::evict_last cache policy (as Triton's eviction_policy=
+    // 'evict_last' does); else give each 128-byte line evict_normal priority again
+    unsigned long long policy;
+    asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(policy));
+    unsigned acc = 0;
+    for (unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x; i < n;
+         i += (unsigned long long)gridDim.x * blockDim.x) {
+        if (last) {
+            unsigned x, y, z, w;
+            asm volatile("ld.global.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
+                         : "=r"(x), "=r"(y), "=r"(z), "=r"(w) : "l"(p + i), "l"(policy));
+            acc ^= x ^ y ^ z ^ w;
+        } else if ((i & 7) == 0) {
+            asm volatile("applypriority.global.L2::evict_normal [%0], 128;" :: "l"(p + i));
+        }
+    }
+    if (acc == 0x9e3779b9u) *sink = acc;  // keeps the loads
+}
+"""
+_l2 = {}  # the compiled function and its sink, once
+
+
+def l2_priority(address: int, nbytes: int, last: bool) -> None:
+    """Load [address, address + nbytes) with an evict_last L2 policy (last) or demote its lines."""
+    from codegen.jit import cuda as jc
+    from codegen.targets import get_target
+    if not _l2:
+        _l2["module"] = jc.CudaModule(jc.compile(L2_PRIORITY_SRC, "l2_priority.cu", get_target("sm90")))
+        _l2["fn"] = _l2["module"].function("l2_priority")
+        _l2["sink"] = torch.zeros(1, dtype=torch.int32, device="cuda")
+    _l2["fn"].launch(264, 512, 0, torch.cuda.current_stream().cuda_stream,
+                     [("u64", address), ("u64", nbytes // 16), ("i32", int(last)), ("u64", _l2["sink"].data_ptr())])
+    torch.cuda.synchronize()
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tokens", default="6,16")
     ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--steps", default="states", choices=("states", "chain", "timeline", "carveout", "pdl", "placement"))
+    ap.add_argument("--steps", default="states", choices=("states", "chain", "timeline", "carveout", "pdl", "placement", "evict"))
     ap.add_argument("--carveouts", default="-1,100,0", help="--steps carveout: percents to prefer (-1: none)")
+    ap.add_argument("--mibs", default="8,16,32", help="--steps evict: MiB of evict_last lines to leave in the L2")
     a = ap.parse_args()
     tokens = [int(x) for x in a.tokens.split(",")]
     args = parse_args(["--kernels", "deepseek", "--no-jit", "--no-generate"])
@@ -172,6 +215,28 @@ def main() -> int:
               flush=True)
         return m
 
+    for s in tokens if a.steps == "evict" else []:
+        case = make(s, None)
+        ours("plain", case, s)
+        for mib in (int(x) for x in a.mibs.split(",")):
+            buf = torch.randint(0, 2**31, (mib << 18,), dtype=torch.int32, device="cuda")
+            l2_priority(buf.data_ptr(), buf.numel() * 4, last=True)
+            ours(f"+{mib} MiB evict_last", case, s)
+            l2_priority(buf.data_ptr(), buf.numel() * 4, last=False)
+            ours("  demoted", case, s)
+            del buf
+        case.release()
+        case = make(s, compiled)
+        ours("compiled", case, s)
+        timer.graph(case.contenders()["compile"])
+        ours("after compile", case, s)
+        assert reset_persisting_l2(), "no cuCtxResetPersistingL2Cache here"
+        ours("  reset-l2", case, s)
+        segments = torch.cuda.memory_snapshot()
+        for seg in segments:
+            l2_priority(seg["address"], seg["total_size"], last=False)
+        ours(f"  {len(segments)} segments demoted", case, s)
+        case.release()
     for s in tokens if a.steps == "placement" else []:
         case = make(s, compiled)
         fast = placement("compiled (warm-up)", case, s)
