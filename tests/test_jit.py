@@ -184,6 +184,18 @@ def test_nvrtc_compile_error_shows_numbered_source():
         jit.resource_report(source, "broken.cu", SM90)
 
 
+def test_nvrtc_empty_log_leaves_python_bytes_alone():
+    """nvrtc writes its program log into the buffer it is given; an empty log is one NUL. Written
+    into ``b" " * 1`` (CPython's one cached b" ") it turned every later b" " of the process into
+    b"\\x00": on the H200 one pytest worker's later template renders then failed inside Jinja2
+    (bench/NOTES.md DeepSeek session 40). The buffers are bytearrays now."""
+    from codegen.jit import cuda
+
+    cubin, _, log = cuda.nvrtc_build('extern "C" __global__ void k(int* p) { p[0] = 1; }', "k.cu", cuda.options(SM90))
+    assert log == "" and cubin[:4] == b"\x7fELF"  # the empty log: the case that wrote the NUL
+    assert bytes([32])[0] == 32 and b" ".join([b"a", b"b"]) == bytearray(b"a b")
+
+
 def test_compile_error_excerpt_format():
     src = "\n".join(f"line{i}" for i in range(1, 21))
     log = "k.cu(10): error: bad\nk.cu:12:3: error: worse\nother.cu(5): error: not ours\n"

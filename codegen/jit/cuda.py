@@ -117,11 +117,14 @@ def options(target, extra: Sequence[str] = ()) -> list[str]:
     return [f"--gpu-architecture={target.arch}", *BASE_OPTIONS, *extra]
 
 
+# nvrtc writes into the buffer it is given, so each is a fresh bytearray: a bytes object is
+# immutable and may be shared (``b" " * 1`` is CPython's one cached b" ", which an empty log's
+# NUL would overwrite for the whole process)
 def _program_log(nvrtc, prog) -> str:
     size = _check(nvrtc.nvrtcGetProgramLogSize(prog), "nvrtcGetProgramLogSize")
-    buf = b" " * size
+    buf = bytearray(size)
     _check(nvrtc.nvrtcGetProgramLog(prog, buf), "nvrtcGetProgramLog")
-    return buf.rstrip(b"\x00").decode("utf-8", "replace")
+    return bytes(buf).rstrip(b"\x00").decode("utf-8", "replace")
 
 
 def nvrtc_build(
@@ -148,14 +151,14 @@ def nvrtc_build(
                 raise CudaError(
                     "nvrtcGetCUBIN", "empty CUBIN", f"is {opts[0]} a real (sm_XX) architecture?"
                 )
-            buf = b" " * size
+            buf = bytearray(size)
             _check(nvrtc.nvrtcGetCUBIN(prog, buf), "nvrtcGetCUBIN")
             cubin = bytes(buf)
         if want_ptx:
             size = _check(nvrtc.nvrtcGetPTXSize(prog), "nvrtcGetPTXSize")
-            buf = b" " * size
+            buf = bytearray(size)
             _check(nvrtc.nvrtcGetPTX(prog, buf), "nvrtcGetPTX")
-            ptx = buf.rstrip(b"\x00").decode("utf-8", "replace")
+            ptx = bytes(buf).rstrip(b"\x00").decode("utf-8", "replace")
         return cubin, ptx, log
     finally:
         nvrtc.nvrtcDestroyProgram(prog)
