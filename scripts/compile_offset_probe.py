@@ -21,8 +21,8 @@ then the spec sets it (grid.smem_carveout), so ``--steps carveout`` clears the p
     eager chain and after one of the compiled chain
   placement: where the CTAs land (a stand-in kernel of ours's grid, threads, LDS and carveout
     that writes each CTA's %smid, launched right after ours), ours's CTAs per SM, the L2
-    persisting limit, and ours at each of --carveouts, in a plain case and after the compiled
-    chain's timing
+    persisting limit, and ours at each of --carveouts, in a compiled case after its warm-up and
+    after each of two timings of the compiled chain
   evict: whether L2 lines of evict_last priority (inductor's Triton loads carry that hint) are
     the state: ours after --mibs MiB of a buffer loaded with an L2::evict_last cache policy,
     then after those lines are demoted (applypriority.global.L2::evict_normal); then, after the
@@ -179,6 +179,7 @@ def main() -> int:
                 ours(f"{percent:>3d} % {label}", case, s)
         fn.set_shared_carveout(case.kernel.ir.smem_carveout)
         case.release()
+
     def pdl_off_on(label: str, case, s: int) -> None:
         ours(label, case, s)
         case.kernel.pdl = False
