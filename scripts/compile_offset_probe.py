@@ -95,13 +95,17 @@ extern "C" __global__ void l2_priority(const uint4* p, unsigned long long n, int
 _l2 = {}  # the compiled function and its sink, once
 
 
-def l2_priority(address: int, nbytes: int, last: bool) -> None:
-    """Load [address, address + nbytes) with an evict_last L2 policy (last) or demote its lines."""
+def sm90_function(source: str, name: str):
+    """A probe's own kernel ``name`` from ``source``, compiled with nvrtc and loaded."""
     from codegen.jit import cuda as jc
     from codegen.targets import get_target
+    return jc.CudaModule(jc.compile(source, f"{name}.cu", get_target("sm90"))).function(name)  # keeps its module
+
+
+def l2_priority(address: int, nbytes: int, last: bool) -> None:
+    """Load [address, address + nbytes) with an evict_last L2 policy (last) or demote its lines."""
     if not _l2:
-        _l2["module"] = jc.CudaModule(jc.compile(L2_PRIORITY_SRC, "l2_priority.cu", get_target("sm90")))
-        _l2["fn"] = _l2["module"].function("l2_priority")
+        _l2["fn"] = sm90_function(L2_PRIORITY_SRC, "l2_priority")
         _l2["sink"] = torch.zeros(1, dtype=torch.int32, device="cuda")
     _l2["fn"].launch(264, 512, 0, torch.cuda.current_stream().cuda_stream,
                      [("u64", address), ("u64", nbytes // 16), ("i32", int(last)), ("u64", _l2["sink"].data_ptr())])
@@ -192,14 +196,12 @@ def main() -> int:
     def placement(label: str, case, s: int) -> list[int]:
         """Ours timed, then the stand-in's CTA -> SM map after one more launch of ours."""
         nonlocal smid_fn
-        from codegen.jit import cuda as jc
-        from codegen.targets import get_target
         k = case.kernel
         fn = k.compile()
         if smid_fn is None:
             src = ('extern "C" __global__ void smid_map(unsigned* out) { if (threadIdx.x == 0) { unsigned s; '
                    'asm volatile("mov.u32 %0, %%smid;" : "=r"(s)); out[blockIdx.x] = s; } }')
-            smid_fn = jc.CudaModule(jc.compile(src, "smid_map.cu", get_target("sm90"))).function("smid_map")
+            smid_fn = sm90_function(src, "smid_map")
         smid_fn.set_max_dynamic_shared(k.dynamic_lds)
         smid_fn.set_shared_carveout(k.ir.smem_carveout)
         ours(label, case, s)
