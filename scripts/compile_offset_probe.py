@@ -96,10 +96,11 @@ _l2 = {}  # the compiled function and its sink, once
 
 
 def sm90_function(source: str, name: str):
-    """A probe's own kernel ``name`` from ``source``, compiled with nvrtc and loaded."""
-    from codegen.jit import cuda as jc
+    """A probe's own kernel ``name`` from ``source``, through the JIT's cache and module loader."""
+    from codegen import jit
     from codegen.targets import get_target
-    return jc.CudaModule(jc.compile(source, f"{name}.cu", get_target("sm90"))).function(name)  # keeps its module
+    target = get_target("sm90")
+    return jit.load_module(jit.compile_binary(source, f"{name}.cu", target), target).function(name)
 
 
 def l2_priority(address: int, nbytes: int, last: bool) -> None:
