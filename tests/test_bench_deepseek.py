@@ -59,7 +59,7 @@ def test_dry_run(dry_run):
     assert data["meta"]["dry_run"] and data["copy_bandwidth"]["fake"]
     entry = (out / "RESULTS-entry.md").read_text()
     assert "## deepseek_v41/attn_front (TP4" in entry and "DRY RUN" in entry and "| 17 |" in entry
-    assert "(grid.smem_carveout;" in entry and "S=17 0 %" in entry  # the build's L1 / shared split, named
+    assert "(grid.smem_carveout;" in entry and "S=17 100 %" in entry  # the build's L1 / shared split, named
     assert (out / "RESULTS.md").exists() and (out / "attn_front.png").exists()
 
 
