@@ -15,8 +15,9 @@ then the spec sets it (grid.smem_carveout), so ``--steps carveout`` clears the p
   chain: in plain cases, ours before and after one run of the compiled chain (plain+chain),
     after cuCtxResetPersistingL2Cache (reset-l2: not it), after the chain's tensors are dropped
     (chain-dropped: not them), and in another case after ten runs of the eager chain
-  timeline: a timeline build's stamps before and after one run of the compiled chain (the
-    step that moved: wqkv's partials reaching the qkv stage)
+  timeline: a timeline build's stamps (the spec's split) in a plain case, after one run of the
+    compiled chain, in a compiled case after its warm-up and after the compiled chain's timing
+    (session 39, split unset: the step that moved was wqkv's partials reaching the qkv stage)
   carveout: for each preferred carveout of --carveouts (-1: none), ours after one run of the
     eager chain and after one of the compiled chain
   placement: where the CTAs land (a stand-in kernel of ours's grid, threads, LDS and carveout
@@ -272,15 +273,20 @@ def main() -> int:
         case.release()
     for s in tokens if a.steps == "timeline" else []:
         for _ in range(a.rounds):
-            case = make(s, None)
-            stamped = codegen.load(KERNEL, timeline=True, tokens=s, tp=case.tp, ratio=case.ratio, tune=SPARE_POINTS)
-            targs = dc.launch_args(case.case, stamped.workspace("cuda"))
-            launch = lambda i: stamped(**dict(targs, **case.w_ours[i % copies], layer=i % copies))  # noqa: E731
             points = {}
-            for label in ("plain", "plain+chain"):
-                if label == "plain+chain":
+            for label in ("plain", "plain+chain", "compiled", "after timing"):
+                if label in ("plain", "compiled"):
+                    if label == "compiled":
+                        case.release()
+                    case = make(s, compiled if label == "compiled" else None)
+                    stamped = codegen.load(KERNEL, timeline=True, tokens=s, tp=case.tp, ratio=case.ratio, tune=SPARE_POINTS)
+                    targs = dc.launch_args(case.case, stamped.workspace("cuda"))
+                    launch = lambda i: stamped(**dict(targs, **case.w_ours[i % copies], layer=i % copies))  # noqa: E731
+                elif label == "plain+chain":
                     case._unfused(compiled, 0)
                     torch.cuda.synchronize()
+                else:
+                    timer.graph(case.contenders()["compile"])
                 ours(label, case, s)
                 warm_clocks(launch)
                 got = []
@@ -290,11 +296,11 @@ def main() -> int:
                         got.append(targs["tl"].clone())
                 torch.cuda.synchronize()
                 points[label] = point_stats([t.cpu() for t in got], stamped.ir.timeline_points)
-            print(f"S={s}: timeline medians (us after the first CTA's start; max in brackets)")
-            for name in points["plain"]:
-                a_, b_ = points["plain"][name], points["plain+chain"].get(name, (0, 0, 0, 0))
-                print(f"  {name:14s} {a_[1]:7.2f} ({a_[2]:6.2f})  ->  {b_[1]:7.2f} ({b_[2]:6.2f})", flush=True)
             case.release()
+            print(f"S={s}: timeline medians (us after the first CTA's start; max in brackets): " + " -> ".join(points))
+            for name in points["plain"]:
+                print(f"  {name:14s} " + "  ->  ".join(f"{p_[1]:7.2f} ({p_[2]:6.2f})" for p_ in
+                                                       (points[k].get(name, (0, 0, 0, 0)) for k in points)), flush=True)
     for s in tokens if a.steps == "states" else []:
         case = make(s, compiled)
         ours("compiled", case, s)
