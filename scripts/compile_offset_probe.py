@@ -29,6 +29,8 @@ then the spec sets it (grid.smem_carveout), so ``--steps carveout`` clears the p
     then after those lines are demoted (applypriority.global.L2::evict_normal); then, after the
     compiled chain's timing, ours after cuCtxResetPersistingL2Cache and after demoting every
     segment the caching allocator holds (the chain's weights and its graph's buffers among them)
+  phase: whether the block scheduler's state is it: in a plain case, ours, then after each of
+    eight one-CTA launches (each adds one, so the ninth timing follows eight)
   pdl: whether the slow state outlives a drained SM: in a compiled case (the RESULTS run's
     order: warm-up, ours, the compiled chain's timing, ours again), ours with programmatic
     dependent launch, then without it (every launch after the previous one's end), then with it
@@ -118,7 +120,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tokens", default="6,16")
     ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--steps", default="states", choices=("states", "chain", "timeline", "carveout", "pdl", "placement", "evict"))
+    ap.add_argument("--steps", default="states", choices=("states", "chain", "timeline", "carveout", "pdl", "placement", "evict", "phase"))
     ap.add_argument("--carveouts", default="-1,100,0", help="--steps carveout: percents to prefer (-1: none)")
     ap.add_argument("--mibs", default="8,16,32", help="--steps evict: MiB of evict_last lines to leave in the L2")
     a = ap.parse_args()
@@ -242,6 +244,19 @@ def main() -> int:
             l2_priority(seg["address"], seg["total_size"], last=False)
         ours(f"  {len(segments)} segments demoted", case, s)
         case.release()
+    for s in tokens if a.steps == "phase" else []:
+        # the block scheduler's state: ours after each of 1..8 more one-CTA launches (session 39 saw
+        # S = 6 slow after 1-8 one-CTA kernels, then put down to the split, pinned since)
+        one = sm90_function('extern "C" __global__ void one_cta(unsigned* out) { if (threadIdx.x == 0) out[0] = 1; }', "one_cta")
+        sink = torch.zeros(1, dtype=torch.int32, device="cuda")
+        for r in range(a.rounds):
+            case = make(s, None)
+            ours(f"phase r{r} +0", case, s)
+            for k in range(1, 9):
+                one.launch(1, 32, 0, torch.cuda.current_stream().cuda_stream, [("u64", sink.data_ptr())])
+                torch.cuda.synchronize()
+                ours(f"phase r{r} +{k}", case, s)
+            case.release()
     for s in tokens if a.steps == "placement" else []:
         case = make(s, compiled)
         fast = placement("compiled (warm-up)", case, s)
