@@ -31,6 +31,9 @@ then the spec sets it (grid.smem_carveout), so ``--steps carveout`` clears the p
     segment the caching allocator holds (the chain's weights and its graph's buffers among them)
   phase: whether the block scheduler's state is it: in a plain case, ours, then after each of
     eight one-CTA launches (each adds one, so the ninth timing follows eight)
+  tunes: whether the slow state spares a tuned build: the spec's build in a compiled case and
+    each of --tunes's builds beside it, timed after the warm-up and after each of --rounds
+    timings of the compiled chain
   pdl: whether the slow state outlives a drained SM: in a compiled case (the RESULTS run's
     order: warm-up, ours, the compiled chain's timing, ours again), ours with programmatic
     dependent launch, then without it (every launch after the previous one's end), then with it
@@ -120,9 +123,11 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tokens", default="6,16")
     ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--steps", default="states", choices=("states", "chain", "timeline", "carveout", "pdl", "placement", "evict", "phase"))
+    ap.add_argument("--steps", default="states", choices=("states", "chain", "timeline", "carveout", "pdl", "placement", "evict", "phase", "tunes"))
     ap.add_argument("--carveouts", default="-1,100,0", help="--steps carveout: percents to prefer (-1: none)")
     ap.add_argument("--mibs", default="8,16,32", help="--steps evict: MiB of evict_last lines to leave in the L2")
+    ap.add_argument("--tunes", default="wq_b.l2_prefetch=0",
+                    help="--steps tunes: builds beside the spec's, ';' between builds, ' ' between one build's knobs")
     a = ap.parse_args()
     tokens = [int(x) for x in a.tokens.split(",")]
     args = parse_args(["--kernels", "deepseek", "--no-jit", "--no-generate"])
@@ -257,6 +262,26 @@ def main() -> int:
                 torch.cuda.synchronize()
                 ours(f"phase r{r} +{k}", case, s)
             case.release()
+    for s in tokens if a.steps == "tunes" else []:
+        # each state timed on the spec's build and on each tuned one, all alive at once, so that
+        # a build the state spares shows it (DeepSeek session 41: the slow state's partials reach
+        # the qkv stage while every CTA's wq_b weights are prefetched into the L2)
+        case = make(s, compiled)
+        tuned = []
+        for tune in a.tunes.split(";"):
+            kb.args.tune = parse_args(["--kernels", "deepseek", *(f"--tune={t}" for t in tune.split())]).tune
+            tuned.append((tune, make(s, None)))
+        kb.args.tune = None
+        for r in range(a.rounds + 1):
+            label = "warm-up" if r == 0 else f"timing {r}"
+            if r:
+                timer.graph(case.contenders()["compile"])
+            ours(f"spec, {label}", case, s)
+            for tune, other in tuned:
+                ours(f"{tune}, {label}", other, s)
+        for _, other in tuned:
+            other.release()
+        case.release()
     for s in tokens if a.steps == "placement" else []:
         case = make(s, compiled)
         fast = placement("compiled (warm-up)", case, s)

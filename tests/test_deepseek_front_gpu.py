@@ -50,11 +50,11 @@ DEPTH4 = {"tune": {"wqkv_a.wgmma_depth": 4, "wq_b.wgmma_depth": 4}}
 TAGGED = {"tune": {"symbols.QX8_TAGGED": 1}}
 TAGGED_EMULATED = {"tune": {"symbols.QX8_TAGGED": 1, "wq_b.wgmma": 0}}
 TUNED_TAGGED = {"tuned": True, **TAGGED}
-# ... each poll round only the pieces not yet tagged (wq_b pending_polls; not measured yet)
+# ... each poll round only the pieces not yet tagged (wq_b pending_polls; the spec's at TP4 S = 1 / 8)
 PENDING = {"tune": {"symbols.QX8_TAGGED": 1, "wq_b.pending_polls": 1}}
 # ... and 256 ns between a thread's poll rounds (wq_b poll_sleep)
 SLEPT = {"tune": {"symbols.QX8_TAGGED": 1, "wq_b.pending_polls": 1, "wq_b.poll_sleep": 256}}
-# tagged QX8 stored 4 times, wq_b's CTA c polling copy c % 4 (QX8_COPIES; not measured yet)
+# tagged QX8 stored 4 times, wq_b's CTA c polling copy c % 4 (QX8_COPIES; the spec stores 2 at TP4 S = 7..10)
 COPIES = {"tune": {"symbols.QX8_TAGGED": 1, "symbols.QX8_COPIES": 4}}
 # wqkv's weights into L2 before the wait for the previous launch (l2_prefetch_at launch)
 EARLY_PREFETCH = {"tune": {"wqkv_a.l2_prefetch": {"default": 0, "sm90": 1}, "wqkv_a.l2_prefetch_at": "launch"}}
