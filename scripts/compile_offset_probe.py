@@ -47,6 +47,7 @@ Each timing line also prints the caching allocator's reserved / allocated MiB.
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 import time
 from pathlib import Path
@@ -98,24 +99,33 @@ extern "C" __global__ void l2_priority(const uint4* p, unsigned long long n, int
     if (acc == 0x9e3779b9u) *sink = acc;  // keeps the loads
 }
 """
-_l2 = {}  # the compiled function and its sink, once
+# the placement step's stand-in: each CTA's SM; the phase step's one-CTA launch
+SMID_MAP_SRC = ('extern "C" __global__ void smid_map(unsigned* out) { if (threadIdx.x == 0) { unsigned s; '
+                'asm volatile("mov.u32 %0, %%smid;" : "=r"(s)); out[blockIdx.x] = s; } }')
+ONE_CTA_SRC = 'extern "C" __global__ void one_cta(unsigned* out) { if (threadIdx.x == 0) out[0] = 1; }'
 
 
+@functools.cache
 def sm90_function(source: str, name: str):
-    """A probe's own kernel ``name`` from ``source``, through the JIT's cache and module loader."""
+    """A probe's own kernel ``name`` from ``source``, through the JIT's cache and module loader;
+    once per process."""
     from codegen import jit
     from codegen.targets import get_target
     target = get_target("sm90")
     return jit.load_module(jit.compile_binary(source, f"{name}.cu", target), target).function(name)
 
 
+@functools.cache
+def sink() -> torch.Tensor:
+    """One int the probe's own kernels may write, so that the compiler keeps their work."""
+    return torch.zeros(1, dtype=torch.int32, device="cuda")
+
+
 def l2_priority(address: int, nbytes: int, last: bool) -> None:
     """Load [address, address + nbytes) with an evict_last L2 policy (last) or demote its lines."""
-    if not _l2:
-        _l2["fn"] = sm90_function(L2_PRIORITY_SRC, "l2_priority")
-        _l2["sink"] = torch.zeros(1, dtype=torch.int32, device="cuda")
-    _l2["fn"].launch(264, 512, 0, torch.cuda.current_stream().cuda_stream,
-                     [("u64", address), ("u64", nbytes // 16), ("i32", int(last)), ("u64", _l2["sink"].data_ptr())])
+    sm90_function(L2_PRIORITY_SRC, "l2_priority").launch(
+        264, 512, 0, torch.cuda.current_stream().cuda_stream,
+        [("u64", address), ("u64", nbytes // 16), ("i32", int(last)), ("u64", sink().data_ptr())])
     torch.cuda.synchronize()
 
 
@@ -143,8 +153,8 @@ def main() -> int:
         print(f"{time.time():.3f} {label:14s} S={s:<3d} {us:7.2f} us  (reserved {torch.cuda.memory_reserved() / 2**20:6.0f} MiB, "
               f"allocated {torch.cuda.memory_allocated() / 2**20:6.0f})", flush=True)
 
-    def make(s: int, compiled):
-        case = kb.make_case(s, None, copies=copies, compiled=compiled, log=quiet)
+    def make(s: int, compiled, bench=kb):
+        case = bench.make_case(s, None, copies=copies, compiled=compiled, log=quiet)
         t0 = time.perf_counter()
         case.warm_up()
         if compiled is not None:
@@ -200,17 +210,11 @@ def main() -> int:
         case.kernel.pdl = True
         ours(f"{label} pdl again", case, s)
 
-    smid_fn = None
-
     def placement(label: str, case, s: int) -> list[int]:
         """Ours timed, then the stand-in's CTA -> SM map after one more launch of ours."""
-        nonlocal smid_fn
         k = case.kernel
         fn = k.compile()
-        if smid_fn is None:
-            src = ('extern "C" __global__ void smid_map(unsigned* out) { if (threadIdx.x == 0) { unsigned s; '
-                   'asm volatile("mov.u32 %0, %%smid;" : "=r"(s)); out[blockIdx.x] = s; } }')
-            smid_fn = sm90_function(src, "smid_map")
+        smid_fn = sm90_function(SMID_MAP_SRC, "smid_map")
         smid_fn.set_max_dynamic_shared(k.dynamic_lds)
         smid_fn.set_shared_carveout(k.ir.smem_carveout)
         ours(label, case, s)
@@ -252,13 +256,12 @@ def main() -> int:
     for s in tokens if a.steps == "phase" else []:
         # the block scheduler's state: ours after each of 1..8 more one-CTA launches (session 39 saw
         # S = 6 slow after 1-8 one-CTA kernels, then put down to the split, pinned since)
-        one = sm90_function('extern "C" __global__ void one_cta(unsigned* out) { if (threadIdx.x == 0) out[0] = 1; }', "one_cta")
-        sink = torch.zeros(1, dtype=torch.int32, device="cuda")
+        one = sm90_function(ONE_CTA_SRC, "one_cta")
         for r in range(a.rounds):
             case = make(s, None)
             ours(f"phase r{r} +0", case, s)
             for k in range(1, 9):
-                one.launch(1, 32, 0, torch.cuda.current_stream().cuda_stream, [("u64", sink.data_ptr())])
+                one.launch(1, 32, 0, torch.cuda.current_stream().cuda_stream, [("u64", sink().data_ptr())])
                 torch.cuda.synchronize()
                 ours(f"phase r{r} +{k}", case, s)
             case.release()
@@ -267,11 +270,9 @@ def main() -> int:
         # a build the state spares shows it (DeepSeek session 41: the slow state's partials reach
         # the qkv stage while every CTA's wq_b weights are prefetched into the L2)
         case = make(s, compiled)
-        tuned = []
-        for tune in a.tunes.split(";"):
-            kb.args.tune = parse_args(["--kernels", "deepseek", *(f"--tune={t}" for t in tune.split())]).tune
-            tuned.append((tune, make(s, None)))
-        kb.args.tune = None
+        tuned = [(tune, make(s, None, DeepSeekBench(parse_args(["--kernels", "deepseek", *(f"--tune={t}" for t in tune.split())]),
+                                                    dry=False)))
+                 for tune in a.tunes.split(";")]
         for r in range(a.rounds + 1):
             label = "warm-up" if r == 0 else f"timing {r}"
             if r:
