@@ -1,10 +1,12 @@
 """Small integer expressions over spec symbols: ``"QKV_ROWS // 16"``,
-``"tokens > 2"``, ``"min(tokens, 16) * 1540"``.
+``"tokens > 2"``, ``"min(tokens, 16) * 1540"``, ``"tokens in (2, 3, 5)"``.
 
 A spec writes sizes, task counts and conditions in the model's symbols and
 build parameters; the lowering evaluates them for one build. Only arithmetic,
-comparisons, ``and``/``or``/``not``, ``min``/``max`` and the names in scope are
-allowed: a spec is data, never code."""
+comparisons (chained, and ``in`` / ``not in`` a parenthesized list of values,
+for rules measured case by case), ``and``/``or``/``not``,
+``min``/``max``/``ceil_div`` and the names in scope are allowed: a spec is
+data, never code."""
 
 from __future__ import annotations
 
@@ -102,17 +104,17 @@ def _eval(node: ast.AST, scope: Mapping[str, Any], text: str) -> Any:
     if isinstance(node, ast.BoolOp):
         values = [_eval(v, scope, text) for v in node.values]
         return all(values) if isinstance(node.op, ast.And) else any(values)
-    if isinstance(node, ast.Compare):
+    if isinstance(node, ast.Compare) and _value_list(node):  # "tokens in (2, 3, 5)"
+        found = _eval(node.left, scope, text) in [_eval(e, scope, text) for e in node.comparators[0].elts]
+        return found == isinstance(node.ops[0], ast.In)
+    if isinstance(node, ast.Compare) and all(type(op) in _CMPOPS for op in node.ops):
         left = _eval(node.left, scope, text)
         for op, comp in zip(node.ops, node.comparators):
-            if type(op) not in _CMPOPS:
-                break
             right = _eval(comp, scope, text)
             if not _CMPOPS[type(op)](left, right):
                 return False
             left = right
-        else:
-            return True
+        return True
     if (
         isinstance(node, ast.Call)
         and isinstance(node.func, ast.Name)
@@ -122,5 +124,12 @@ def _eval(node: ast.AST, scope: Mapping[str, Any], text: str) -> Any:
         return _FUNCS[node.func.id](*(_eval(a, scope, text) for a in node.args))
     raise ExprError(
         f"unsupported syntax in {text!r}: only numbers, symbols, + - * / // % **, "
-        "comparisons, and/or/not, min(), max(), ceil_div() are allowed"
+        "comparisons, in / not in (a, b, ...), and/or/not, min(), max(), ceil_div() are allowed"
     )
+
+
+def _value_list(node: ast.Compare) -> bool:
+    """Whether ``node`` is ``x in (a, b, ...)`` or ``x not in (...)``: one membership test of a
+    parenthesized list of values (a tuple literal; never a name, a range or part of a chain)."""
+    return (len(node.ops) == 1 and isinstance(node.ops[0], (ast.In, ast.NotIn))
+            and isinstance(node.comparators[0], ast.Tuple) and len(node.comparators[0].elts) > 0)

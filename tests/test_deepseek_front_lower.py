@@ -827,15 +827,16 @@ def test_tagged_qx8():
 
 @pytest.mark.parametrize("target", TARGETS)
 def test_qx8_copies(target):
-    """QX8_COPIES (the qkv stage's tagged_copies): sm90 TP4 stores the tagged QX8 twice at 7..10
-    rows, where that was measured faster with the split pinned (bench/NOTES.md DeepSeek session
-    41), once elsewhere; TP2 and AMD once. wq_b's CTAs poll copy c % 2 there."""
+    """QX8_COPIES (the qkv stage's tagged_copies): sm90 stores the tagged QX8 twice where that was
+    measured faster with the split pinned (bench/NOTES.md DeepSeek sessions 41-42): TP4 at 7..10
+    rows, TP2 at 3 / 5 / 11; once elsewhere and on AMD. wq_b's CTAs poll copy c % 2 there."""
     loaded = load_spec("deepseek_v41/attn_front")
     for tp in (2, 4):
         for tokens in range(1, 49):
             ir = lower(loaded, make_build(loaded, target, tokens=tokens, tp=tp))
             qkv = next(st for st in ir.stages if st.kind == "mla_norm_rope")
-            want = 2 if target == "sm90" and tp == 4 and 7 <= tokens <= 10 else 1
+            twice = {4: range(7, 11), 2: (3, 5, 11)}[tp]
+            want = 2 if target == "sm90" and tokens in twice else 1
             assert qkv.values["tagged_copies"] == want, (target, tp, tokens)
             if want == 2:
                 assert qkv.values["tagged"] and "const int copy = block_id() % SRC_COPIES;" in render(ir)
