@@ -846,15 +846,15 @@ def test_qx8_copies(target):
 @pytest.mark.parametrize("tp", [2, 4])
 def test_smem_carveout(target, tp):
     """grid.smem_carveout (SMEM_CARVEOUT): sm90 TP4 prefers all shared memory at the rows where
-    that was measured faster (1..3, 12..23), the most L1 elsewhere (0), TP2 0 (measured at 1, 2,
-    4, 6, 12, 16, 48); AMD leaves it to the driver (-1). The sm90 header says which."""
+    that was measured faster (TP4 1..3 and 12..23, TP2 9..15), the most L1 elsewhere (0); AMD
+    leaves it to the driver (-1). The sm90 header says which."""
     loaded = load_spec("deepseek_v41/attn_front")
     for tokens in range(1, 49):
         ir = lower(loaded, make_build(loaded, target, tokens=tokens, tp=tp))
         if target != "sm90":
             want = -1
         else:
-            want = 100 if tp == 4 and (tokens <= 3 or 12 <= tokens <= 23) else 0
+            want = 100 if tokens in {4: [*range(1, 4), *range(12, 24)], 2: range(9, 16)}[tp] else 0
         assert ir.smem_carveout == want, (target, tp, tokens)
     ir = lower(loaded, make_build(loaded, target, tokens=16, tp=tp))
     line = f"// L1 / shared memory: {ir.smem_carveout} % as shared memory preferred"
