@@ -76,7 +76,7 @@ CASES = [
     (9, 4, 2, {}, 64, (3,), 8),  # x quantized by every wqkv CTA, at its most rows (sm90 TP4); QX8 twice
     (8, 4, 1, {}, 128, (2,), 0),  # tagged QX8 in two copies (the spec's QX8_COPIES at TP4 7..10 rows)
     (5, 2, 1, {}, 128, (2,), 0),  # TP2: tagged QX8 in two copies (QX8_COPIES at TP2 3 / 5 / 11 rows)
-    (11, 2, 2, {}, 64, (3,), 8),
+    (11, 2, 2, {}, 64, (3,), 8),  # ... and 100 % shared memory (SMEM_CARVEOUT at TP2 9..15 rows)
     (3, 4, 1, {}, 64, (1,), 0),
     (6, 4, 2, {}, 64, (1, 4), 64),
     (16, 4, 0, {}, 128, (3,), 0),

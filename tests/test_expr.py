@@ -18,8 +18,8 @@ SCOPE = {"tokens": 5, "tp": 2, "HEAD_DIM": 128}
     ("tokens not in (2, 3)", True),
     ("tokens not in (5,)", False),
     ("tokens in (tp + 3, 9)", True),  # the listed values are expressions too
-    ("1 + (tp == 2 and tokens in (2, 3, 5, 9, 11))", 2),  # the shape of QX8_COPIES' rule
-    ("1 + (tp == 4 and tokens in (2, 3, 5, 9, 11))", 1),
+    ("1 + (tp == 4 and 7 <= tokens <= 10) + (tp == 2 and tokens in (3, 5, 11))", 2),  # QX8_COPIES' rule
+    ("1 + (tp == 4 and 7 <= tokens <= 10) + (tp == 4 and tokens in (3, 5, 11))", 1),
 ])
 def test_evaluate(text, value):
     got = evaluate(text, SCOPE)

@@ -48,7 +48,7 @@ def _paths(node, prefix=()):
 PATHS = _paths(DATA)
 # names and expressions of the spec itself: mutants that are nearly right reach the deep checks
 WORDS = sorted({str(k) for p in PATHS for k in p if isinstance(k, str)} | {
-    "tokens", "QKV_ROWS // 16", "tokens > 2", "HIDDEN", "1 // 0", "2 ** 99", "min()", "(", "x8s", "qkv", "norm",
+    "tokens", "QKV_ROWS // 16", "tokens > 2", "tokens in (2, 3)", "tokens in x", "HIDDEN", "1 // 0", "2 ** 99", "min()", "(", "x8s", "qkv", "norm",
     "-1", "0", "1..0", "gfx942", "sm90", "pairs", "words", "fp8", "i32", "inout", "scratch", "step"})
 
 # any character but surrogates, no codec: st.text()'s default utf-8 codec warns (in some test
