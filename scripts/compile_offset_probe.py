@@ -170,17 +170,21 @@ def main() -> int:
     for _ in range(a.rounds):
         plain("plain")
     compiled = torch.compile(kb.unfused, dynamic=False, backend="inductor")
+
+    def chain_once(case) -> None:
+        """One run of the compiled chain on ``case``'s inputs, finished."""
+        case._unfused(compiled, 0)
+        torch.cuda.synchronize()
+
     for s in tokens if a.steps == "chain" else []:
         for _ in range(a.rounds):
             case = make(s, None)
             ours("plain", case, s)
-            case._unfused(compiled, 0)
-            torch.cuda.synchronize()
+            chain_once(case)
             ours("plain+chain", case, s)
             assert reset_persisting_l2(), "no cuCtxResetPersistingL2Cache here"
             ours("reset-l2", case, s)
-            case._unfused(compiled, 0)
-            torch.cuda.synchronize()
+            chain_once(case)
             case.w_chain = case.chain_in = case.swa_chain = None
             torch.cuda.empty_cache()
             ours("chain-dropped", case, s)
@@ -312,32 +316,31 @@ def main() -> int:
         timer.graph(case.contenders()["eager"])
         pdl_off_on("after eager", case, s)
         case.release()
+    # the timeline step's cases: a plain one, then a compiled one, each stamped before and after
+    # what may bring the slow state on
+    timeline_cases = ((None, (("plain", None), ("plain+chain", chain_once))),
+                      (compiled, (("compiled", None), ("after timing", lambda c: timer.graph(c.contenders()["compile"])))))
     for s in tokens if a.steps == "timeline" else []:
         for _ in range(a.rounds):
             points = {}
-            for label in ("plain", "plain+chain", "compiled", "after timing"):
-                if label in ("plain", "compiled"):
-                    if label == "compiled":
-                        case.release()
-                    case = make(s, compiled if label == "compiled" else None)
-                    stamped = codegen.load(KERNEL, timeline=True, tokens=s, tp=case.tp, ratio=case.ratio, tune=SPARE_POINTS)
-                    targs = dc.launch_args(case.case, stamped.workspace("cuda"))
-                    launch = lambda i: stamped(**dict(targs, **case.w_ours[i % copies], layer=i % copies))  # noqa: E731
-                elif label == "plain+chain":
-                    case._unfused(compiled, 0)
+            for chain, steps in timeline_cases:
+                case = make(s, chain)
+                stamped = codegen.load(KERNEL, timeline=True, tokens=s, tp=case.tp, ratio=case.ratio, tune=SPARE_POINTS)
+                targs = dc.launch_args(case.case, stamped.workspace("cuda"))
+                launch = lambda i: stamped(**dict(targs, **case.w_ours[i % copies], layer=i % copies))  # noqa: E731
+                for label, before in steps:
+                    if before is not None:
+                        before(case)
+                    ours(label, case, s)
+                    warm_clocks(launch)
+                    got = []
+                    for i in range(2 * copies):  # the second round's stamps: weights last read a round ago
+                        launch(i)
+                        if i >= copies:
+                            got.append(targs["tl"].clone())
                     torch.cuda.synchronize()
-                else:
-                    timer.graph(case.contenders()["compile"])
-                ours(label, case, s)
-                warm_clocks(launch)
-                got = []
-                for i in range(2 * copies):  # the second round's stamps: weights last read a round ago
-                    launch(i)
-                    if i >= copies:
-                        got.append(targs["tl"].clone())
-                torch.cuda.synchronize()
-                points[label] = point_stats([t.cpu() for t in got], stamped.ir.timeline_points)
-            case.release()
+                    points[label] = point_stats([t.cpu() for t in got], stamped.ir.timeline_points)
+                case.release()
             print(f"S={s}: timeline medians (us after the first CTA's start; max in brackets): " + " -> ".join(points))
             for name in points["plain"]:
                 print(f"  {name:14s} " + "  ->  ".join(f"{p_[1]:7.2f} ({p_[2]:6.2f})" for p_ in
