@@ -4,8 +4,12 @@ The MiniMax qkv GEMV streams 15.7 MB of FP8 weight, ~119 KB per SM; the kernel's
 timeline shows it landing at ~2 TB/s. This probe times the stream alone, replayed
 from a CUDA graph over rotating cold copies (as the bench does), for ways to issue
 it: an empty launch (the fixed cost of one cooperative launch in a graph), TMA bulk
-copies into LDS in 1..N pieces per CTA, and plain 16-byte loads into registers.
-Prints us per call and the bytes / time as TB/s.
+copies into LDS in 1..N pieces per CTA, and plain 16-byte loads into registers; each
+also with programmatic dependent launch (PDL, as the kernels launch since session 24):
+`griddepcontrol.launch_dependents` then `griddepcontrol.wait` before any load (the
+kernels' order), or the weights read before the wait (they are constants: the most a
+launch could overlap its predecessor). Prints us per call, the bytes / time as TB/s and
+the time against the copy floor (bytes / the copy bandwidth measured in the same run).
 
 --first: when a few CTAs' bytes land if the others ask later (first_probe).
 
@@ -41,12 +45,23 @@ __device__ void bar_wait(u64* bar) {  // every thread: until the bytes have land
                      : "=r"(done) : "r"(lds_address(bar)) : "memory");
 }
 __device__ void bar_inval(u64* bar) { asm volatile("mbarrier.inval.shared::cta.b64 [%0];" :: "r"(lds_address(bar)) : "memory"); }
-extern "C" __global__ void __launch_bounds__(512, 1) empty(const char* w, long long bytes, u32* sink) {
+// pdl 1: let the next launch begin, then wait for the previous one, before any load (the kernels'
+// order); pdl 2: the weights first, the wait after them. No-ops in a launch without the attribute.
+__device__ void pdl_start(int pdl) {
+    if (pdl) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+    if (pdl == 1) asm volatile("griddepcontrol.wait;" ::: "memory");
+}
+__device__ void pdl_end(int pdl) {
+    if (pdl == 2) asm volatile("griddepcontrol.wait;" ::: "memory");
+}
+extern "C" __global__ void __launch_bounds__(512, 1) empty(const char* w, long long bytes, u32* sink, int pdl) {
+    pdl_start(pdl);
     if (threadIdx.x == 0 && bytes < 0) sink[blockIdx.x] = 1;
 }
 // each CTA: its contiguous share of w, in `pieces` bulk copies, all issued at once
-extern "C" __global__ void __launch_bounds__(512, 1) bulk(const char* w, long long bytes, u32* sink, int pieces) {
+extern "C" __global__ void __launch_bounds__(512, 1) bulk(const char* w, long long bytes, u32* sink, int pieces, int pdl) {
     extern __shared__ __align__(128) unsigned char lds[];
+    pdl_start(pdl);
     u64* bar = reinterpret_cast<u64*>(lds);
     unsigned char* buf = lds + 128;
     const long long share = (bytes / gridDim.x) & ~15ll;
@@ -63,12 +78,14 @@ extern "C" __global__ void __launch_bounds__(512, 1) bulk(const char* w, long lo
     }
     __syncthreads();
     bar_wait(bar);
+    pdl_end(pdl);
     if (threadIdx.x == 0 && buf[5] == 0x7f && bytes < 0) sink[blockIdx.x] = 1;
     __syncthreads();
     if (threadIdx.x == 0) bar_inval(bar);
 }
 // each CTA: its share as 16-byte loads, coalesced, `pieces` loads in flight per thread
-extern "C" __global__ void __launch_bounds__(512, 1) loads(const char* w, long long bytes, u32* sink, int pieces) {
+extern "C" __global__ void __launch_bounds__(512, 1) loads(const char* w, long long bytes, u32* sink, int pieces, int pdl) {
+    pdl_start(pdl);
     const long long share = (bytes / gridDim.x) & ~15ll;
     const char* src = w + share * blockIdx.x;
     u32 x = 0;
@@ -84,6 +101,7 @@ extern "C" __global__ void __launch_bounds__(512, 1) loads(const char* w, long l
 #pragma unroll
         for (int i = 0; i < 8; ++i) x ^= v[i].x ^ v[i].y ^ v[i].z ^ v[i].w;
     }
+    pdl_end(pdl);
     if (x == 0x12345678u) sink[blockIdx.x] = x;
 }
 __device__ long long globaltimer() {
@@ -163,30 +181,42 @@ def main() -> None:
     if "--first" in sys.argv[1:]:
         first_probe(mod, total, sms)
         return
-    print(f"{total} B over {sms} CTAs ({share} B each), {copies} cold copies; us per call (median of 30 graph replays)")
+    bw = timer.copy_bandwidth()["bytes_per_s"]
+    floor_us = total / bw * 1e6
+    print(f"{total} B over {sms} CTAs ({share} B each), {copies} cold copies; copy bandwidth {bw / 1e12:.2f} TB/s, "
+          f"floor {floor_us:.2f} us; us per call (median of 30 graph replays)")
 
-    def time(name, fn, grid, threads, dyn, cooperative, extra=()):
+    def time(name, fn, grid, threads, dyn, cooperative, pieces=None, pdl=0):
         f = mod.function(fn)
         f.set_max_dynamic_shared(max(dyn, 1))
         stream = lambda: torch.cuda.current_stream().cuda_stream  # noqa: E731
+        extra = ([] if pieces is None else [("i32", pieces)]) + [("i32", pdl)]
 
         def call(w):
-            args = [("u64", w.data_ptr()), ("i64", total), ("u64", sink.data_ptr())] + [("i32", v) for v in extra]
-            f.launch(grid, threads, dyn, stream(), args, cooperative=cooperative)
+            args = [("u64", w.data_ptr()), ("i64", total), ("u64", sink.data_ptr())] + extra
+            f.launch(grid, threads, dyn, stream(), args, cooperative=cooperative, pdl=pdl > 0)
 
         s = timer.graph([lambda w=w: call(w) for w in ws])
         us = sorted(s.us)[len(s.us) // 2]
-        print(f"  {name:44s} {us:7.2f} us  {total / us / 1e6:6.2f} TB/s")
+        print(f"  {name:58s} {us:7.2f} us  {total / us / 1e6:6.2f} TB/s  {us / floor_us:5.2f}x the floor")
 
-    time("empty, cooperative, 142 KB LDS", "empty", sms, 512, 142128, True)
-    time("empty, plain launch, 142 KB LDS", "empty", sms, 512, 142128, False)
+    one_cta = 142128  # LDS that leaves one CTA an SM, as the kernels' 512 threads x 80-130 registers do
+    wait_first, weights_first = "PDL, wait first", "PDL, weights before the wait"
+    time("empty, cooperative, 142 KB LDS", "empty", sms, 512, one_cta, True)
+    time(f"empty, cooperative, 142 KB LDS, {wait_first}", "empty", sms, 512, one_cta, True, pdl=1)
+    time("empty, plain launch, 142 KB LDS", "empty", sms, 512, one_cta, False)
     time("empty, cooperative, no LDS", "empty", sms, 512, 0, True)
     for pieces in (1, 2, 4, 8, 16, 32):
-        time(f"bulk copies, {pieces} per CTA, cooperative", "bulk", sms, 512, lds, True, (pieces,))
-    time("bulk copies, 8 per CTA, 2 CTAs per SM", "bulk", 2 * sms, 512, 128 + (total // (2 * sms) & ~15), True, (8,))
-    time("16-byte loads, 8 in flight per thread", "loads", sms, 512, 0, True, (8,))
-    time("16-byte loads, 2 CTAs per SM", "loads", 2 * sms, 512, 0, True, (8,))
-
+        time(f"bulk copies, {pieces} per CTA, cooperative", "bulk", sms, 512, lds, True, pieces)
+    time(f"bulk copies, 8 per CTA, cooperative, {wait_first}", "bulk", sms, 512, max(lds, one_cta), True, 8, pdl=1)
+    time(f"bulk copies, 8 per CTA, cooperative, {weights_first}", "bulk", sms, 512, max(lds, one_cta), True, 8, pdl=2)
+    time("bulk copies, 8 per CTA, 2 CTAs per SM", "bulk", 2 * sms, 512, 128 + (total // (2 * sms) & ~15), True, 8)
+    time("16-byte loads, 8 in flight per thread", "loads", sms, 512, 0, True, 8)
+    time("16-byte loads, 2 CTAs per SM", "loads", 2 * sms, 512, 0, True, 8)
+    time(f"16-byte loads, 142 KB LDS, cooperative, {wait_first}", "loads", sms, 512, one_cta, True, 8, pdl=1)
+    time(f"16-byte loads, 142 KB LDS, cooperative, {weights_first}", "loads", sms, 512, one_cta, True, 8, pdl=2)
+    time(f"16-byte loads, no LDS, cooperative, {wait_first}", "loads", sms, 512, 0, True, 8, pdl=1)
+    time(f"16-byte loads, no LDS, not cooperative, {weights_first}", "loads", sms, 512, 0, False, 8, pdl=2)
 
 if __name__ == "__main__":
     main()
