@@ -34,6 +34,10 @@ then the spec sets it (grid.smem_carveout), so ``--steps carveout`` clears the p
   tunes: whether the slow state spares a tuned build: the spec's build in a compiled case and
     each of --tunes's builds beside it, timed after the warm-up and after each of --rounds
     timings of the compiled chain
+  rebuild: which of the case's buffers carry the slow state: in a plain case, ours before and
+    after one run of the compiled chain, then after each of these is replaced by fresh buffers in
+    turn: the workspace (scratch and epoch counter: the mailboxes), the inputs and outputs, the
+    weight copies; then once more after one run of the chain
   pdl: whether the slow state outlives a drained SM: in a compiled case (the RESULTS run's
     order: warm-up, ours, the compiled chain's timing, ours again), ours with programmatic
     dependent launch, then without it (every launch after the previous one's end), then with it
@@ -58,7 +62,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.run import DeepSeekBench, auto_copies, device_meta, parse_args  # noqa: E402
 import codegen  # noqa: E402
-from bench.deepseek import KERNEL  # noqa: E402
+from bench.deepseek import KERNEL, WEIGHTS  # noqa: E402
 from bench.timing import GpuTimer, warm_clocks  # noqa: E402
 from codegen.trace import point_stats  # noqa: E402
 from tests import deepseek_case as dc  # noqa: E402
@@ -133,7 +137,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tokens", default="6,16")
     ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--steps", default="states", choices=("states", "chain", "timeline", "carveout", "pdl", "placement", "evict", "phase", "tunes"))
+    ap.add_argument("--steps", default="states", choices=("states", "chain", "timeline", "carveout", "pdl", "placement", "evict", "phase", "tunes",
+                                                       "rebuild"))
     ap.add_argument("--carveouts", default="-1,100,0", help="--steps carveout: percents to prefer (-1: none)")
     ap.add_argument("--mibs", default="8,16,32", help="--steps evict: MiB of evict_last lines to leave in the L2")
     ap.add_argument("--tunes", default="wq_b.l2_prefetch=0",
@@ -194,6 +199,24 @@ def main() -> int:
                 case._unfused(case.unfused, 0)
             torch.cuda.synchronize()
             ours("plain+eager", case, s)
+            case.release()
+    for s in tokens if a.steps == "rebuild" else []:
+        for _ in range(a.rounds):
+            case = make(s, None)
+            ours("plain", case, s)
+            chain_once(case)
+            ours("plain+chain", case, s)
+            case.ws = case.kernel.workspace(case.device)
+            case.base_args.update(case.ws)
+            ours("new workspace", case, s)
+            fresh = dc.launch_args(case.case, case.ws, device=str(case.device))
+            case.base_args.update({k: v for k, v in fresh.items() if k not in WEIGHTS})
+            ours("new in/outputs", case, s)
+            first = {k: fresh[k] for k in WEIGHTS}
+            case.w_ours = [first] + [{k: v.clone() for k, v in first.items()} for _ in range(copies - 1)]
+            ours("new weights", case, s)
+            chain_once(case)
+            ours("new+chain", case, s)
             case.release()
     for s in tokens if a.steps == "carveout" else []:
         case = make(s, None)
