@@ -36,6 +36,11 @@ CHAIN_INPUTS = ("x", "qn_w", "kvn_w", "cos_sin", "pos", "slot", "swa_idx", "swa_
 OUTPUTS = ("q", "kt", "klen", "swa")
 
 
+def weight_copies(first: dict, copies: int) -> list[dict]:
+    """``first`` and ``copies - 1`` clones of its tensors: the rotation that keeps the weights cold."""
+    return [first] + [{k: v.clone() for k, v in first.items()} for _ in range(copies - 1)]
+
+
 def per_copy_bytes(tp: int = TP) -> int:
     """Weight bytes of one copy (wqkv + wqb and their codes)."""
     b = attn_front_bytes(1, ref.local_heads(tp))
@@ -147,9 +152,8 @@ class AttnFrontCase(BenchCase):
         self.ws = self.kernel.workspace(dev)
         self.base_args = dc.launch_args(c, self.ws, device=str(dev))
         first = {k: self.base_args[k] for k in WEIGHTS}
-        self.w_ours = [first] + [{k: v.clone() for k, v in first.items()} for _ in range(self.copies - 1)]
-        logical = {k: c.logical[k].to(dev) for k in WEIGHTS}
-        self.w_chain = [logical] + [{k: v.clone() for k, v in logical.items()} for _ in range(self.copies - 1)]
+        self.w_ours = weight_copies(first, self.copies)
+        self.w_chain = weight_copies({k: c.logical[k].to(dev) for k in WEIGHTS}, self.copies)
         self.chain_in = {k: c.inputs[k].to(dev) for k in CHAIN_INPUTS}
         self.swa0 = c.inputs["swa"]  # the canaries (CPU)
         self.swa_chain = self.swa0.to(dev).clone()

@@ -62,7 +62,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.run import DeepSeekBench, auto_copies, device_meta, parse_args  # noqa: E402
 import codegen  # noqa: E402
-from bench.deepseek import KERNEL, WEIGHTS  # noqa: E402
+from bench.deepseek import KERNEL, WEIGHTS, weight_copies  # noqa: E402
 from bench.timing import GpuTimer, warm_clocks  # noqa: E402
 from codegen.trace import point_stats  # noqa: E402
 from tests import deepseek_case as dc  # noqa: E402
@@ -181,12 +181,18 @@ def main() -> int:
         case._unfused(compiled, 0)
         torch.cuda.synchronize()
 
+    def slowed_case(s: int):
+        """A plain case timed before and after one run of the compiled chain (the slow state's
+        onset on a machine that shows it)."""
+        case = make(s, None)
+        ours("plain", case, s)
+        chain_once(case)
+        ours("plain+chain", case, s)
+        return case
+
     for s in tokens if a.steps == "chain" else []:
         for _ in range(a.rounds):
-            case = make(s, None)
-            ours("plain", case, s)
-            chain_once(case)
-            ours("plain+chain", case, s)
+            case = slowed_case(s)
             assert reset_persisting_l2(), "no cuCtxResetPersistingL2Cache here"
             ours("reset-l2", case, s)
             chain_once(case)
@@ -202,18 +208,14 @@ def main() -> int:
             case.release()
     for s in tokens if a.steps == "rebuild" else []:
         for _ in range(a.rounds):
-            case = make(s, None)
-            ours("plain", case, s)
-            chain_once(case)
-            ours("plain+chain", case, s)
+            case = slowed_case(s)
             case.ws = case.kernel.workspace(case.device)
             case.base_args.update(case.ws)
             ours("new workspace", case, s)
             fresh = dc.launch_args(case.case, case.ws, device=str(case.device))
             case.base_args.update({k: v for k, v in fresh.items() if k not in WEIGHTS})
             ours("new in/outputs", case, s)
-            first = {k: fresh[k] for k in WEIGHTS}
-            case.w_ours = [first] + [{k: v.clone() for k, v in first.items()} for _ in range(copies - 1)]
+            case.w_ours = weight_copies({k: fresh[k] for k in WEIGHTS}, copies)
             ours("new weights", case, s)
             chain_once(case)
             ours("new+chain", case, s)
