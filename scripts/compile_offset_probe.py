@@ -38,6 +38,13 @@ then the spec sets it (grid.smem_carveout), so ``--steps carveout`` clears the p
     after one run of the compiled chain, then after each of these is replaced by fresh buffers in
     turn: the workspace (scratch and epoch counter: the mailboxes), the inputs and outputs, the
     weight copies; then once more after one run of the chain
+  address: whether the workspace's address sets the state: in one plain case, ours with its
+    workspace (mailboxes, partials, epoch counter) zeroed at each of --places places 1 MiB + 4 KiB
+    apart in one pool, twice over in opposite orders (times that follow the place, not the pass,
+    are the address's doing); then the scratch alone at each place (the counter apart), the
+    counter alone (the scratch at the fastest place), the counter right after the scratch (one
+    page) and on another page, and the timeline build's stamps at the fastest and the slowest
+    place; --address-tunes: builds timed beside the spec's, in every pass but the timeline
   pdl: whether the slow state outlives a drained SM: in a compiled case (the RESULTS run's
     order: warm-up, ours, the compiled chain's timing, ours again), ours with programmatic
     dependent launch, then without it (every launch after the previous one's end), then with it
@@ -138,8 +145,13 @@ def main() -> int:
     ap.add_argument("--tokens", default="6,16")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--steps", default="states", choices=("states", "chain", "timeline", "carveout", "pdl", "placement", "evict", "phase", "tunes",
-                                                       "rebuild"))
+                                                       "rebuild", "address"))
     ap.add_argument("--carveouts", default="-1,100,0", help="--steps carveout: percents to prefer (-1: none)")
+    ap.add_argument("--places", type=int, default=16, help="--steps address: workspace places to try")
+    ap.add_argument("--copies", type=int, default=0, help="weight copies the timings rotate through (0: the bench's, "
+                    "enough to leave the L2 cold; 1: the weights stay in the L2)")
+    ap.add_argument("--address-tunes", default="", help="--steps address: builds timed beside the spec's at each place "
+                    "(';' between builds, ' ' between one build's knobs)")
     ap.add_argument("--mibs", default="8,16,32", help="--steps evict: MiB of evict_last lines to leave in the L2")
     ap.add_argument("--tunes", default="wq_b.l2_prefetch=0",
                     help="--steps tunes: builds beside the spec's, ';' between builds, ' ' between one build's knobs")
@@ -147,16 +159,17 @@ def main() -> int:
     tokens = [int(x) for x in a.tokens.split(",")]
     args = parse_args(["--kernels", "deepseek", "--no-jit", "--no-generate"])
     kb = DeepSeekBench(args, dry=False)
-    copies = auto_copies(device_meta(False)["l2_bytes"], kb.per_copy)
+    copies = a.copies or auto_copies(device_meta(False)["l2_bytes"], kb.per_copy)
     timer = GpuTimer(replays=30)
     rows: dict[str, dict[int, list[float]]] = {}
     quiet = lambda *_: None  # noqa: E731
 
-    def ours(label: str, case, s: int) -> None:
+    def ours(label: str, case, s: int) -> float:
         us = timer.graph(case.contenders()["ours"]).median
         rows.setdefault(label, {}).setdefault(s, []).append(us)
         print(f"{time.time():.3f} {label:14s} S={s:<3d} {us:7.2f} us  (reserved {torch.cuda.memory_reserved() / 2**20:6.0f} MiB, "
               f"allocated {torch.cuda.memory_allocated() / 2**20:6.0f})", flush=True)
+        return us
 
     def make(s: int, compiled, bench=kb):
         case = bench.make_case(s, None, copies=copies, compiled=compiled, log=quiet)
@@ -220,6 +233,78 @@ def main() -> int:
             chain_once(case)
             ours("new+chain", case, s)
             case.release()
+    for s in tokens if a.steps == "address" else []:
+        case = make(s, None)
+        builds = [("", case)] + [(f"{tune}: ", make(s, None, DeepSeekBench(parse_args(["--kernels", "deepseek", *(f"--tune={t}" for t in tune.split())]),
+                                                                          dry=False)))
+                                 for tune in filter(None, a.address_tunes.split(";"))]
+        gap = (1 << 20) + 4096  # places 1 MiB + 4 KiB apart: two to a 2 MiB page, each at its own offset in it
+        pool = torch.zeros((a.places + 1) * gap, dtype=torch.uint8, device=case.device)
+        passes: dict[str, list[float]] = {}  # (build, pass) -> times, for the summary
+
+        def view(like: torch.Tensor, off: int) -> torch.Tensor:
+            """A tensor shaped as ``like`` at byte ``off`` of the pool"""
+            return pool[off:off + like.numel() * like.element_size()].view(like.dtype).view(like.shape)
+
+        def at(name: str, what: str, i: int, offs: dict[str, int], build=case, kernel=None) -> float:
+            """Ours (or the stamped build's stamps) with each workspace tensor at its pool offset,
+            zeroed first: a fresh workspace there (counter 0, no tags)"""
+            likes = build.ws if kernel is None else kernel[1]  # the build's own sizes (a tune may change them)
+            ws = {k: view(likes[k], off) for k, off in offs.items()}
+            for t in ws.values():
+                t.zero_()
+            if kernel is None:
+                build.ws = dict(build.ws, **ws)
+                build.base_args.update(ws)
+                us = ours(f"{name}{what} {i:2d} @{ws['scratch'].data_ptr() % (1 << 21):#08x}", build, s)
+                passes.setdefault(f"{name}{what}", []).append(us)
+                return us
+            stamped, targs = kernel
+            targs.update(ws)
+            launch = lambda j: stamped(**dict(targs, **case.w_ours[j % copies], layer=j % copies))  # noqa: E731
+            warm_clocks(launch)
+            got = []
+            for j in range(2 * copies):
+                launch(j)
+                if j >= copies:
+                    got.append(targs["tl"].clone())
+            torch.cuda.synchronize()
+            stamps[what] = point_stats([t.cpu() for t in got], stamped.ir.timeline_points)
+            return 0.0
+
+        both = lambda i: {"scratch": i * gap, "epoch": i * gap + (1 << 20)}  # noqa: E731  (one page when i is even and the pool starts a page)
+        by_place = dict.fromkeys(range(a.places), 0.0)
+        for order in (range(a.places), reversed(range(a.places))):
+            for i in order:
+                for name, build in builds:
+                    us = at(name, "place", i, both(i), build)
+                    by_place[i] += us if build is case else 0.0
+        fast, slow = min(by_place, key=by_place.get), max(by_place, key=by_place.get)
+        spare = a.places * gap + (1 << 20)  # a counter away from every place
+        after = -(-case.ws["scratch"].numel() // 256) * 256  # the counter right after the scratch: one page
+        for name, build in builds:
+            for i in range(a.places):
+                at(name, "scratch", i, {"scratch": i * gap, "epoch": spare}, build)
+            for i in range(a.places):
+                at(name, "epoch", i, {"scratch": fast * gap, "epoch": i * gap + (1 << 20)}, build)
+            for order in (range(a.places), reversed(range(a.places))):
+                for i in order:
+                    at(name, "adjacent", i, {"scratch": i * gap, "epoch": i * gap + after}, build)
+                    at(name, "apart", i, {"scratch": i * gap, "epoch": (i + a.places // 2) % a.places * gap + (1 << 20)}, build)
+        stamped = codegen.load(KERNEL, timeline=True, tokens=s, tp=case.tp, ratio=case.ratio, tune=SPARE_POINTS)
+        targs = dc.launch_args(case.case, stamped.workspace("cuda"))
+        stamps = {}
+        for label, i in (("fast", fast), ("slow", slow), ("fast again", fast)):
+            at("", label, i, both(i), kernel=(stamped, targs))
+        print(f"S={s}: timeline medians at place {fast} (fast) and {slow} (slow) (us after the first CTA's start; max in brackets)")
+        for name in stamps["fast"]:
+            print(f"  {name:14s} " + "  ->  ".join(f"{p_[1]:7.2f} ({p_[2]:6.2f})" for p_ in
+                                                   (stamps[k].get(name, (0, 0, 0, 0)) for k in stamps)), flush=True)
+        print(f"S={s}: min / mean / max over the places (us)")
+        for what, us in passes.items():
+            print(f"  {what:40s} {min(us):6.2f} / {sum(us) / len(us):6.2f} / {max(us):6.2f}  (n = {len(us)})")
+        for _, build in builds:
+            build.release()
     for s in tokens if a.steps == "carveout" else []:
         case = make(s, None)
         fn = case.kernel.compile()  # the loaded function: its preference is set here, then restored

@@ -2,7 +2,8 @@
 CUDA sources compile with nvrtc here, and the wgmma probe's fragment layouts are the mma.sync
 m16n8k32 ones it claims (checked element by element on the CPU); the scoreboard and timeline
 scripts' arithmetic on made-up listings and stamps, and code_footprint's attribution; the no-MMA
-and no-key-loads probe builds (--no-mma, --no-key-loads); the wgmma precision model's arithmetic (scripts/precision_model.py)."""
+and no-key-loads probe builds (--no-mma, --no-key-loads); the wgmma precision model's arithmetic (scripts/precision_model.py);
+compile_offset_probe's own kernels and its documented steps."""
 
 from __future__ import annotations
 
@@ -301,3 +302,18 @@ def test_ncu_stalls_reads_samples_against_the_listing(tmp_path):
     got = ncu_stalls.samples(csv)
     assert [r["offset"] for r in got] == [0, 0x10, 0x20, 0x30]
     assert got[1]["reasons"] == {"no_inst": 7, "barrier": 1} and got[1]["sass"] == "PRMT R1, R0, 0x9180, RZ"
+
+
+def test_compile_offset_probe_sources_and_steps():
+    """compile_offset_probe (run on the lent GPU only): its own CUDA kernels compile with nvrtc here,
+    and every step its docstring documents is one its parser takes, and the other way round."""
+    import re
+
+    from scripts import compile_offset_probe as probe
+
+    for source in (probe.L2_PRIORITY_SRC, probe.SMID_MAP_SRC, probe.ONE_CTA_SRC):
+        assert len(cuda.compile(source, "probe.cu", get_target("sm90"))) > 500
+    documented = set(re.findall(r"^  (\w+)(?: \(default\))?: ", probe.__doc__, re.M))
+    src = open(probe.__file__).read()
+    parsed = set(re.findall(r'"(\w+)"', src[src.index('"--steps"'):src.index('"--carveouts"')]))
+    assert documented == parsed and "address" in documented, (documented ^ parsed)
