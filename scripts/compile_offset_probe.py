@@ -42,7 +42,8 @@ then the spec sets it (grid.smem_carveout), so ``--steps carveout`` clears the p
     workspace (mailboxes, partials, epoch counter) zeroed at each of --places places 1 MiB + 4 KiB
     apart in one pool, twice over in opposite orders (times that follow the place, not the pass,
     are the address's doing); then the scratch alone at each place (the counter apart), the
-    counter alone (the scratch at the fastest place), the counter right after the scratch (one
+    counter alone (the scratch at the fastest place; with its line's atomic and load latency,
+    every CTA at once: LINE_LATENCY_SRC), the counter right after the scratch (one
     page) and on another page, and the timeline build's stamps at the fastest and the slowest
     place; --address-tunes: builds timed beside the spec's, in every pass but the timeline
   pdl: whether the slow state outlives a drained SM: in a compiled case (the RESULTS run's
@@ -113,6 +114,24 @@ extern "C" __global__ void l2_priority(const uint4* p, unsigned long long n, int
 # the placement step's stand-in: each CTA's SM; the phase step's one-CTA launch
 SMID_MAP_SRC = ('extern "C" __global__ void smid_map(unsigned* out) { if (threadIdx.x == 0) { unsigned s; '
                 'asm volatile("mov.u32 %0, %%smid;" : "=r"(s)); out[blockIdx.x] = s; } }')
+# the address step's latency of the counter's line: thread 0 of every CTA at once, n dependent
+# atomics, then n dependent L2 loads (each address hangs on the last value, so none overlap)
+LINE_LATENCY_SRC = r"""
+extern "C" __global__ void line_latency(unsigned long long* p, int n, long long* out) {
+    if (threadIdx.x != 0) return;
+    unsigned long long v = 0;
+    long long t0 = clock64();
+    for (int i = 0; i < n; ++i) v = atomicAdd(p + (v >> 63), 1ull);
+    long long t1 = clock64();
+    for (int i = 0; i < n; ++i) v = __ldcg(p + 1 + (v >> 63));
+    long long t2 = clock64();
+    unsigned smid;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
+    out[3 * blockIdx.x] = (t1 - t0) / n;
+    out[3 * blockIdx.x + 1] = (t2 - t1) / n + (v == 0x9e3779b9ull);  // (keeps the loads)
+    out[3 * blockIdx.x + 2] = smid;
+}
+"""
 ONE_CTA_SRC = 'extern "C" __global__ void one_cta(unsigned* out) { if (threadIdx.x == 0) out[0] = 1; }'
 
 
@@ -130,6 +149,21 @@ def sm90_function(source: str, name: str):
 def sink() -> torch.Tensor:
     """One int the probe's own kernels may write, so that the compiler keeps their work."""
     return torch.zeros(1, dtype=torch.int32, device="cuda")
+
+
+def line_latency(address: int, ctas: int, n: int = 64) -> str:
+    """Cycles a dependent atomic and a dependent L2 load on the line at ``address`` take, every CTA's
+    thread 0 at once: the median, and the medians of the fastest and slowest halves of the CTAs"""
+    out = torch.zeros(3 * ctas, dtype=torch.int64, device="cuda")
+    sm90_function(LINE_LATENCY_SRC, "line_latency").launch(
+        ctas, 32, 0, torch.cuda.current_stream().cuda_stream, [("u64", address), ("i32", n), ("u64", out.data_ptr())])
+    torch.cuda.synchronize()
+    got = out.view(-1, 3).cpu()
+
+    def halves(col: torch.Tensor) -> str:
+        c = col.sort().values
+        return f"{int(c.median())} ({int(c[:len(c) // 2].median())} / {int(c[len(c) // 2:].median())})"
+    return f"atomic {halves(got[:, 0])}, load {halves(got[:, 1])} cycles"
 
 
 def l2_priority(address: int, nbytes: int, last: bool) -> None:
@@ -287,6 +321,8 @@ def main() -> int:
                 at(name, "scratch", i, {"scratch": i * gap, "epoch": spare}, build)
             for i in range(a.places):
                 at(name, "epoch", i, {"scratch": fast * gap, "epoch": i * gap + (1 << 20)}, build)
+                if not name:  # the counter's line, on its own (16 bytes past the counter)
+                    print(f"  epoch {i:2d}: {line_latency(pool.data_ptr() + i * gap + (1 << 20) + 16, build.kernel.ir.blocks)}", flush=True)
             for order in (range(a.places), reversed(range(a.places))):
                 for i in order:
                     at(name, "adjacent", i, {"scratch": i * gap, "epoch": i * gap + after}, build)
