@@ -45,7 +45,9 @@ then the spec sets it (grid.smem_carveout), so ``--steps carveout`` clears the p
     counter alone (the scratch at the fastest place; with its line's atomic and load latency,
     every CTA at once: LINE_LATENCY_SRC), the counter right after the scratch (one
     page) and on another page, and the timeline build's stamps at the fastest and the slowest
-    place; --address-tunes: builds timed beside the spec's, in every pass but the timeline
+    place; --address-tunes: builds timed beside the spec's, in every pass but the timeline;
+    --address-chains n: after the place passes, n times one run of the compiled chain and the
+    place passes again (whether the chain changes what a place costs)
   pdl: whether the slow state outlives a drained SM: in a compiled case (the RESULTS run's
     order: warm-up, ours, the compiled chain's timing, ours again), ours with programmatic
     dependent launch, then without it (every launch after the previous one's end), then with it
@@ -182,6 +184,8 @@ def main() -> int:
                                                        "rebuild", "address"))
     ap.add_argument("--carveouts", default="-1,100,0", help="--steps carveout: percents to prefer (-1: none)")
     ap.add_argument("--places", type=int, default=16, help="--steps address: workspace places to try")
+    ap.add_argument("--address-chains", type=int, default=0, help="--steps address: after the place passes, that many "
+                    "times one run of the compiled chain, then the place passes again")
     ap.add_argument("--copies", type=int, default=0, help="weight copies the timings rotate through (0: the bench's, "
                     "enough to leave the L2 cold; 1: the weights stay in the L2)")
     ap.add_argument("--address-tunes", default="", help="--steps address: builds timed beside the spec's at each place "
@@ -314,6 +318,11 @@ def main() -> int:
                     us = at(name, "place", i, both(i), build)
                     by_place[i] += us if build is case else 0.0
         fast, slow = min(by_place, key=by_place.get), max(by_place, key=by_place.get)
+        for r in range(a.address_chains):  # whether one run of the compiled chain moves the places' times
+            chain_once(case)
+            for order in (range(a.places), reversed(range(a.places))):
+                for i in order:
+                    at("", f"chain {r + 1}, place", i, both(i))
         spare = a.places * gap + (1 << 20)  # a counter away from every place
         after = -(-case.ws["scratch"].numel() // 256) * 256  # the counter right after the scratch: one page
         for name, build in builds:
