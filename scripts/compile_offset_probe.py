@@ -47,7 +47,8 @@ then the spec sets it (grid.smem_carveout), so ``--steps carveout`` clears the p
     page) and on another page, and the timeline build's stamps at the fastest and the slowest
     place; --address-tunes: builds timed beside the spec's, in every pass but the timeline;
     --address-chains n: after the place passes, n times one run of the compiled chain and the
-    place passes again (whether the chain changes what a place costs)
+    place passes again (whether the chain changes what a place costs), and a case with the caching
+    allocator's own workspace timed before and after each run
   pdl: whether the slow state outlives a drained SM: in a compiled case (the RESULTS run's
     order: warm-up, ours, the compiled chain's timing, ours again), ours with programmatic
     dependent launch, then without it (every launch after the previous one's end), then with it
@@ -318,11 +319,16 @@ def main() -> int:
                     us = at(name, "place", i, both(i), build)
                     by_place[i] += us if build is case else 0.0
         fast, slow = min(by_place, key=by_place.get), max(by_place, key=by_place.get)
+        own = make(s, None) if a.address_chains else None  # a case with the allocator's own workspace, beside
         for r in range(a.address_chains):  # whether one run of the compiled chain moves the places' times
+            ours(f"own before chain {r + 1}", own, s)
             chain_once(case)
+            ours(f"own after chain {r + 1}", own, s)
             for order in (range(a.places), reversed(range(a.places))):
                 for i in order:
                     at("", f"chain {r + 1}, place", i, both(i))
+        if own is not None:
+            own.release()
         spare = a.places * gap + (1 << 20)  # a counter away from every place
         after = -(-case.ws["scratch"].numel() // 256) * 256  # the counter right after the scratch: one page
         for name, build in builds:
