@@ -210,6 +210,25 @@ def main() -> int:
               f"allocated {torch.cuda.memory_allocated() / 2**20:6.0f})", flush=True)
         return us
 
+    def stamped_points(stamped, targs: dict, case) -> dict:
+        """A timeline build's point stats on ``case``'s weight copies: its second round's stamps (the
+        weights last read a round ago)"""
+        launch = lambda i: stamped(**dict(targs, **case.w_ours[i % copies], layer=i % copies))  # noqa: E731
+        warm_clocks(launch)
+        got = []
+        for i in range(2 * copies):
+            launch(i)
+            if i >= copies:
+                got.append(targs["tl"].clone())
+        torch.cuda.synchronize()
+        return point_stats([t.cpu() for t in got], stamped.ir.timeline_points)
+
+    def print_points(points: dict[str, dict]) -> None:
+        """Each point's median (max) in every state of ``points``, side by side"""
+        for name in next(iter(points.values())):
+            print(f"  {name:14s} " + "  ->  ".join(f"{p_[1]:7.2f} ({p_[2]:6.2f})" for p_ in
+                                                   (points[k].get(name, (0, 0, 0, 0)) for k in points)), flush=True)
+
     def make(s: int, compiled, bench=kb):
         case = bench.make_case(s, None, copies=copies, compiled=compiled, log=quiet)
         t0 = time.perf_counter()
@@ -300,15 +319,7 @@ def main() -> int:
                 return us
             stamped, targs = kernel
             targs.update(ws)
-            launch = lambda j: stamped(**dict(targs, **case.w_ours[j % copies], layer=j % copies))  # noqa: E731
-            warm_clocks(launch)
-            got = []
-            for j in range(2 * copies):
-                launch(j)
-                if j >= copies:
-                    got.append(targs["tl"].clone())
-            torch.cuda.synchronize()
-            stamps[what] = point_stats([t.cpu() for t in got], stamped.ir.timeline_points)
+            stamps[what] = stamped_points(stamped, targs, case)
             return 0.0
 
         both = lambda i: {"scratch": i * gap, "epoch": i * gap + (1 << 20)}  # noqa: E731  (one page when i is even and the pool starts a page)
@@ -348,9 +359,7 @@ def main() -> int:
         for label, i in (("fast", fast), ("slow", slow), ("fast again", fast)):
             at("", label, i, both(i), kernel=(stamped, targs))
         print(f"S={s}: timeline medians at place {fast} (fast) and {slow} (slow) (us after the first CTA's start; max in brackets)")
-        for name in stamps["fast"]:
-            print(f"  {name:14s} " + "  ->  ".join(f"{p_[1]:7.2f} ({p_[2]:6.2f})" for p_ in
-                                                   (stamps[k].get(name, (0, 0, 0, 0)) for k in stamps)), flush=True)
+        print_points(stamps)
         print(f"S={s}: min / mean / max over the places (us)")
         for what, us in passes.items():
             print(f"  {what:40s} {min(us):6.2f} / {sum(us) / len(us):6.2f} / {max(us):6.2f}  (n = {len(us)})")
@@ -488,24 +497,14 @@ def main() -> int:
                 case = make(s, chain)
                 stamped = codegen.load(KERNEL, timeline=True, tokens=s, tp=case.tp, ratio=case.ratio, tune=SPARE_POINTS)
                 targs = dc.launch_args(case.case, stamped.workspace("cuda"))
-                launch = lambda i: stamped(**dict(targs, **case.w_ours[i % copies], layer=i % copies))  # noqa: E731
                 for label, before in steps:
                     if before is not None:
                         before(case)
                     ours(label, case, s)
-                    warm_clocks(launch)
-                    got = []
-                    for i in range(2 * copies):  # the second round's stamps: weights last read a round ago
-                        launch(i)
-                        if i >= copies:
-                            got.append(targs["tl"].clone())
-                    torch.cuda.synchronize()
-                    points[label] = point_stats([t.cpu() for t in got], stamped.ir.timeline_points)
+                    points[label] = stamped_points(stamped, targs, case)
                 case.release()
             print(f"S={s}: timeline medians (us after the first CTA's start; max in brackets): " + " -> ".join(points))
-            for name in points["plain"]:
-                print(f"  {name:14s} " + "  ->  ".join(f"{p_[1]:7.2f} ({p_[2]:6.2f})" for p_ in
-                                                       (points[k].get(name, (0, 0, 0, 0)) for k in points)), flush=True)
+            print_points(points)
     for s in tokens if a.steps == "states" else []:
         case = make(s, compiled)
         ours("compiled", case, s)
