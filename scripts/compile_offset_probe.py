@@ -128,14 +128,14 @@ extern "C" __global__ void line_latency(unsigned long long* p, int n, long long*
     long long t1 = clock64();
     for (int i = 0; i < n; ++i) v = __ldcg(p + 1 + (v >> 63));
     long long t2 = clock64();
-    unsigned smid;
-    asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
-    out[3 * blockIdx.x] = (t1 - t0) / n;
-    out[3 * blockIdx.x + 1] = (t2 - t1) / n + (v == 0x9e3779b9ull);  // (keeps the loads)
-    out[3 * blockIdx.x + 2] = smid;
+    out[2 * blockIdx.x] = (t1 - t0) / n;
+    out[2 * blockIdx.x + 1] = (t2 - t1) / n + (v == 0x9e3779b9ull);  // (keeps the loads)
 }
 """
 ONE_CTA_SRC = 'extern "C" __global__ void one_cta(unsigned* out) { if (threadIdx.x == 0) out[0] = 1; }'
+
+
+STEPS = ("states", "chain", "timeline", "carveout", "pdl", "placement", "evict", "phase", "tunes", "rebuild", "address")
 
 
 @functools.cache
@@ -157,11 +157,11 @@ def sink() -> torch.Tensor:
 def line_latency(address: int, ctas: int, n: int = 64) -> str:
     """Cycles a dependent atomic and a dependent L2 load on the line at ``address`` take, every CTA's
     thread 0 at once: the median, and the medians of the fastest and slowest halves of the CTAs"""
-    out = torch.zeros(3 * ctas, dtype=torch.int64, device="cuda")
+    out = torch.zeros(2 * ctas, dtype=torch.int64, device="cuda")
     sm90_function(LINE_LATENCY_SRC, "line_latency").launch(
         ctas, 32, 0, torch.cuda.current_stream().cuda_stream, [("u64", address), ("i32", n), ("u64", out.data_ptr())])
     torch.cuda.synchronize()
-    got = out.view(-1, 3).cpu()
+    got = out.view(-1, 2).cpu()
 
     def halves(col: torch.Tensor) -> str:
         c = col.sort().values
@@ -181,8 +181,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tokens", default="6,16")
     ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--steps", default="states", choices=("states", "chain", "timeline", "carveout", "pdl", "placement", "evict", "phase", "tunes",
-                                                       "rebuild", "address"))
+    ap.add_argument("--steps", default="states", choices=STEPS)
     ap.add_argument("--carveouts", default="-1,100,0", help="--steps carveout: percents to prefer (-1: none)")
     ap.add_argument("--places", type=int, default=16, help="--steps address: workspace places to try")
     ap.add_argument("--address-chains", type=int, default=0, help="--steps address: after the place passes, that many "
@@ -236,6 +235,10 @@ def main() -> int:
         if compiled is not None:
             print(f"(S={s}: warm-up with the compiled chain {time.perf_counter() - t0:.1f} s)", flush=True)
         return case
+
+    def make_tuned(s: int, tune: str):
+        """A plain case of the build ``tune`` names (' ' between its knobs)"""
+        return make(s, None, DeepSeekBench(parse_args(["--kernels", "deepseek", *(f"--tune={t}" for t in tune.split())]), dry=False))
 
     def plain(label: str) -> None:
         for s in tokens:
@@ -293,9 +296,7 @@ def main() -> int:
             case.release()
     for s in tokens if a.steps == "address" else []:
         case = make(s, None)
-        builds = [("", case)] + [(f"{tune}: ", make(s, None, DeepSeekBench(parse_args(["--kernels", "deepseek", *(f"--tune={t}" for t in tune.split())]),
-                                                                          dry=False)))
-                                 for tune in filter(None, a.address_tunes.split(";"))]
+        builds = [("", case)] + [(f"{tune}: ", make_tuned(s, tune)) for tune in filter(None, a.address_tunes.split(";"))]
         gap = (1 << 20) + 4096  # places 1 MiB + 4 KiB apart: two to a 2 MiB page, each at its own offset in it
         pool = torch.zeros((a.places + 1) * gap, dtype=torch.uint8, device=case.device)
         passes: dict[str, list[float]] = {}  # (build, pass) -> times, for the summary
@@ -304,25 +305,25 @@ def main() -> int:
             """A tensor shaped as ``like`` at byte ``off`` of the pool"""
             return pool[off:off + like.numel() * like.element_size()].view(like.dtype).view(like.shape)
 
-        def at(name: str, what: str, i: int, offs: dict[str, int], build=case, kernel=None) -> float:
-            """Ours (or the stamped build's stamps) with each workspace tensor at its pool offset,
-            zeroed first: a fresh workspace there (counter 0, no tags)"""
-            likes = build.ws if kernel is None else kernel[1]  # the build's own sizes (a tune may change them)
+        def placed(likes: dict, offs: dict[str, int]) -> dict:
+            """Each workspace tensor (shaped as in ``likes``: a tune may change the sizes) at its pool
+            offset, zeroed: a fresh workspace there (counter 0, no tags)"""
             ws = {k: view(likes[k], off) for k, off in offs.items()}
             for t in ws.values():
                 t.zero_()
-            if kernel is None:
-                build.ws = dict(build.ws, **ws)
-                build.base_args.update(ws)
-                us = ours(f"{name}{what} {i:2d} @{ws['scratch'].data_ptr() % (1 << 21):#08x}", build, s)
-                passes.setdefault(f"{name}{what}", []).append(us)
-                return us
-            stamped, targs = kernel
-            targs.update(ws)
-            stamps[what] = stamped_points(stamped, targs, case)
-            return 0.0
+            return ws
 
-        both = lambda i: {"scratch": i * gap, "epoch": i * gap + (1 << 20)}  # noqa: E731  (one page when i is even and the pool starts a page)
+        def at(name: str, what: str, i: int, offs: dict[str, int], build=case) -> float:
+            """Ours (``build``) with its workspace placed at ``offs``"""
+            ws = placed(build.ws, offs)
+            build.ws = dict(build.ws, **ws)
+            build.base_args.update(ws)
+            us = ours(f"{name}{what} {i:2d} @{ws['scratch'].data_ptr() % (1 << 21):#08x}", build, s)
+            passes.setdefault(f"{name}{what}", []).append(us)
+            return us
+
+        counter = lambda i: i * gap + (1 << 20)  # noqa: E731  (place i's counter: 1 MiB past its scratch)
+        both = lambda i: {"scratch": i * gap, "epoch": counter(i)}  # noqa: E731  (one page when i is even and the pool starts a page)
         by_place = dict.fromkeys(range(a.places), 0.0)
         for order in (range(a.places), reversed(range(a.places))):
             for i in order:
@@ -340,24 +341,25 @@ def main() -> int:
                     at("", f"chain {r + 1}, place", i, both(i))
         if own is not None:
             own.release()
-        spare = a.places * gap + (1 << 20)  # a counter away from every place
-        after = -(-case.ws["scratch"].numel() // 256) * 256  # the counter right after the scratch: one page
+        spare = counter(a.places)  # a counter away from every place
         for name, build in builds:
+            after = -(-build.ws["scratch"].numel() // 256) * 256  # the counter right after this build's scratch: one page
             for i in range(a.places):
                 at(name, "scratch", i, {"scratch": i * gap, "epoch": spare}, build)
             for i in range(a.places):
-                at(name, "epoch", i, {"scratch": fast * gap, "epoch": i * gap + (1 << 20)}, build)
+                at(name, "epoch", i, {"scratch": fast * gap, "epoch": counter(i)}, build)
                 if not name:  # the counter's line, on its own (16 bytes past the counter)
-                    print(f"  epoch {i:2d}: {line_latency(pool.data_ptr() + i * gap + (1 << 20) + 16, build.kernel.ir.blocks)}", flush=True)
+                    print(f"  epoch {i:2d}: {line_latency(pool.data_ptr() + counter(i) + 16, build.kernel.ir.blocks)}", flush=True)
             for order in (range(a.places), reversed(range(a.places))):
                 for i in order:
                     at(name, "adjacent", i, {"scratch": i * gap, "epoch": i * gap + after}, build)
-                    at(name, "apart", i, {"scratch": i * gap, "epoch": (i + a.places // 2) % a.places * gap + (1 << 20)}, build)
+                    at(name, "apart", i, {"scratch": i * gap, "epoch": counter((i + a.places // 2) % a.places)}, build)
         stamped = codegen.load(KERNEL, timeline=True, tokens=s, tp=case.tp, ratio=case.ratio, tune=SPARE_POINTS)
         targs = dc.launch_args(case.case, stamped.workspace("cuda"))
         stamps = {}
         for label, i in (("fast", fast), ("slow", slow), ("fast again", fast)):
-            at("", label, i, both(i), kernel=(stamped, targs))
+            targs.update(placed(targs, both(i)))
+            stamps[label] = stamped_points(stamped, targs, case)
         print(f"S={s}: timeline medians at place {fast} (fast) and {slow} (slow) (us after the first CTA's start; max in brackets)")
         print_points(stamps)
         print(f"S={s}: min / mean / max over the places (us)")
@@ -444,9 +446,7 @@ def main() -> int:
         # a build the state spares shows it (DeepSeek session 41: the slow state's partials reach
         # the qkv stage while every CTA's wq_b weights are prefetched into the L2)
         case = make(s, compiled)
-        tuned = [(tune, make(s, None, DeepSeekBench(parse_args(["--kernels", "deepseek", *(f"--tune={t}" for t in tune.split())]),
-                                                    dry=False)))
-                 for tune in a.tunes.split(";")]
+        tuned = [(tune, make_tuned(s, tune)) for tune in a.tunes.split(";")]
         for r in range(a.rounds + 1):
             label = "warm-up" if r == 0 else f"timing {r}"
             if r:
