@@ -79,8 +79,41 @@ class BenchCase:
             self.log("NOTE: " + msg)
             self.compiled = None
 
+    def place_workspace(self, pool: torch.Tensor | None, offset: int = 0) -> int:
+        """Ours's workspace (``self.ws``: scratch, step counter) moved to ``pool[offset:]``, each
+        tensor 256-byte aligned after the previous one and zeroed (a fresh workspace: counter 0,
+        no tags); ``pool`` None: back to the buffers the case allocated. Returns the scratch's
+        address. Why: DeepSeek's time at some S follows where its workspace lies (bench/NOTES.md,
+        DeepSeek session 45), so the bench can time ours over several places (--places)."""
+        if getattr(self, "_own_ws", None) is None:
+            self._own_ws = dict(self.ws)
+        if pool is None:
+            placed = dict(self._own_ws)
+        else:
+            placed, at = {}, offset
+            for name, t in self._own_ws.items():
+                if t is None:  # the timeline buffer of a build without stamps
+                    placed[name] = None
+                    continue
+                nbytes = t.numel() * t.element_size()
+                span = -(-nbytes // 256) * 256  # what workspace_bytes() counts
+                if at + span > pool.numel():
+                    raise ValueError(f"place_workspace: {name} ({span} B with its alignment) at offset {at} "
+                                     f"overruns the {pool.numel()}-byte pool: make the pool workspace_bytes() "
+                                     "past the last offset")
+                placed[name] = pool[at: at + nbytes].view(t.dtype).view(t.shape).zero_()
+                at += span
+        self.ws = placed
+        self.base_args.update({k: v for k, v in placed.items() if k in self.base_args})
+        return placed["scratch"].data_ptr()
+
+    def workspace_bytes(self) -> int:
+        """The pool bytes one place of ``place_workspace`` takes."""
+        own = getattr(self, "_own_ws", None) or self.ws
+        return sum(-(-t.numel() * t.element_size() // 256) * 256 for t in own.values() if t is not None)
+
     def release(self) -> None:
-        for name in self.RELEASE:
+        for name in self.RELEASE + ("_own_ws",):
             setattr(self, name, None)
         if self.device.type == "cuda":
             torch.cuda.empty_cache()

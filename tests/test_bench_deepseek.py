@@ -169,3 +169,49 @@ def test_ours_timed_again_after_the_others(tmp_path, monkeypatch):
     entry = (tmp_path / "RESULTS-entry.md").read_text()
     assert f"S=1: ours timed again after the other contenders: {case['ours_again_us']:.2f} us " \
            f"(the table's, timed first: {case['ours_us']:.2f})" in entry
+
+
+def test_ours_over_workspace_places(tmp_path, monkeypatch):
+    """--places 3: ours is timed with its workspace at the allocator's own place, then at two
+    places in a pool (fresh: counter 0), each a fresh graph; the table's time is the median
+    place's, every place's is in the entry, and ours's second timing (after the others) runs on
+    its own workspace again, its counter where the first place left it."""
+    from bench.timing import FakeTimer, Sample
+    seen = []  # (scratch address, the epoch counter's value) at each call of ours
+    ours_times = iter([3.0, 1.0, 2.0])
+
+    orig = AttnFrontCase._ours
+
+    def ours(self, i):
+        assert self.base_args["scratch"] is self.ws["scratch"] and self.base_args["epoch"] is self.ws["epoch"]
+        seen.append((self.ws["scratch"].data_ptr(), int(self.ws["epoch"].view(-1)[0])))
+        orig(self, i)
+
+    def graph(self, fns, fake_us=None):
+        before = len(seen)
+        fns[0]()
+        us = next(ours_times, fake_us) if len(seen) > before else fake_us  # ours's places first, then ours again
+        return Sample([us] * self.replays, fake=True)
+
+    monkeypatch.setattr(AttnFrontCase, "_ours", ours)
+    monkeypatch.setattr(FakeTimer, "graph", graph)
+    rc = main(["--dry-run", "--kernels", "deepseek", "--tokens", "1", "--copies", "1", "--places", "3", "--no-jit",
+               "--no-generate", "--no-plot", "--no-compile", "--out", str(tmp_path)])
+    assert rc == 0
+    case = json.loads((tmp_path / "bench.json").read_text())["cases"][0]
+    assert case["ours_places_us"] == [3.0, 1.0, 2.0] and case["ours_us"] == 2.0
+    (own, n0), (p1, c1), (p2, c2), (again, n_again) = seen[-4:]  # (the guard's call of ours before them)
+    assert len({own, p1, p2}) == 3 and (c1, c2) == (0, 0)  # three places, the pool's fresh
+    assert again == own and n_again > n0  # back on its own workspace, its counter advanced
+    entry = (tmp_path / "RESULTS-entry.md").read_text()
+    assert "ours is the median over 3 places of its workspace" in entry
+
+
+def test_place_workspace_refuses_a_short_pool():
+    import torch
+    case = AttnFrontCase(1, copies=1, dry_run=True)
+    pool = torch.empty(case.workspace_bytes() - 1, dtype=torch.uint8)
+    with pytest.raises(ValueError, match="overruns the .*-byte pool"):
+        case.place_workspace(pool)
+    case.place_workspace(torch.empty(case.workspace_bytes(), dtype=torch.uint8))
+    assert case.ws["scratch"].count_nonzero() == 0 and case.base_args["epoch"] is case.ws["epoch"]
