@@ -205,6 +205,8 @@ def test_ours_over_workspace_places(tmp_path, monkeypatch):
     assert again == own and n_again > n0  # back on its own workspace, its counter advanced
     entry = (tmp_path / "RESULTS-entry.md").read_text()
     assert "ours is the median over 3 places of its workspace" in entry
+    assert "S=1: ours over 3 workspace places 1.00 / 2.00 / 3.00 us (min / median / max; the allocator's own 3.00)" \
+        in entry
 
 
 def test_place_workspace_refuses_a_short_pool():
