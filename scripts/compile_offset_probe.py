@@ -42,10 +42,10 @@ then the spec sets it (grid.smem_carveout), so ``--steps carveout`` clears the p
     workspace (mailboxes, partials, epoch counter) zeroed at each of --places places 1 MiB + 4 KiB
     apart in one pool, twice over in opposite orders (times that follow the place, not the pass,
     are the address's doing); then the scratch alone at each place (the counter apart), the
-    counter alone (the scratch at the fastest place; with its line's atomic and load latency,
-    every CTA at once: LINE_LATENCY_SRC), the counter right after the scratch (one
-    page) and on another page, and the timeline build's stamps at the fastest and the slowest
-    place; --address-tunes: builds timed beside the spec's, in every pass but the timeline;
+    counter alone (the scratch at the fastest place), which SMs the counter's and the mailboxes'
+    first lines are near at each place (LINE_HOMES_SRC: an H100's L2 is two partitions), the
+    counter right after the scratch (one page) and on another page, and the timeline build's
+    stamps at the fastest and the slowest place; --address-tunes: builds timed beside the spec's, in every pass but the timeline;
     --address-chains n: after the place passes, n times one run of the compiled chain and the
     place passes again (whether the chain changes what a place costs), and a case with the caching
     allocator's own workspace timed before and after each run
@@ -117,19 +117,26 @@ extern "C" __global__ void l2_priority(const uint4* p, unsigned long long n, int
 # the placement step's stand-in: each CTA's SM; the phase step's one-CTA launch
 SMID_MAP_SRC = ('extern "C" __global__ void smid_map(unsigned* out) { if (threadIdx.x == 0) { unsigned s; '
                 'asm volatile("mov.u32 %0, %%smid;" : "=r"(s)); out[blockIdx.x] = s; } }')
-# the address step's latency of the counter's line: thread 0 of every CTA at once, n dependent
-# atomics, then n dependent L2 loads (each address hangs on the last value, so none overlap)
-LINE_LATENCY_SRC = r"""
-extern "C" __global__ void line_latency(unsigned long long* p, int n, long long* out) {
+# which SMs each line is near: one CTA an SM (its LDS leaves room for no second), each in turn
+# (CTA b waits for *turn == b: no two measure at once), n dependent L2 loads of each line; an
+# H100's L2 is two partitions, an SM's loads from the far one's lines take longer
+LINE_HOMES_SRC = r"""
+extern "C" __global__ void line_homes(const unsigned long long* const* lines, int nlines, int n,
+                                      unsigned* turn, unsigned* out) {
     if (threadIdx.x != 0) return;
-    unsigned long long v = 0;
-    long long t0 = clock64();
-    for (int i = 0; i < n; ++i) v = atomicAdd(p + (v >> 63), 1ull);
-    long long t1 = clock64();
-    for (int i = 0; i < n; ++i) v = __ldcg(p + 1 + (v >> 63));
-    long long t2 = clock64();
-    out[2 * blockIdx.x] = (t1 - t0) / n;
-    out[2 * blockIdx.x + 1] = (t2 - t1) / n + (v == 0x9e3779b9ull);  // (keeps the loads)
+    unsigned smid;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
+    while (*(volatile unsigned*)turn != blockIdx.x) __nanosleep(64);
+    for (int l = 0; l < nlines; ++l) {
+        const unsigned long long* p = lines[l];
+        unsigned long long v = __ldcg(p) & 0;  // the line in the L2 first
+        long long t0 = clock64();
+        for (int i = 0; i < n; ++i) v = __ldcg(p + (v >> 63));
+        out[blockIdx.x * (nlines + 1) + 1 + l] = unsigned((clock64() - t0) / n) + (v == 0x9e3779b9ull);
+    }
+    out[blockIdx.x * (nlines + 1)] = smid;  // (%smid may skip numbers: the SM's, not the CTA's)
+    __threadfence();
+    atomicAdd(turn, 1u);
 }
 """
 ONE_CTA_SRC = 'extern "C" __global__ void one_cta(unsigned* out) { if (threadIdx.x == 0) out[0] = 1; }'
@@ -154,19 +161,41 @@ def sink() -> torch.Tensor:
     return torch.zeros(1, dtype=torch.int32, device="cuda")
 
 
-def line_latency(address: int, ctas: int, n: int = 64) -> str:
-    """Cycles a dependent atomic and a dependent L2 load on the line at ``address`` take, every CTA's
-    thread 0 at once: the median, and the medians of the fastest and slowest halves of the CTAs"""
-    out = torch.zeros(2 * ctas, dtype=torch.int64, device="cuda")
-    sm90_function(LINE_LATENCY_SRC, "line_latency").launch(
-        ctas, 32, 0, torch.cuda.current_stream().cuda_stream, [("u64", address), ("i32", n), ("u64", out.data_ptr())])
-    torch.cuda.synchronize()
-    got = out.view(-1, 2).cpu()
+class LineHomes:
+    """Which SMs each line is near (``LINE_HOMES_SRC``), a line's SMs split at the midpoint of its
+    fastest and slowest; each distinct near set gets a letter in the order first seen (A, B, ...),
+    so that lines and places can be compared by their letters"""
 
-    def halves(col: torch.Tensor) -> str:
-        c = col.sort().values
-        return f"{int(c.median())} ({int(c[:len(c) // 2].median())} / {int(c[len(c) // 2:].median())})"
-    return f"atomic {halves(got[:, 0])}, load {halves(got[:, 1])} cycles"
+    def __init__(self):
+        self.sets: list[frozenset[int]] = []
+
+    def __call__(self, addresses: list[int], n: int = 32) -> list[str]:
+        """For each address: its near set's letter, the near / far median cycles, the near SMs' count"""
+        sms = torch.cuda.get_device_properties(0).multi_processor_count
+        fn = sm90_function(LINE_HOMES_SRC, "line_homes")
+        lds = 200 << 10  # one CTA an SM
+        fn.set_max_dynamic_shared(lds)
+        fn.set_shared_carveout(100)
+        lines = torch.tensor(addresses, dtype=torch.int64, device="cuda")
+        turn = torch.zeros(1, dtype=torch.int32, device="cuda")
+        out = torch.zeros(sms * (len(addresses) + 1), dtype=torch.int32, device="cuda")
+        fn.launch(sms, 32, lds, torch.cuda.current_stream().cuda_stream,
+                  [("u64", lines.data_ptr()), ("i32", len(addresses)), ("i32", n), ("u64", turn.data_ptr()),
+                   ("u64", out.data_ptr())], cooperative=True)
+        torch.cuda.synchronize()
+        got = out.view(sms, len(addresses) + 1).cpu().tolist()
+        labels = []
+        for line in range(len(addresses)):
+            cycles = {row[0]: row[1 + line] for row in got}  # %smid -> cycles
+            cut = (min(cycles.values()) + max(cycles.values())) / 2
+            near = frozenset(sm for sm, c in cycles.items() if c <= cut)
+            if near not in self.sets:
+                self.sets.append(near)
+            k = self.sets.index(near)
+            mid = lambda xs: sorted(xs)[len(xs) // 2] if xs else 0  # noqa: E731
+            labels.append(f"{chr(ord('A') + k) if k < 26 else k} ({mid([cycles[sm] for sm in near])} / "
+                          f"{mid([c for sm, c in cycles.items() if sm not in near])} cycles, {len(near)} near)")
+        return labels
 
 
 def l2_priority(address: int, nbytes: int, last: bool) -> None:
@@ -331,6 +360,14 @@ def main() -> int:
                     us = at(name, "place", i, both(i), build)
                     by_place[i] += us if build is case else 0.0
         fast, slow = min(by_place, key=by_place.get), max(by_place, key=by_place.get)
+        homes = LineHomes()
+        lines = ("xrdy", "qkvp", "qx8", "qrdy")  # the first line of each mailbox region
+        print(f"S={s}: which SMs each place's lines are near (a letter a near set; near / far cycles)")
+        for i in sorted(by_place, key=by_place.get):
+            got = homes([pool.data_ptr() + counter(i)]
+                        + [pool.data_ptr() + i * gap + case.kernel.ir.region(r).offset for r in lines])
+            print(f"  place {i:2d} ({by_place[i] / 2:6.2f} us): " + ", ".join(
+                f"{what} {label}" for what, label in zip(("counter",) + lines, got)), flush=True)
         own = make(s, None) if a.address_chains else None  # a case with the allocator's own workspace, beside
         for r in range(a.address_chains):  # whether one run of the compiled chain moves the places' times
             ours(f"own before chain {r + 1}", own, s)
@@ -348,8 +385,8 @@ def main() -> int:
                 at(name, "scratch", i, {"scratch": i * gap, "epoch": spare}, build)
             for i in range(a.places):
                 at(name, "epoch", i, {"scratch": fast * gap, "epoch": counter(i)}, build)
-                if not name:  # the counter's line, on its own (16 bytes past the counter)
-                    print(f"  epoch {i:2d}: {line_latency(pool.data_ptr() + counter(i) + 16, build.kernel.ir.blocks)}", flush=True)
+                if not name:  # which SMs the counter's line is near
+                    print(f"  epoch {i:2d}: counter's line {homes([pool.data_ptr() + counter(i)])[0]}", flush=True)
             for order in (range(a.places), reversed(range(a.places))):
                 for i in order:
                     at(name, "adjacent", i, {"scratch": i * gap, "epoch": i * gap + after}, build)

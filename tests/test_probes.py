@@ -311,7 +311,7 @@ def test_compile_offset_probe_sources_and_steps():
 
     from scripts import compile_offset_probe as probe
 
-    for source in (probe.L2_PRIORITY_SRC, probe.SMID_MAP_SRC, probe.ONE_CTA_SRC, probe.LINE_LATENCY_SRC):
+    for source in (probe.L2_PRIORITY_SRC, probe.SMID_MAP_SRC, probe.ONE_CTA_SRC, probe.LINE_HOMES_SRC):
         assert len(cuda.compile(source, "probe.cu", get_target("sm90"))) > 500
     documented = set(re.findall(r"^  (\w+)(?: \(default\))?: ", probe.__doc__, re.M))
     assert documented == set(probe.STEPS) and "address" in documented, (documented ^ set(probe.STEPS))
