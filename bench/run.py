@@ -46,7 +46,8 @@ from codegen.__main__ import name_values
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "bench"
-PLACE_GAP = (1 << 20) + 4096  # --places: a workspace every 1 MiB + 4 KiB, so the places walk 2 MiB pages and offsets in them
+# --places: a workspace every 1 MiB + 4 KiB, so that the places walk 2 MiB pages and the offsets in them
+PLACE_GAP = (1 << 20) + 4096
 CONTEXTS = (4096, 65536)  # minimax: tokens every row sees (the issue's 4K and 64K); --contexts ""
 # runs the GPU tests' default launch instead (seq_lens 100: no block is scored)
 L2_FALLBACK = 60 << 20
