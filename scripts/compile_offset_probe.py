@@ -45,8 +45,8 @@ then the spec sets it (grid.smem_carveout), so ``--steps carveout`` clears the p
     counter alone (the scratch at the fastest place), which SMs the counter's and the mailboxes'
     first lines are near at each place (LINE_HOMES_SRC: an H100's L2 is two partitions), the
     counter right after the scratch (one page) and on another page, and the timeline build's
-    stamps at the fastest and the slowest place; --address-tunes: builds timed beside the spec's, in every pass but the timeline;
-    --address-chains n: after the place passes, n times one run of the compiled chain and the
+    stamps at the fastest and the slowest place; --address-tunes: builds timed beside the
+    spec's, in every pass but the timeline; --address-chains n: after the place passes, n times one run of the compiled chain and the
     place passes again (whether the chain changes what a place costs), and a case with the caching
     allocator's own workspace timed before and after each run
   pdl: whether the slow state outlives a drained SM: in a compiled case (the RESULTS run's
