@@ -43,12 +43,13 @@ then the spec sets it (grid.smem_carveout), so ``--steps carveout`` clears the p
     apart in one pool, twice over in opposite orders (times that follow the place, not the pass,
     are the address's doing); then the scratch alone at each place (the counter apart), the
     counter alone (the scratch at the fastest place), which SMs the counter's and the mailboxes'
-    first lines are near at each place (LINE_HOMES_SRC: an H100's L2 is two partitions), the
-    counter right after the scratch (one page) and on another page, and the timeline build's
-    stamps at the fastest and the slowest place; --address-tunes: builds timed beside the
-    spec's, in every pass but the timeline; --address-chains n: after the place passes, n times one run of the compiled chain and the
-    place passes again (whether the chain changes what a place costs), and a case with the caching
-    allocator's own workspace timed before and after each run
+    first lines are near at each place, by atomics and by loads (LINE_HOMES_SRC: an H100's L2
+    is two partitions; with ours's CTA -> SM map), the counter right after the scratch (one
+    page) and on another page, and the timeline build's stamps at the fastest and the slowest
+    place; --address-tunes: builds timed beside the spec's, in every pass but the timeline;
+    --address-chains n: after the place passes, n times one run of the compiled chain and the
+    place passes again (whether the chain changes what a place costs), and a case with the
+    caching allocator's own workspace timed before and after each run
   pdl: whether the slow state outlives a drained SM: in a compiled case (the RESULTS run's
     order: warm-up, ours, the compiled chain's timing, ours again), ours with programmatic
     dependent launch, then without it (every launch after the previous one's end), then with it
@@ -75,6 +76,7 @@ from bench.run import DeepSeekBench, auto_copies, device_meta, parse_args  # noq
 import codegen  # noqa: E402
 from bench.deepseek import KERNEL, WEIGHTS, weight_copies  # noqa: E402
 from bench.timing import GpuTimer, warm_clocks  # noqa: E402
+from codegen.rolemap import role_table  # noqa: E402
 from codegen.trace import point_stats  # noqa: E402
 from tests import deepseek_case as dc  # noqa: E402
 
@@ -118,23 +120,28 @@ extern "C" __global__ void l2_priority(const uint4* p, unsigned long long n, int
 SMID_MAP_SRC = ('extern "C" __global__ void smid_map(unsigned* out) { if (threadIdx.x == 0) { unsigned s; '
                 'asm volatile("mov.u32 %0, %%smid;" : "=r"(s)); out[blockIdx.x] = s; } }')
 # which SMs each line is near: one CTA an SM (its LDS leaves room for no second), each in turn
-# (CTA b waits for *turn == b: no two measure at once), n dependent L2 loads of each line; an
-# H100's L2 is two partitions, an SM's loads from the far one's lines take longer
+# (CTA b waits for *turn == b: no two measure at once), n dependent atomics (adding 0: the line
+# keeps its value) and n dependent L2 loads of each line. An H100's L2 is two partitions; a
+# line's atomics go to its home partition, while loads may be served by a copy in the near one
 LINE_HOMES_SRC = r"""
-extern "C" __global__ void line_homes(const unsigned long long* const* lines, int nlines, int n,
+extern "C" __global__ void line_homes(unsigned long long* const* lines, int nlines, int n,
                                       unsigned* turn, unsigned* out) {
     if (threadIdx.x != 0) return;
     unsigned smid;
     asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
     while (*(volatile unsigned*)turn != blockIdx.x) __nanosleep(64);
+    unsigned* row = out + blockIdx.x * (2 * nlines + 1);
     for (int l = 0; l < nlines; ++l) {
-        const unsigned long long* p = lines[l];
-        unsigned long long v = __ldcg(p) & 0;  // the line in the L2 first
+        unsigned long long* p = lines[l];
+        unsigned long long v = atomicAdd(p, 0ull) & 0;  // the line in the L2 first
         long long t0 = clock64();
+        for (int i = 0; i < n; ++i) v = atomicAdd(p + (v >> 63), 0ull);
+        long long t1 = clock64();
         for (int i = 0; i < n; ++i) v = __ldcg(p + (v >> 63));
-        out[blockIdx.x * (nlines + 1) + 1 + l] = unsigned((clock64() - t0) / n) + (v == 0x9e3779b9ull);
+        row[1 + 2 * l] = unsigned((t1 - t0) / n);
+        row[2 + 2 * l] = unsigned((clock64() - t1) / n) + (v == 0x9e3779b9ull);
     }
-    out[blockIdx.x * (nlines + 1)] = smid;  // (%smid may skip numbers: the SM's, not the CTA's)
+    row[0] = smid;  // (%smid may skip numbers: the SM's, not the CTA's)
     __threadfence();
     atomicAdd(turn, 1u);
 }
@@ -161,16 +168,43 @@ def sink() -> torch.Tensor:
     return torch.zeros(1, dtype=torch.int32, device="cuda")
 
 
+def cta_map(case) -> list[int]:
+    """Where ours's CTAs land, CTA -> %smid: a stand-in of ours's grid, threads, LDS and carveout
+    that writes each CTA's SM, launched right after one launch of ours"""
+    k = case.kernel
+    smid_fn = sm90_function(SMID_MAP_SRC, "smid_map")
+    smid_fn.set_max_dynamic_shared(k.dynamic_lds)
+    smid_fn.set_shared_carveout(k.ir.smem_carveout)
+    out = torch.full((k.ir.blocks,), 0xFFFF, dtype=torch.int32, device="cuda")
+    case._ours(0)
+    smid_fn.launch(k.ir.blocks, k.ir.threads, k.dynamic_lds, torch.cuda.current_stream().cuda_stream,
+                   [("u64", out.data_ptr())], cooperative=True)
+    torch.cuda.synchronize()
+    return out.tolist()
+
+
 class LineHomes:
-    """Which SMs each line is near (``LINE_HOMES_SRC``), a line's SMs split at the midpoint of its
-    fastest and slowest; each distinct near set gets a letter in the order first seen (A, B, ...),
-    so that lines and places can be compared by their letters"""
+    """Which SMs each line is near (``LINE_HOMES_SRC``), by its atomics and by its loads: a line's
+    SMs split at the midpoint of the fastest and the slowest; each distinct near set of a kind
+    (atomics, loads) gets a letter in the order first seen (A, B, ...), so that lines and places
+    can be compared by letters"""
 
     def __init__(self):
-        self.sets: list[frozenset[int]] = []
+        self.sets: dict[str, list[frozenset[int]]] = {"atomics": [], "loads": []}
+
+    def label(self, kind: str, cycles: dict[int, int]) -> str:
+        """``cycles``: %smid -> cycles. The near set's letter, the near / far median cycles, the count"""
+        cut = (min(cycles.values()) + max(cycles.values())) / 2
+        near = frozenset(sm for sm, c in cycles.items() if c <= cut)
+        if near not in self.sets[kind]:
+            self.sets[kind].append(near)
+        k = self.sets[kind].index(near)
+        mid = lambda xs: sorted(xs)[len(xs) // 2] if xs else 0  # noqa: E731
+        return (f"{chr(ord('A') + k) if k < 26 else k} ({mid([cycles[sm] for sm in near])} / "
+                f"{mid([c for sm, c in cycles.items() if sm not in near])}, {len(near)} near)")
 
     def __call__(self, addresses: list[int], n: int = 32) -> list[str]:
-        """For each address: its near set's letter, the near / far median cycles, the near SMs' count"""
+        """For each address: 'atomics <label>, loads <label>'"""
         sms = torch.cuda.get_device_properties(0).multi_processor_count
         fn = sm90_function(LINE_HOMES_SRC, "line_homes")
         lds = 200 << 10  # one CTA an SM
@@ -178,24 +212,14 @@ class LineHomes:
         fn.set_shared_carveout(100)
         lines = torch.tensor(addresses, dtype=torch.int64, device="cuda")
         turn = torch.zeros(1, dtype=torch.int32, device="cuda")
-        out = torch.zeros(sms * (len(addresses) + 1), dtype=torch.int32, device="cuda")
+        out = torch.zeros(sms * (2 * len(addresses) + 1), dtype=torch.int32, device="cuda")
         fn.launch(sms, 32, lds, torch.cuda.current_stream().cuda_stream,
                   [("u64", lines.data_ptr()), ("i32", len(addresses)), ("i32", n), ("u64", turn.data_ptr()),
                    ("u64", out.data_ptr())], cooperative=True)
         torch.cuda.synchronize()
-        got = out.view(sms, len(addresses) + 1).cpu().tolist()
-        labels = []
-        for line in range(len(addresses)):
-            cycles = {row[0]: row[1 + line] for row in got}  # %smid -> cycles
-            cut = (min(cycles.values()) + max(cycles.values())) / 2
-            near = frozenset(sm for sm, c in cycles.items() if c <= cut)
-            if near not in self.sets:
-                self.sets.append(near)
-            k = self.sets.index(near)
-            mid = lambda xs: sorted(xs)[len(xs) // 2] if xs else 0  # noqa: E731
-            labels.append(f"{chr(ord('A') + k) if k < 26 else k} ({mid([cycles[sm] for sm in near])} / "
-                          f"{mid([c for sm, c in cycles.items() if sm not in near])} cycles, {len(near)} near)")
-        return labels
+        got = out.view(sms, 2 * len(addresses) + 1).cpu().tolist()
+        return [f"atomics {self.label('atomics', {row[0]: row[1 + 2 * i] for row in got})}, "
+                f"loads {self.label('loads', {row[0]: row[2 + 2 * i] for row in got})}" for i in range(len(addresses))]
 
 
 def l2_priority(address: int, nbytes: int, last: bool) -> None:
@@ -363,10 +387,15 @@ def main() -> int:
         homes = LineHomes()
         lines = ("xrdy", "qkvp", "qx8", "qrdy")  # the first line of each mailbox region
         print(f"S={s}: which SMs each place's lines are near (a letter a near set; near / far cycles)")
+        sms = cta_map(case)
+        print(f"S={s}: CTA -> SM {sms}")
+        for stage in ("qkv", "kt"):  # where the few-CTA stages run
+            ctas = [c for c, roles in enumerate(role_table(case.kernel.ir)) if any(r.stage == stage for r in roles)]
+            print(f"  {stage} CTAs {ctas} on SMs {[sms[c] for c in ctas]}")
         for i in sorted(by_place, key=by_place.get):
             got = homes([pool.data_ptr() + counter(i)]
                         + [pool.data_ptr() + i * gap + case.kernel.ir.region(r).offset for r in lines])
-            print(f"  place {i:2d} ({by_place[i] / 2:6.2f} us): " + ", ".join(
+            print(f"  place {i:2d} ({by_place[i] / 2:6.2f} us): " + "; ".join(
                 f"{what} {label}" for what, label in zip(("counter",) + lines, got)), flush=True)
         own = make(s, None) if a.address_chains else None  # a case with the allocator's own workspace, beside
         for r in range(a.address_chains):  # whether one run of the compiled chain moves the places' times
@@ -397,6 +426,8 @@ def main() -> int:
         for label, i in (("fast", fast), ("slow", slow), ("fast again", fast)):
             targs.update(placed(targs, both(i)))
             stamps[label] = stamped_points(stamped, targs, case)
+        for k, near in enumerate(homes.sets["atomics"]):
+            print(f"  atomics' near set {chr(ord('A') + k) if k < 26 else k}: SMs {sorted(near)}")
         print(f"S={s}: timeline medians at place {fast} (fast) and {slow} (slow) (us after the first CTA's start; max in brackets)")
         print_points(stamps)
         print(f"S={s}: min / mean / max over the places (us)")
@@ -427,16 +458,8 @@ def main() -> int:
         """Ours timed, then the stand-in's CTA -> SM map after one more launch of ours."""
         k = case.kernel
         fn = k.compile()
-        smid_fn = sm90_function(SMID_MAP_SRC, "smid_map")
-        smid_fn.set_max_dynamic_shared(k.dynamic_lds)
-        smid_fn.set_shared_carveout(k.ir.smem_carveout)
         ours(label, case, s)
-        out = torch.full((k.ir.blocks,), 0xFFFF, dtype=torch.int32, device="cuda")
-        case._ours(0)
-        smid_fn.launch(k.ir.blocks, k.ir.threads, k.dynamic_lds, torch.cuda.current_stream().cuda_stream,
-                       [("u64", out.data_ptr())], cooperative=True)
-        torch.cuda.synchronize()
-        m = out.tolist()
+        m = cta_map(case)
         from cuda.bindings import driver
         err, limit = driver.cuCtxGetLimit(driver.CUlimit.CU_LIMIT_PERSISTING_L2_CACHE_SIZE)
         print(f"   {label}: ours {fn.max_active_blocks_per_sm(k.ir.threads, k.dynamic_lds)} CTA(s)/SM, "
