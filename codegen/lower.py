@@ -226,6 +226,7 @@ class KernelIR:
     timeline_arg: str | None  # i64 [BLOCKS, TL_POINTS] stamps
     tune: tuple = ()  # the spec's tuning overrides (LoadedSpec.tune)
     epoch_advance: str = "last_out"  # the spec's mailbox.advance
+    count_at: str = "end"  # the spec's mailbox.count_at (count only)
 
     def epoch(self, counter) -> int:
         """The epoch the next launch takes from the counter's two i32 values (a list or tensor)."""
@@ -678,7 +679,7 @@ def _lower(loaded: LoadedSpec, build: Build) -> KernelIR:
         stages=tuple(stages), timeline_points=tuple(spec.timeline_points), timeline_extra=TL_EXTRA_SLOTS,
         scratch_arg=next(a.name for a in spec.abi if a.workspace == "scratch"),
         counter_arg=spec.mailbox.counter, layer_arg=spec.mailbox.layer,
-        tag_stride=tag_stride, epoch_advance=spec.mailbox.advance,
+        tag_stride=tag_stride, epoch_advance=spec.mailbox.advance, count_at=spec.mailbox.count_at,
         timeline_arg=next((a.name for a in spec.abi if a.workspace == "timeline"), None),
         tune=loaded.tune,
     )

@@ -101,7 +101,8 @@ def parse_spec(text: str, path: str, tune: tuple = ()) -> LoadedSpec:
 
 # top-level sections a tune may reach besides stages and symbols: section -> (fields, hint)
 TUNABLE_SECTIONS = {
-    "mailbox": (("advance",), "use mailbox.advance=last_out or mailbox.advance=count"),  # how the epoch is made
+    "mailbox": (("advance", "count_at"),  # how the epoch is made, where a CTA counts itself
+                "use mailbox.advance=last_out, mailbox.advance=count or mailbox.count_at=end / first_stage"),
     "grid": (("smem_carveout",), "use grid.smem_carveout=100 (or 0..100, -1: the driver's)"),  # the L1 / shared split
 }
 
@@ -121,8 +122,8 @@ def _apply_tune(data: dict, tune: tuple, path: str, pos: Positions) -> None:
             section = data.get(stage) if isinstance(data.get(stage), dict) else {}
             if field not in fields:
                 raise SpecError([SpecIssue(path, pos.line_of((stage,)), (stage,),
-                                           f"tune {key!r}: {stage}.{fields[0]} is the only {stage} field a tune may set",
-                                           hint)])
+                                           f"tune {key!r}: a tune may set only {' / '.join(f'{stage}.{f}' for f in fields)} "
+                                           f"of {stage}", hint)])
             section[field] = value
             continue
         if stage == "symbols" and stage not in names:  # symbols.NAME: a spec symbol's value
