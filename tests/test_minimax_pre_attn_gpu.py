@@ -40,6 +40,8 @@ GEMV_TUNES = {"spec": None,
               "tail-in-turn": {"qkv.tail_read_ahead": 0},  # the tail's lower piece read in its turn (the spec's sm90: ahead)
               # the last CTA out advances the epoch (the spec's: the CTAs finished over all launches / BLOCKS)
               "epoch-last-out": {"mailbox.advance": "last_out"},
+              # each CTA counted out right after its first stage's barrier (mailbox.count_at)
+              "count-first-stage": {"mailbox.count_at": "first_stage"},
               "iq-in-stream-k": {"qkv.rows_first": 0},  # the index q's rows in the stream-K units at every S
               # the CTA's segments into L2 before the wait for the previous launch (l2_prefetch_at launch)
               "early-prefetch": {"qkv.l2_prefetch": 1, "qkv.l2_prefetch_at": "launch"}}
@@ -101,16 +103,19 @@ def test_pre_attn_norm_gemv(tokens, tune_id):
 
 
 @pytest.mark.parametrize("pdl", (True, False), ids=("pdl", "no-pdl"))
-@pytest.mark.parametrize("advance", ("last_out", "count", "count, early prefetch"))
+@pytest.mark.parametrize("advance", ("last_out", "count", "count, first stage", "count, early prefetch"))
 @pytest.mark.parametrize("tokens", (1, 16))
 def test_pre_attn_graph_replays(tokens, advance, pdl):
     """25 replays of a graph of 4 launches in a row, nothing cleared in between: identical
     outputs, and the epoch advanced once per launch on the device (both ways of keeping the
-    counter: mailbox.advance; launches overlapping their neighbours by programmatic dependent
+    counter: mailbox.advance, the count added at each CTA's end or after its first stage
+    (mailbox.count_at); launches overlapping their neighbours by programmatic dependent
     launch, the default, or one after the other; and the GEMV's weights prefetched before the
     wait for the previous launch, launched without the cooperative attribute as that is meant)."""
     early = advance == "count, early prefetch"
-    tune = {"mailbox.advance": "count", "qkv.l2_prefetch": 1, "qkv.l2_prefetch_at": "launch"} if early else {"mailbox.advance": advance}
+    tune = {"mailbox.advance": "count", "qkv.l2_prefetch": 1, "qkv.l2_prefetch_at": "launch"} if early else \
+        {"mailbox.advance": "count", "mailbox.count_at": "first_stage"} if advance == "count, first stage" else \
+        {"mailbox.advance": advance}
     kernel = codegen.load("minimax_m3/pre_attn", tokens=tokens, tune=tune, pdl=pdl, cooperative=not early)
     inp = make_inputs(tokens, kernel.target.name, seed=7 + tokens)
     ws = kernel.workspace("cuda")
