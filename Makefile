@@ -30,10 +30,12 @@ test-gpu: $(STAMP)
 	$(PY) -m pytest -q -m gpu
 
 # on the GPU: ours vs the unfused chain (eager, torch.compile) vs the streaming
-# floor, for MiniMax-M3 pre_attn and DeepSeek-V4.1 attn_front (--kernels picks);
+# floor, for MiniMax-M3 pre_attn and DeepSeek-V4.1 attn_front; BENCH_ARGS passes
+# bench.run's options (e.g. BENCH_ARGS="--kernels deepseek --places 8");
 # `python -m bench.run --dry-run` checks the harness on the CPU
+BENCH_ARGS ?=
 bench: $(STAMP)
-	$(PY) -m bench.run
+	$(PY) -m bench.run $(BENCH_ARGS)
 
 check: $(STAMP)
 	$(PY) -m codegen check specs/*/*.yaml
