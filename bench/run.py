@@ -9,6 +9,8 @@ streaming floor (the case's bytes / the copy bandwidth measured in this run;
 bench/minimax.py, bench/deepseek.py). Also: JIT cold compile (fresh cache
 folder), warm cache load and module load of each kernel, and ``make
 generate`` wall time. ``--kernels minimax,deepseek`` picks (default both).
+``--places N`` times ours with its workspace at N places and takes the median
+place (where DeepSeek's workspace lies can move it by ~1 us; bench/NOTES.md).
 
 Writes: the tables (stdout), one plot per kernel (bench/pre_attn.png,
 bench/attn_front.png; if matplotlib is there), one entry per kernel appended
