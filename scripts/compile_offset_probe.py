@@ -42,7 +42,8 @@ then the spec sets it (grid.smem_carveout), so ``--steps carveout`` clears the p
     workspace (mailboxes, partials, epoch counter) zeroed at each of --places places 1 MiB + 4 KiB
     apart in one pool, twice over in opposite orders (times that follow the place, not the pass,
     are the address's doing); then the scratch alone at each place (the counter apart), the
-    counter alone (the scratch at the fastest place), which SMs the counter's and the mailboxes'
+    counter alone (the scratch at the fastest place; its times also grouped by bits 20-22 of the
+    counter's address), which SMs the counter's and the mailboxes'
     first lines are near at each place, by atomics and by loads (LINE_HOMES_SRC: an H100's L2
     is two partitions; with ours's CTA -> SM map), the counter right after the scratch (one
     page) and on another page, and the timeline build's stamps at the fastest and the slowest
@@ -353,6 +354,7 @@ def main() -> int:
         gap = (1 << 20) + 4096  # places 1 MiB + 4 KiB apart: two to a 2 MiB page, each at its own offset in it
         pool = torch.zeros((a.places + 1) * gap, dtype=torch.uint8, device=case.device)
         passes: dict[str, list[float]] = {}  # (build, pass) -> times, for the summary
+        counters: dict[str, list[int]] = {}  # (build, pass) -> the counter's address of each time
 
         def view(like: torch.Tensor, off: int) -> torch.Tensor:
             """A tensor shaped as ``like`` at byte ``off`` of the pool"""
@@ -373,6 +375,7 @@ def main() -> int:
             build.base_args.update(ws)
             us = ours(f"{name}{what} {i:2d} @{ws['scratch'].data_ptr() % (1 << 21):#08x}", build, s)
             passes.setdefault(f"{name}{what}", []).append(us)
+            counters.setdefault(f"{name}{what}", []).append(ws["epoch"].data_ptr())
             return us
 
         counter = lambda i: i * gap + (1 << 20)  # noqa: E731  (place i's counter: 1 MiB past its scratch)
@@ -433,6 +436,17 @@ def main() -> int:
         print(f"S={s}: min / mean / max over the places (us)")
         for what, us in passes.items():
             print(f"  {what:40s} {min(us):6.2f} / {sum(us) / len(us):6.2f} / {max(us):6.2f}  (n = {len(us)})")
+        print(f"S={s}: the counter pass by bits of the counter's address (session 46: one H100 process's S = 6 "
+              "was slow wherever bit 21 was set); min / mean / max (us)")
+        for what, us in passes.items():
+            if not what.endswith("epoch"):
+                continue
+            for bit in (20, 21, 22):
+                for value in (0, 1):
+                    got = [t for t, addr in zip(us, counters[what]) if (addr >> bit) & 1 == value]
+                    if got:
+                        print(f"  {what:20s} bit {bit} = {value}: {min(got):6.2f} / {sum(got) / len(got):6.2f} / "
+                              f"{max(got):6.2f}  (n = {len(got)})")
         for _, build in builds:
             build.release()
     for s in tokens if a.steps == "carveout" else []:
