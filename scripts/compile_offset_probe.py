@@ -43,10 +43,9 @@ then the spec sets it (grid.smem_carveout), so ``--steps carveout`` clears the p
     apart in one pool, twice over in opposite orders (times that follow the place, not the pass,
     are the address's doing); then the scratch alone at each place (the counter apart), the
     counter alone (the scratch at the fastest place; its times also grouped by bits 20-22 of the
-    counter's address), which SMs the counter's and the mailboxes'
-    first lines are near at each place, by atomics and by loads (LINE_HOMES_SRC: an H100's L2
-    is two partitions; with ours's CTA -> SM map), the counter right after the scratch (one
-    page) and on another page, and the timeline build's stamps at the fastest and the slowest
+    counter's address), which SMs the counter's and the mailboxes' first lines are near at each
+    place, by atomics and by loads (LINE_HOMES_SRC: an H100's L2 is two partitions; with ours's
+    CTA -> SM map), the counter right after the scratch (one page) and on another page, and the timeline build's stamps at the fastest and the slowest
     place; --address-tunes: builds timed beside the spec's, in every pass but the timeline;
     --address-chains n: after the place passes, n times one run of the compiled chain and the
     place passes again (whether the chain changes what a place costs), and a case with the
