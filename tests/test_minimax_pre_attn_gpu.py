@@ -103,7 +103,7 @@ def test_pre_attn_norm_gemv(tokens, tune_id):
 
 
 @pytest.mark.parametrize("pdl", (True, False), ids=("pdl", "no-pdl"))
-@pytest.mark.parametrize("advance", ("last_out", "count", "count, first stage", "count, early prefetch"))
+@pytest.mark.parametrize("advance", ("last_out", "count", "count-first-stage", "count, early prefetch"))
 @pytest.mark.parametrize("tokens", (1, 16))
 def test_pre_attn_graph_replays(tokens, advance, pdl):
     """25 replays of a graph of 4 launches in a row, nothing cleared in between: identical
@@ -114,7 +114,7 @@ def test_pre_attn_graph_replays(tokens, advance, pdl):
     wait for the previous launch, launched without the cooperative attribute as that is meant)."""
     early = advance == "count, early prefetch"
     tune = {"mailbox.advance": "count", "qkv.l2_prefetch": 1, "qkv.l2_prefetch_at": "launch"} if early else \
-        {"mailbox.advance": "count", "mailbox.count_at": "first_stage"} if advance == "count, first stage" else \
+        {"mailbox.advance": "count", "mailbox.count_at": "first_stage"} if advance == "count-first-stage" else \
         {"mailbox.advance": advance}
     kernel = codegen.load("minimax_m3/pre_attn", tokens=tokens, tune=tune, pdl=pdl, cooperative=not early)
     inp = make_inputs(tokens, kernel.target.name, seed=7 + tokens)
