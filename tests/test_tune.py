@@ -291,7 +291,8 @@ def test_count_at_first_stage():
             assert kernel.index("const u32 epoch_now") < kernel.index(red)
             (report,) = jit.resource_report(src, "count_at.hip", get_target(target))
             assert report.spills == 0 and report.scratch_bytes == 0
-    with pytest.raises(SpecError, match=r"count_at 'first_stage' places the count's addition, but advance is 'last_out'"):
+    with pytest.raises(SpecError, match=r"pre_attn.yaml:\d+: mailbox.count_at: count_at 'first_stage' places the "
+                                         r"count's addition, but advance is 'last_out'"):
         source("minimax_m3/pre_attn", "sm90", tune={"mailbox.advance": "last_out", "mailbox.count_at": "first_stage"},
                tokens=1)
 
