@@ -79,6 +79,11 @@ class BenchCase:
             self.log("NOTE: " + msg)
             self.compiled = None
 
+    @staticmethod
+    def _span(t: torch.Tensor) -> int:
+        """The pool bytes one workspace tensor takes in ``place_workspace``: its own, 256-aligned."""
+        return -(-t.numel() * t.element_size() // 256) * 256
+
     def place_workspace(self, pool: torch.Tensor | None, offset: int = 0) -> int:
         """Ours's workspace (``self.ws``: scratch, step counter) moved to ``pool[offset:]``, each
         tensor 256-byte aligned after the previous one and zeroed (a fresh workspace: counter 0,
@@ -95,13 +100,12 @@ class BenchCase:
                 if t is None:  # the timeline buffer of a build without stamps
                     placed[name] = None
                     continue
-                nbytes = t.numel() * t.element_size()
-                span = -(-nbytes // 256) * 256  # what workspace_bytes() counts
+                span = self._span(t)
                 if at + span > pool.numel():
                     raise ValueError(f"place_workspace: {name} ({span} B with its alignment) at offset {at} "
                                      f"overruns the {pool.numel()}-byte pool: make the pool workspace_bytes() "
                                      "past the last offset")
-                placed[name] = pool[at: at + nbytes].view(t.dtype).view(t.shape).zero_()
+                placed[name] = pool[at: at + t.numel() * t.element_size()].view(t.dtype).view(t.shape).zero_()
                 at += span
         self.ws = placed
         self.base_args.update({k: v for k, v in placed.items() if k in self.base_args})
@@ -110,7 +114,7 @@ class BenchCase:
     def workspace_bytes(self) -> int:
         """The pool bytes one place of ``place_workspace`` takes."""
         own = getattr(self, "_own_ws", None) or self.ws
-        return sum(-(-t.numel() * t.element_size() // 256) * 256 for t in own.values() if t is not None)
+        return sum(self._span(t) for t in own.values() if t is not None)
 
     def release(self) -> None:
         for name in self.RELEASE + ("_own_ws",):

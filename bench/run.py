@@ -374,10 +374,11 @@ def run_kernel(kb, args, run: dict, *, timer, bw: float, dev: dict, common: dict
             case.place_workspace(None)
         entry["ours_places_us"] = [x.median for x in samples]
         ranked = sorted(samples, key=lambda x: x.median)
+        median = ranked[(len(ranked) - 1) // 2]
         meta["notes"].append(f"{lbl}: ours over {len(ranked)} workspace places {ranked[0].median:.2f} / "
-                             f"{ranked[(len(ranked) - 1) // 2].median:.2f} / {ranked[-1].median:.2f} us (min / "
-                             f"median / max; the allocator's own {samples[0].median:.2f})")
-        return ranked[(len(ranked) - 1) // 2]
+                             f"{median.median:.2f} / {ranked[-1].median:.2f} us (min / median / max; the "
+                             f"allocator's own {samples[0].median:.2f})")
+        return median
 
     log(f"\nbench: {kb.kernel}{f' ({kb.build})' if kb.build else ''} on {dev['gpu']}, {copies} weight copies "
         f"({copies * kb.per_copy / 2**20:.0f} MiB, L2 {dev['l2_bytes'] / 2**20:.0f} MiB)"

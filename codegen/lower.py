@@ -228,6 +228,14 @@ class KernelIR:
     epoch_advance: str = "last_out"  # the spec's mailbox.advance
     count_at: str = "end"  # the spec's mailbox.count_at (count only)
 
+    @property
+    def count_out_after(self) -> str | None:
+        """Under advance count: the stage after whose barrier a CTA adds itself to the count (the
+        last one for count_at end, the first for first_stage); None under last_out."""
+        if self.epoch_advance != "count":
+            return None
+        return self.stages[0 if self.count_at == "first_stage" else -1].name
+
     def epoch(self, counter) -> int:
         """The epoch the next launch takes from the counter's two i32 values (a list or tensor)."""
         lo, hi = (int(v) for v in counter)

@@ -113,9 +113,10 @@ def test_pre_attn_graph_replays(tokens, advance, pdl):
     launch, the default, or one after the other; and the GEMV's weights prefetched before the
     wait for the previous launch, launched without the cooperative attribute as that is meant)."""
     early = advance == "count, early prefetch"
-    tune = {"mailbox.advance": "count", "qkv.l2_prefetch": 1, "qkv.l2_prefetch_at": "launch"} if early else \
-        {"mailbox.advance": "count", "mailbox.count_at": "first_stage"} if advance == "count-first-stage" else \
-        {"mailbox.advance": advance}
+    tune = {"last_out": {"mailbox.advance": "last_out"}, "count": {"mailbox.advance": "count"},
+            "count-first-stage": {"mailbox.advance": "count", "mailbox.count_at": "first_stage"},
+            "count, early prefetch": {"mailbox.advance": "count", "qkv.l2_prefetch": 1,
+                                      "qkv.l2_prefetch_at": "launch"}}[advance]
     kernel = codegen.load("minimax_m3/pre_attn", tokens=tokens, tune=tune, pdl=pdl, cooperative=not early)
     inp = make_inputs(tokens, kernel.target.name, seed=7 + tokens)
     ws = kernel.workspace("cuda")
