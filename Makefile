@@ -31,7 +31,8 @@ test-gpu: $(STAMP)
 
 # on the GPU: ours vs the unfused chain (eager, torch.compile) vs the streaming
 # floor, for MiniMax-M3 pre_attn and DeepSeek-V4.1 attn_front; BENCH_ARGS passes
-# bench.run's options (e.g. BENCH_ARGS="--kernels deepseek --places 8");
+# bench.run's options (e.g. BENCH_ARGS="--kernels deepseek --places 9": ours over 9
+# workspace places, 5 by default);
 # `python -m bench.run --dry-run` checks the harness on the CPU
 BENCH_ARGS ?=
 bench: $(STAMP)
