@@ -45,8 +45,9 @@ then the spec sets it (grid.smem_carveout), so ``--steps carveout`` clears the p
     counter alone (the scratch at the fastest place; its times also grouped by bits 20-22 of the
     counter's address), which SMs the counter's and the mailboxes' first lines are near at each
     place, by atomics and by loads (LINE_HOMES_SRC: an H100's L2 is two partitions; with ours's
-    CTA -> SM map), the counter right after the scratch (one page) and on another page, and the timeline build's stamps at the fastest and the slowest
-    place; --address-tunes: builds timed beside the spec's, in every pass but the timeline;
+    CTA -> SM map), how many of the partials' lines (up to 512) are at home in the qkv CTAs'
+    partition at each place, the counter right after the scratch (one page) and on another page,
+    and the timeline build's stamps at the fastest and the slowest place; --address-tunes: builds timed beside the spec's, in every pass but the timeline;
     --address-chains n: after the place passes, n times one run of the compiled chain and the
     place passes again (whether the chain changes what a place costs), and a case with the
     caching allocator's own workspace timed before and after each run
@@ -205,6 +206,23 @@ class LineHomes:
 
     def __call__(self, addresses: list[int], n: int = 32) -> list[str]:
         """For each address: 'atomics <label>, loads <label>'"""
+        got = self.cycles(addresses, n)
+        return [f"atomics {self.label('atomics', {row[0]: row[1 + 2 * i] for row in got})}, "
+                f"loads {self.label('loads', {row[0]: row[2 + 2 * i] for row in got})}" for i in range(len(addresses))]
+
+    def near_sets(self, addresses: list[int], n: int = 4) -> list[frozenset[int]]:
+        """For each address the SMs its atomics are near: its home L2 partition's (DeepSeek session 47)"""
+        got = self.cycles(addresses, n)
+        sets = []
+        for i in range(len(addresses)):
+            cycles = {row[0]: row[1 + 2 * i] for row in got}
+            cut = (min(cycles.values()) + max(cycles.values())) / 2
+            sets.append(frozenset(sm for sm, c in cycles.items() if c <= cut))
+        return sets
+
+    @staticmethod
+    def cycles(addresses: list[int], n: int) -> list[list[int]]:
+        """``LINE_HOMES_SRC``'s rows, one an SM: its %smid, then each line's atomic and load cycles"""
         sms = torch.cuda.get_device_properties(0).multi_processor_count
         fn = sm90_function(LINE_HOMES_SRC, "line_homes")
         lds = 200 << 10  # one CTA an SM
@@ -217,9 +235,7 @@ class LineHomes:
                   [("u64", lines.data_ptr()), ("i32", len(addresses)), ("i32", n), ("u64", turn.data_ptr()),
                    ("u64", out.data_ptr())], cooperative=True)
         torch.cuda.synchronize()
-        got = out.view(sms, 2 * len(addresses) + 1).cpu().tolist()
-        return [f"atomics {self.label('atomics', {row[0]: row[1 + 2 * i] for row in got})}, "
-                f"loads {self.label('loads', {row[0]: row[2 + 2 * i] for row in got})}" for i in range(len(addresses))]
+        return out.view(sms, 2 * len(addresses) + 1).cpu().tolist()
 
 
 def l2_priority(address: int, nbytes: int, last: bool) -> None:
@@ -391,14 +407,28 @@ def main() -> int:
         print(f"S={s}: which SMs each place's lines are near (a letter a near set; near / far cycles)")
         sms = cta_map(case)
         print(f"S={s}: CTA -> SM {sms}")
+        stage_sms = {}
         for stage in ("qkv", "kt"):  # where the few-CTA stages run
             ctas = [c for c, roles in enumerate(role_table(case.kernel.ir)) if any(r.stage == stage for r in roles)]
+            stage_sms[stage] = {sms[c] for c in ctas}
             print(f"  {stage} CTAs {ctas} on SMs {[sms[c] for c in ctas]}")
         for i in sorted(by_place, key=by_place.get):
             got = homes([pool.data_ptr() + counter(i)]
                         + [pool.data_ptr() + i * gap + case.kernel.ir.region(r).offset for r in lines])
             print(f"  place {i:2d} ({by_place[i] / 2:6.2f} us): " + "; ".join(
                 f"{what} {label}" for what, label in zip(("counter",) + lines, got)), flush=True)
+        # The qkv CTAs poll the partials: whether a place's time follows the share of the partials'
+        # lines at home in the qkv CTAs' partition (session 47: the first line's home read 0.14 us)
+        part = case.kernel.ir.region("qkvp")
+        step = 128 * max(1, -(-part.nbytes // 128 // 512))  # at most ~512 lines a place
+        print(f"S={s}: the partials' lines (qkvp, {part.nbytes} B, every {step} B) at home where all the qkv CTAs' "
+              "SMs are near")
+        for i in sorted(by_place, key=by_place.get):
+            base = pool.data_ptr() + i * gap + part.offset
+            sets = homes.near_sets([base + o for o in range(0, part.nbytes, step)])
+            print(f"  place {i:2d} ({by_place[i] / 2:6.2f} us): {sum(stage_sms['qkv'] <= h for h in sets)} of "
+                  f"{len(sets)} lines near the qkv CTAs, {sum(not (stage_sms['qkv'] & h) for h in sets)} far from all",
+                  flush=True)
         own = make(s, None) if a.address_chains else None  # a case with the allocator's own workspace, beside
         for r in range(a.address_chains):  # whether one run of the compiled chain moves the places' times
             ours(f"own before chain {r + 1}", own, s)
