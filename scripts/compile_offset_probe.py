@@ -47,7 +47,8 @@ then the spec sets it (grid.smem_carveout), so ``--steps carveout`` clears the p
     place, by atomics and by loads (LINE_HOMES_SRC: an H100's L2 is two partitions; with ours's
     CTA -> SM map), how many of the partials' lines (up to 512) are at home in the qkv CTAs'
     partition at each place, the counter right after the scratch (one page) and on another page,
-    and the timeline build's stamps at the fastest and the slowest place; --address-tunes: builds timed beside the spec's, in every pass but the timeline;
+    and the timeline build's stamps at the fastest and the slowest place; --address-tunes: builds
+    timed beside the spec's, in every pass but the timeline;
     --address-chains n: after the place passes, n times one run of the compiled chain and the
     place passes again (whether the chain changes what a place costs), and a case with the
     caching allocator's own workspace timed before and after each run
@@ -193,10 +194,15 @@ class LineHomes:
     def __init__(self):
         self.sets: dict[str, list[frozenset[int]]] = {"atomics": [], "loads": []}
 
+    @staticmethod
+    def near(cycles: dict[int, int]) -> frozenset[int]:
+        """``cycles``: %smid -> cycles. The SMs at or below the midpoint of the fastest and the slowest"""
+        cut = (min(cycles.values()) + max(cycles.values())) / 2
+        return frozenset(sm for sm, c in cycles.items() if c <= cut)
+
     def label(self, kind: str, cycles: dict[int, int]) -> str:
         """``cycles``: %smid -> cycles. The near set's letter, the near / far median cycles, the count"""
-        cut = (min(cycles.values()) + max(cycles.values())) / 2
-        near = frozenset(sm for sm, c in cycles.items() if c <= cut)
+        near = self.near(cycles)
         if near not in self.sets[kind]:
             self.sets[kind].append(near)
         k = self.sets[kind].index(near)
@@ -213,12 +219,7 @@ class LineHomes:
     def near_sets(self, addresses: list[int], n: int = 4) -> list[frozenset[int]]:
         """For each address the SMs its atomics are near: its home L2 partition's (DeepSeek session 47)"""
         got = self.cycles(addresses, n)
-        sets = []
-        for i in range(len(addresses)):
-            cycles = {row[0]: row[1 + 2 * i] for row in got}
-            cut = (min(cycles.values()) + max(cycles.values())) / 2
-            sets.append(frozenset(sm for sm, c in cycles.items() if c <= cut))
-        return sets
+        return [self.near({row[0]: row[1 + 2 * i] for row in got}) for i in range(len(addresses))]
 
     @staticmethod
     def cycles(addresses: list[int], n: int) -> list[list[int]]:
