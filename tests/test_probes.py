@@ -315,3 +315,20 @@ def test_compile_offset_probe_sources_and_steps():
         assert len(cuda.compile(source, "probe.cu", get_target("sm90"))) > 500
     documented = set(re.findall(r"^  (\w+)(?: \(default\))?: ", probe.__doc__, re.M))
     assert documented == set(probe.STEPS) and "address" in documented, (documented ^ set(probe.STEPS))
+
+
+def test_line_homes_split_and_letters(monkeypatch):
+    """LineHomes (compile_offset_probe --steps address): a line's near SMs are those at or below
+    the midpoint of its fastest and slowest SM; each distinct near set gets a letter per kind in
+    the order first seen; near_sets gives the atomics' sets. LINE_HOMES_SRC's rows stand in here:
+    [smid, then per line atomics, loads cycles]."""
+    from scripts import compile_offset_probe as probe
+
+    rows = [[0, 300, 290, 510, 300], [1, 310, 330, 300, 320], [2, 505, 300, 320, 340], [3, 520, 335, 515, 300]]
+    monkeypatch.setattr(probe.LineHomes, "cycles", staticmethod(lambda addresses, n: rows))
+    homes = probe.LineHomes()
+    assert homes.near_sets([0x1000, 0x2000]) == [frozenset({0, 1}), frozenset({1, 2})]
+    got = homes([0x1000, 0x2000])
+    assert got[0] == "atomics A (310 / 520, 2 near), loads A (300 / 335, 2 near)"
+    assert got[1] == "atomics B (320 / 515, 2 near), loads B (300 / 340, 3 near)"
+    assert homes([0x1000])[0].startswith("atomics A ")  # the same set, the same letter
