@@ -23,6 +23,8 @@
 #   tp        scripts/tp_run.py on every GPU of the machine
 #   offset    scripts/compile_offset_probe.py with OFFSET_ARGS (e.g. "--tokens 6 --steps tunes"): ours in
 #             the states a with-compile bench run leaves (DeepSeek's second state, bench/NOTES.md)
+#   stream    scripts/stream_probe.py at both kernels' weight bytes (DeepSeek's 19660800, MiniMax's
+#             default): one launch that only streams them, against the copy floor (the bound below ours)
 #   scorer    the MiniMax scorer's variants side by side (scripts/timeline_probe.py --cold-keys,
 #             S = 1 / 4 / 16 at 4K and 64K): the spec's, then each of SCORER_TUNES ("a=1 b=2;c=3")
 #   ncu       Nsight Compute's warp samples of MiniMax builds (scripts/ncu_run.sh: NCU_CASES,
@@ -44,6 +46,8 @@ for what in "${@:-tests}"; do
         offset) # shellcheck disable=SC2086  # OFFSET_ARGS is several words
                 python3 scripts/compile_offset_probe.py ${OFFSET_ARGS:-} 2>&1 | grep -v Warning | tee "$OUT/offset.log"
                 status=$((status | PIPESTATUS[0])) ;;
+        stream) { python3 scripts/stream_probe.py 19660800 && python3 scripts/stream_probe.py; } 2>&1 \
+                | tee "$OUT/stream.log"; status=$((status | PIPESTATUS[0])) ;;
         scorer) IFS=';' read -ra tunes <<< "${SCORER_TUNES:-scores.busy_waves=16;scores.busy_waves=1;scores.tiles_ahead=2 scores.key_regs=0}"
                 for tune in "" "${tunes[@]}"; do
                     echo "=== ${tune:-spec}"
