@@ -229,12 +229,18 @@ class KernelIR:
     count_at: str = "end"  # the spec's mailbox.count_at (count only)
 
     @property
-    def count_out_after(self) -> str | None:
-        """Under advance count: the stage after whose barrier a CTA adds itself to the count (the
-        last one for count_at end, the first for first_stage); None under last_out."""
-        if self.epoch_advance != "count":
+    def count_out_stage(self) -> str | None:
+        """Under advance count with count_at first_stage: the stage after whose barrier a CTA adds
+        itself to the count, off the launch's tail; None where it counts at its end (count_at end,
+        a one-stage kernel) or under last_out."""
+        if self.epoch_advance != "count" or self.count_at != "first_stage" or len(self.stages) < 2:
             return None
-        return self.stages[0 if self.count_at == "first_stage" else -1].name
+        return self.stages[0].name
+
+    @property
+    def count_out_at_end(self) -> bool:
+        """Under advance count: whether a CTA adds itself at its end, after its stamps."""
+        return self.epoch_advance == "count" and self.count_out_stage is None
 
     def epoch(self, counter) -> int:
         """The epoch the next launch takes from the counter's two i32 values (a list or tensor)."""

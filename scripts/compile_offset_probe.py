@@ -195,6 +195,11 @@ class LineHomes:
         self.sets: dict[str, list[frozenset[int]]] = {"atomics": [], "loads": []}
 
     @staticmethod
+    def letter(k: int) -> str:
+        """Near set k's name: A, B, ..., then its number"""
+        return chr(ord('A') + k) if k < 26 else str(k)
+
+    @staticmethod
     def near(cycles: dict[int, int]) -> frozenset[int]:
         """``cycles``: %smid -> cycles. The SMs at or below the midpoint of the fastest and the slowest"""
         cut = (min(cycles.values()) + max(cycles.values())) / 2
@@ -207,7 +212,7 @@ class LineHomes:
             self.sets[kind].append(near)
         k = self.sets[kind].index(near)
         mid = lambda xs: sorted(xs)[len(xs) // 2] if xs else 0  # noqa: E731
-        return (f"{chr(ord('A') + k) if k < 26 else k} ({mid([cycles[sm] for sm in near])} / "
+        return (f"{self.letter(k)} ({mid([cycles[sm] for sm in near])} / "
                 f"{mid([c for sm, c in cycles.items() if sm not in near])}, {len(near)} near)")
 
     def __call__(self, addresses: list[int], n: int = 32) -> list[str]:
@@ -460,7 +465,7 @@ def main() -> int:
             targs.update(placed(targs, both(i)))
             stamps[label] = stamped_points(stamped, targs, case)
         for k, near in enumerate(homes.sets["atomics"]):
-            print(f"  atomics' near set {chr(ord('A') + k) if k < 26 else k}: SMs {sorted(near)}")
+            print(f"  atomics' near set {homes.letter(k)}: SMs {sorted(near)}")
         print(f"S={s}: timeline medians at place {fast} (fast) and {slow} (slow) (us after the first CTA's start; max in brackets)")
         print_points(stamps)
         print(f"S={s}: min / mean / max over the places (us)")
