@@ -28,6 +28,9 @@ from .targets import Target, get_target
 INT_MIN, INT_MAX = -(2**31), 2**31 - 1  # int constants of the generated code
 SCRATCH_ALIGN = 256  # every mailbox region starts on its own 256-byte stretch
 HANG_REGION, HANG_WORDS = "hang", 8  # debug builds' scratch region: the record of a wait that gave up
+# mailbox.advance slots: the scratch region of the CTAs' own epochs, CTA b's at word SLOT_WORDS * b
+# (one 32-byte sector a CTA: no two CTAs store into the same sector)
+EPOCHS_REGION, SLOT_WORDS = "epochs", 8
 LDS_ALIGN = 16  # 16-byte LDS loads and stores
 # timeline builds: LDS_TL's slots after the stamps (kernel.hip.j2 names them TL_<name>): the CTA's
 # timer at its start and at its end, its cycles at the end
@@ -242,15 +245,25 @@ class KernelIR:
         """Under advance count: whether a CTA adds itself at its end, after its stamps."""
         return self.epoch_advance == "count" and self.count_out_stage is None
 
+    @property
+    def epoch_slots(self) -> Region | None:
+        """Under advance slots: the scratch region of the CTAs' own epochs (one every SLOT_WORDS
+        words); None otherwise."""
+        return self.region(EPOCHS_REGION) if self.epoch_advance == "slots" else None
+
+    slot_words = SLOT_WORDS
+
     def epoch(self, counter) -> int:
-        """The epoch the next launch takes from the counter's two i32 values (a list or tensor)."""
+        """The epoch the next launch takes from the counter's two i32 values (a list or tensor);
+        under advance slots the counter is CTA 0's copy of its slot, the host's view."""
         lo, hi = (int(v) for v in counter)
         if self.epoch_advance == "count":
             return _u64_of(lo, hi) // self.blocks
         return lo
 
     def advanced(self, counter, launches: int = 1) -> list[int]:
-        """The counter's two i32 values after ``launches`` whole launches."""
+        """The counter's two i32 values after ``launches`` whole launches (last_out and slots:
+        (epoch + launches, 0))."""
         lo, hi = (int(v) for v in counter)
         if self.epoch_advance == "count":
             n = (_u64_of(lo, hi) + self.blocks * launches) & 0xFFFFFFFFFFFFFFFF
@@ -547,6 +560,14 @@ def _lower(loaded: LoadedSpec, build: Build) -> KernelIR:
         nbytes = count * REGION_BYTES[r.kind]
         regions.append(Region(r.name, r.kind, count, offset, nbytes, r.doc))
         offset = _align(offset + nbytes, SCRATCH_ALIGN)
+    if spec.mailbox.advance == "slots":  # each CTA's own epoch
+        if any(r.name == EPOCHS_REGION for r in spec.scratch):
+            fail(("scratch",), f"the region name {EPOCHS_REGION!r} is taken by mailbox.advance slots' epochs",
+                 "rename it")
+        regions.append(Region(EPOCHS_REGION, "words", blocks * SLOT_WORDS, offset, blocks * SLOT_WORDS * 4,
+                              f"mailbox.advance slots: CTA b's epoch at word {SLOT_WORDS} b, only CTA b reads and "
+                              "stores it"))
+        offset = _align(offset + blocks * SLOT_WORDS * 4, SCRATCH_ALIGN)
     if dict(build.params).get("debug", False):  # debug builds: where a mailbox wait gave up
         if any(r.name == HANG_REGION for r in spec.scratch):
             fail(("scratch",), f"the region name {HANG_REGION!r} is taken by debug builds' hang record", "rename it")

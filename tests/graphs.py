@@ -21,3 +21,17 @@ def capture(call: Callable[[], object], times: int = 1, warm: bool = False):
             for _ in range(times):
                 call()
     return graph
+
+
+def assert_slots_at(ir, scratch, epoch: int) -> None:
+    """Under mailbox.advance slots: every CTA's own slot in ``scratch`` holds ``epoch`` (the next
+    launch's, as the counter says), no CTA behind or ahead of the others; the other ways of
+    keeping the epoch have no slots."""
+    slots = ir.epoch_slots
+    if slots is None:
+        return
+    import torch
+
+    sectors = scratch[slots.offset: slots.offset + slots.nbytes].cpu().view(-1, ir.slot_words * 4)
+    got = sectors[:, :4].contiguous().view(torch.int32).view(-1).tolist()
+    assert got == [epoch] * ir.blocks, f"the CTAs' epoch slots: {sorted(set(got))}, want all {epoch}"

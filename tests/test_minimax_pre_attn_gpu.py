@@ -15,7 +15,7 @@ import torch
 import codegen
 from codegen.fp import bf16_rn
 from codegen.reference import minimax_m3 as ref
-from tests.graphs import capture
+from tests.graphs import assert_slots_at, capture
 from tests.launch_guard import launch
 from tests.minimax_case import (CUDA_CORES, POISON_BF16, context_case, expected_tag, launch_args, make_inputs, read_mailbox,
                                 reference_heads, reference_scores)
@@ -42,6 +42,8 @@ GEMV_TUNES = {"spec": None,
               "epoch-last-out": {"mailbox.advance": "last_out"},
               # each CTA counted out right after its first stage's barrier (mailbox.count_at)
               "count-first-stage": {"mailbox.count_at": "first_stage"},
+              # each CTA's own epoch in a scratch slot, CTA 0's copied into the counter
+              "epoch-slots": {"mailbox.advance": "slots"},
               "iq-in-stream-k": {"qkv.rows_first": 0},  # the index q's rows in the stream-K units at every S
               # the CTA's segments into L2 before the wait for the previous launch (l2_prefetch_at launch)
               "early-prefetch": {"qkv.l2_prefetch": 1, "qkv.l2_prefetch_at": "launch"}}
@@ -103,18 +105,19 @@ def test_pre_attn_norm_gemv(tokens, tune_id):
 
 
 @pytest.mark.parametrize("pdl", (True, False), ids=("pdl", "no-pdl"))
-@pytest.mark.parametrize("advance", ("last_out", "count", "count-first-stage", "count, early prefetch"))
+@pytest.mark.parametrize("advance", ("last_out", "count", "count-first-stage", "slots", "count, early prefetch"))
 @pytest.mark.parametrize("tokens", (1, 16))
 def test_pre_attn_graph_replays(tokens, advance, pdl):
     """25 replays of a graph of 4 launches in a row, nothing cleared in between: identical
     outputs, and the epoch advanced once per launch on the device (both ways of keeping the
     counter: mailbox.advance, the count added at each CTA's end or after its first stage
-    (mailbox.count_at); launches overlapping their neighbours by programmatic dependent
+    (mailbox.count_at), or each CTA's own slot, every slot at the counter's epoch after them; launches overlapping their neighbours by programmatic dependent
     launch, the default, or one after the other; and the GEMV's weights prefetched before the
     wait for the previous launch, launched without the cooperative attribute as that is meant)."""
     early = advance == "count, early prefetch"
     tune = {"last_out": {"mailbox.advance": "last_out"}, "count": {"mailbox.advance": "count"},
             "count-first-stage": {"mailbox.advance": "count", "mailbox.count_at": "first_stage"},
+            "slots": {"mailbox.advance": "slots"},
             "count, early prefetch": {"mailbox.advance": "count", "qkv.l2_prefetch": 1,
                                       "qkv.l2_prefetch_at": "launch"}}[advance]
     kernel = codegen.load("minimax_m3/pre_attn", tokens=tokens, tune=tune, pdl=pdl, cooperative=not early)
@@ -134,6 +137,7 @@ def test_pre_attn_graph_replays(tokens, advance, pdl):
         want = kernel.ir.advanced(want, 4)
     torch.cuda.synchronize()
     assert kernel.ir.epoch(ws["step"].cpu()) == step_before + 100 and ws["step"].cpu().tolist() == want
+    assert_slots_at(kernel.ir, ws["scratch"], step_before + 100)
     got = read_mailbox(kernel, ws["scratch"], tokens)
     assert torch.equal(got["qkv"], single["qkv"])
     assert torch.equal(args["h_out"], h_single)

@@ -10,8 +10,10 @@ from codegen.__main__ import main
 from codegen import jit
 from codegen.errors import SpecError
 from codegen.launch import load
+from codegen.lower import lower, make_build
 from codegen.render import source
-from codegen.spec import load_spec, tune_items
+from codegen.spec import load_spec, parse_spec, tune_items
+from codegen.spec.load import spec_path
 from codegen.targets import get_target
 from tests.minimax_case import CUDA_CORES, ROWS_FIRST
 
@@ -295,6 +297,42 @@ def test_count_at_first_stage():
                                          r"count's addition, but advance is 'last_out'"):
         source("minimax_m3/pre_attn", "sm90", tune={"mailbox.advance": "last_out", "mailbox.count_at": "first_stage"},
                tokens=1)
+
+
+def test_epoch_by_slots():
+    """mailbox.advance=slots: every thread takes the epoch from its CTA's own 32-byte sector of the
+    scratch region `epochs` (placed after the spec's regions, one sector a CTA), and thread 0
+    stores epoch + 1 there after the last barrier, CTA 0 into the counter too (plain stores: no
+    atomic, no reduction, no shared line); builds for every target compile without spills. The
+    host's view of the counter is last_out's, (epoch + launches, 0). A spec region named
+    `epochs` is refused under slots only."""
+    for spec, params in (("minimax_m3/pre_attn", dict(tokens=1)), ("deepseek_v41/attn_front", dict(tokens=6, tp=4))):
+        for target in ("sm90", "gfx942"):
+            ir_spec, _ = source(spec, target, **params)
+            ir, src = source(spec, target, tune={"mailbox.advance": "slots"}, **params)
+            slots = ir.epoch_slots
+            assert ir_spec.epoch_slots is None and slots is not None
+            assert [r for r in ir.regions if r.name != "epochs"] == list(ir_spec.regions), "the other regions stay"
+            assert slots.offset >= max(r.offset + r.nbytes for r in ir_spec.regions)
+            assert slots.count == ir.blocks * ir.slot_words and slots.nbytes == ir.blocks * 32
+            assert ir.scratch_bytes >= slots.offset + slots.nbytes
+            kernel = src[src.index(f"MONO_KERNEL {ir.name}("):]
+            assert (f"u32* const epoch_slot = reinterpret_cast<u32*>({ir.scratch_arg} + {slots.offset}) "
+                    f"+ block_id() * 8;") in kernel and "const u32 epoch_now = *epoch_slot;" in kernel
+            end = kernel[kernel.rindex("barrier();"):]
+            assert "store_relaxed_u32(epoch_slot, epoch_now + 1);" in end
+            assert (f"if (block_id() == 0) store_relaxed_u32(reinterpret_cast<u32*>({ir.counter_arg}), "
+                    "epoch_now + 1);") in end
+            assert "atomic_add_u32" not in kernel and "red_add_u64" not in kernel
+            (report,) = jit.resource_report(src, "slots.hip", get_target(target))
+            assert report.spills == 0 and report.scratch_bytes == 0
+    assert ir.epoch([5, 0]) == 5 and ir.advanced([5, 0]) == [6, 0] and ir.advanced([5, 0], 3) == [8, 0]
+    text = spec_path(SPEC).read_text().replace("\nstages:\n", "\n  - {name: epochs, kind: words, count: 8}\nstages:\n", 1)
+    loaded = parse_spec(text, "reserved.yaml")
+    lower(loaded, make_build(loaded, "sm90", tokens=1))  # the name is free under count
+    loaded = parse_spec(text, "reserved.yaml", tune=(("mailbox.advance", "slots"),))
+    with pytest.raises(SpecError, match="'epochs' is taken by mailbox.advance slots"):
+        lower(loaded, make_build(loaded, "sm90", tokens=1))
 
 
 def test_grid_carveout_tune():

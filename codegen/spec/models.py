@@ -193,10 +193,15 @@ class MailboxSpec(Model):
     #   nobody waits for. A CTA reads the count at its start: after every CTA of the earlier
     #   launches added itself, before its own addition, so it sees at most BLOCKS - 1 of this
     #   launch's (BLOCKS * launches after them).
+    # slots: each CTA keeps its own epoch in the scratch (region `epochs`, one 32-byte sector a
+    #   CTA), reads it at its start and stores it + 1 at its end: no atomic, no line that all CTAs
+    #   share, and no CTA reads another's slot. CTA 0 also stores it into the counter, (epoch + 1,
+    #   0) after a launch as under last_out: the host's view, which the kernel never reads.
     # Builds that share one counter must advance it the same way, and under count have the same
     # BLOCKS: otherwise an epoch can repeat and a launch take an earlier one's mailbox values as
-    # its own. Kernel.workspace gives every build its own counter.
-    advance: Literal["last_out", "count"] = "last_out"
+    # its own (under slots they share the scratch too, and so BLOCKS). Kernel.workspace gives
+    # every build its own counter.
+    advance: Literal["last_out", "count", "slots"] = "last_out"
     # count only: where a CTA adds itself. end: after its last stage. first_stage: after the
     #   barrier that ends its first stage, when every thread of the CTA has read the count (at the
     #   kernel's start), so the launch's additions are off its tail; the count a CTA reads is the
