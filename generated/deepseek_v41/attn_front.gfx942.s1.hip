@@ -37,7 +37,7 @@
 //   24 klen       i32   [2]                out   KLEN[t] = kv_len, KLEN[S + t] = ntopk (not written in index builds)
 //   25 qr_out     bf16  [1, 1280]          out   index builds: bf16 normed q latent (None: not written)
 //   26 scratch    u8    [36608]            inout mailboxes; zeroed once, never cleared
-//   27 epoch      i32   [2]                inout the epoch counter the kernel advances: one u64, the CTAs finished over all launches (mailbox.advance count; last_out: [epoch, CTAs done])
+//   27 epoch      i32   [2]                inout the epoch counter the kernel advances: one u64, the CTAs finished over all launches (mailbox.advance count; last_out: [epoch, CTAs done]; slots: [epoch, 0], CTA 0's copy of its own slot)
 //   28 layer      i32   scalar             in    layer id (not part of the tag: B.6)
 //   29 tl         i64   [256, 10]          out   timeline stamps (timeline builds)
 //

@@ -37,7 +37,7 @@
 //   24 q_len      i32   scalar             in    rows per request (speculative verify)
 //   25 iscore     u8    [1048576]          inout K4's iscore pairs: row k, block b at pair k * 8192 + b
 //   26 scratch    u8    [764928]           inout mailboxes; zeroed once, never cleared
-//   27 step       i32   [2]                inout the epoch counter the kernel advances: one u64, the CTAs finished over all launches (mailbox.advance count; last_out: [step, CTAs done])
+//   27 step       i32   [2]                inout the epoch counter the kernel advances: one u64, the CTAs finished over all launches (mailbox.advance count; last_out: [step, CTAs done]; slots: [step, 0], CTA 0's copy of its own slot)
 //   28 layer      i32   scalar             in    layer id (part of the tag)
 //   29 tl         i64   [256, 8]           out   timeline stamps (timeline builds)
 //
