@@ -269,11 +269,11 @@ def test_tagged_qx8_same_bits(s, tp):
                               "not-cooperative"])
 def test_graph_replays(flags, pdl):
     """5 replays of a graph of 4 launches in a row, nothing cleared in between: the same
-    outputs, the epoch advanced once per launch on the device (both ways of keeping the
+    outputs, the epoch advanced once per launch on the device (every way of keeping the
     counter: the last CTA out, or the CTAs counted over all launches, at their ends or after
     their first stages, or each CTA's own slot, every slot at the counter's epoch after them;
-    launches overlapping
-    their neighbours by programmatic dependent launch, the default, or one after the other;
+    launches overlapping their neighbours by programmatic dependent launch, the default, or
+    one after the other;
     wqkv's weights prefetched before the wait for the previous launch, launched without the
     cooperative attribute as the prefetch is meant to be)."""
     cooperative = flags != "not cooperative" and flags is not EARLY_PREFETCH

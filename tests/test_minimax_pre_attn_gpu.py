@@ -109,10 +109,11 @@ def test_pre_attn_norm_gemv(tokens, tune_id):
 @pytest.mark.parametrize("tokens", (1, 16))
 def test_pre_attn_graph_replays(tokens, advance, pdl):
     """25 replays of a graph of 4 launches in a row, nothing cleared in between: identical
-    outputs, and the epoch advanced once per launch on the device (both ways of keeping the
+    outputs, and the epoch advanced once per launch on the device (every way of keeping the
     counter: mailbox.advance, the count added at each CTA's end or after its first stage
-    (mailbox.count_at), or each CTA's own slot, every slot at the counter's epoch after them; launches overlapping their neighbours by programmatic dependent
-    launch, the default, or one after the other; and the GEMV's weights prefetched before the
+    (mailbox.count_at), or each CTA's own slot, every slot at the counter's epoch after them;
+    launches overlapping their neighbours by programmatic dependent launch, the default, or
+    one after the other; and the GEMV's weights prefetched before the
     wait for the previous launch, launched without the cooperative attribute as that is meant)."""
     early = advance == "count, early prefetch"
     tune = {"last_out": {"mailbox.advance": "last_out"}, "count": {"mailbox.advance": "count"},
