@@ -560,20 +560,19 @@ def _lower(loaded: LoadedSpec, build: Build) -> KernelIR:
         nbytes = count * REGION_BYTES[r.kind]
         regions.append(Region(r.name, r.kind, count, offset, nbytes, r.doc))
         offset = _align(offset + nbytes, SCRATCH_ALIGN)
+    # the regions the lowering adds after the spec's: their names are reserved where they are added
+    added = []
     if spec.mailbox.advance == "slots":  # each CTA's own epoch
-        if any(r.name == EPOCHS_REGION for r in spec.scratch):
-            fail(("scratch",), f"the region name {EPOCHS_REGION!r} is taken by mailbox.advance slots' epochs",
-                 "rename it")
-        regions.append(Region(EPOCHS_REGION, "words", blocks * SLOT_WORDS, offset, blocks * SLOT_WORDS * 4,
-                              f"mailbox.advance slots: CTA b's epoch at word {SLOT_WORDS} b, only CTA b reads and "
-                              "stores it"))
-        offset = _align(offset + blocks * SLOT_WORDS * 4, SCRATCH_ALIGN)
+        added.append((EPOCHS_REGION, blocks * SLOT_WORDS, "mailbox.advance slots' epochs",
+                      f"mailbox.advance slots: CTA b's epoch at word {SLOT_WORDS} b, only CTA b reads and stores it"))
     if dict(build.params).get("debug", False):  # debug builds: where a mailbox wait gave up
-        if any(r.name == HANG_REGION for r in spec.scratch):
-            fail(("scratch",), f"the region name {HANG_REGION!r} is taken by debug builds' hang record", "rename it")
-        regions.append(Region(HANG_REGION, "words", HANG_WORDS, offset, HANG_WORDS * 4,
-                              "debug builds: the hang record of a mailbox wait that gave up (launch.KernelHang)"))
-        offset = _align(offset + HANG_WORDS * 4, SCRATCH_ALIGN)
+        added.append((HANG_REGION, HANG_WORDS, "debug builds' hang record",
+                      "debug builds: the hang record of a mailbox wait that gave up (launch.KernelHang)"))
+    for name, words, owner, doc in added:
+        if any(r.name == name for r in spec.scratch):
+            fail(("scratch",), f"the region name {name!r} is taken by {owner}", "rename it")
+        regions.append(Region(name, "words", words, offset, words * 4, doc))
+        offset = _align(offset + words * 4, SCRATCH_ALIGN)
     scratch_bytes = max(offset, SCRATCH_ALIGN)
     scope["SCRATCH_BYTES"] = scratch_bytes
 
