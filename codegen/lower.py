@@ -649,19 +649,19 @@ def _lower(loaded: LoadedSpec, build: Build) -> KernelIR:
             if first < 0 or ctas <= 0 or first + ctas > blocks:
                 fail(ploc, f"CTAs {first}..{first + ctas - 1} lie outside the grid of {blocks} CTAs",
                      f"keep the range inside 0..{blocks - 1} for {target.name}")
-            for field in (f for f in type(s).model_fields if f.endswith("_point")):  # start_point, done_point, kinds' own
-                point = getattr(s, field)
-                if point is not None and field in ("start_point", "done_point") and field not in KINDS[s.kind].STAMPED_POINTS:
+            for point_field in (f for f in type(s).model_fields if f.endswith("_point")):  # start_point, done_point, kinds' own
+                point = getattr(s, point_field)
+                if point is not None and point_field in ("start_point", "done_point") and point_field not in KINDS[s.kind].STAMPED_POINTS:
                     own = [f for f in type(s).model_fields if f.endswith("_point") and f not in ("start_point", "done_point")]
                     stamped = list(KINDS[s.kind].STAMPED_POINTS) + own
-                    fail(loc + (field,), f"a {s.kind} stage does not stamp {field}",
-                         f"use one of the points it stamps ({', '.join(stamped)})" if stamped else f"remove {field}: this kind stamps none")
+                    fail(loc + (point_field,), f"a {s.kind} stage does not stamp {point_field}",
+                         f"use one of the points it stamps ({', '.join(stamped)})" if stamped else f"remove {point_field}: this kind stamps none")
                 if point is not None and point not in spec.timeline_points:
-                    if field in s.model_fields_set:
-                        fail(loc + (field,), f"no timeline point {point!r}", f"use one of {', '.join(spec.timeline_points)}")
-                    fail(loc + (field,), f"a {s.kind} stage stamps timeline point {point!r} ({field}'s default), "
+                    if point_field in s.model_fields_set:
+                        fail(loc + (point_field,), f"no timeline point {point!r}", f"use one of {', '.join(spec.timeline_points)}")
+                    fail(loc + (point_field,), f"a {s.kind} stage stamps timeline point {point!r} ({point_field}'s default), "
                          "which timeline_points does not list",
-                         f"add {point!r} to timeline_points, name another with '{field}: <point>', or '{field}: null'")
+                         f"add {point!r} to timeline_points, name another with '{point_field}: <point>', or '{point_field}: null'")
             ctx.task_count, ctx.stage_ctas = tasks, ctas
             values = KINDS[s.kind].lower(s, ctx)
             ctx.lowered[s.name] = values

@@ -114,7 +114,7 @@ def main() -> None:
     print("| stage | instructions | KB | share |\n|---|---:|---:|---:|")
     for name, n in per_stage.most_common():
         print(f"| {name} | {n} | {n * INSTRUCTION_BYTES / 1024:.1f} | {100 * n / total:.0f} % |")
-    print(f"\n| stage | function | instructions | KB |\n|---|---|---:|---:|")
+    print("\n| stage | function | instructions | KB |\n|---|---|---:|---:|")
     for (name, fn), n in per_func.most_common(args.top):
         print(f"| {name} | {fn} | {n} | {n * INSTRUCTION_BYTES / 1024:.1f} |")
 

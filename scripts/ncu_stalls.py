@@ -91,7 +91,7 @@ def main() -> None:
     print(table("all", {"kernel": per_reason}, total, 1))
     print(table("stage", per_stage, total, args.top))
     print(table("stage: function", per_func, total, args.top))
-    print(f"\n| instruction | line | samples | share | top reasons |\n|---|---|---:|---:|---|")
+    print("\n| instruction | line | samples | share | top reasons |\n|---|---|---:|---:|---|")
     for r in sorted(rows, key=lambda r: -sum(r["reasons"].values()))[:args.top]:
         st, fn, line, sass = where[r["offset"]]
         n = sum(r["reasons"].values())

@@ -13,7 +13,7 @@ import functools
 import threading
 from typing import Any, Sequence
 
-from ._launch import ARG_CTYPES, dim3 as _dim3, pack_args  # noqa: F401 - re-exported
+from ._launch import dim3 as _dim3, pack_args
 from .errors import BackendUnavailable, CompileError
 
 # The options every CUBIN is built with. --fmad=false: no contraction of a*b+c
