@@ -229,21 +229,6 @@ class KernelIR:
     timeline_arg: str | None  # i64 [BLOCKS, TL_POINTS] stamps
     tune: tuple = ()  # the spec's tuning overrides (LoadedSpec.tune)
     epoch_advance: str = "last_out"  # the spec's mailbox.advance
-    count_at: str = "end"  # the spec's mailbox.count_at (count only)
-
-    @property
-    def count_out_stage(self) -> str | None:
-        """Under advance count with count_at first_stage: the stage after whose barrier a CTA adds
-        itself to the count, off the launch's tail; None where it counts at its end (count_at end,
-        a one-stage kernel) or under last_out."""
-        if self.epoch_advance != "count" or self.count_at != "first_stage" or len(self.stages) < 2:
-            return None
-        return self.stages[0].name
-
-    @property
-    def count_out_at_end(self) -> bool:
-        """Under advance count: whether a CTA adds itself at its end, after its stamps."""
-        return self.epoch_advance == "count" and self.count_out_stage is None
 
     @property
     def epoch_slots(self) -> Region | None:
@@ -713,7 +698,7 @@ def _lower(loaded: LoadedSpec, build: Build) -> KernelIR:
         stages=tuple(stages), timeline_points=tuple(spec.timeline_points), timeline_extra=TL_EXTRA_SLOTS,
         scratch_arg=next(a.name for a in spec.abi if a.workspace == "scratch"),
         counter_arg=spec.mailbox.counter, layer_arg=spec.mailbox.layer,
-        tag_stride=tag_stride, epoch_advance=spec.mailbox.advance, count_at=spec.mailbox.count_at,
+        tag_stride=tag_stride, epoch_advance=spec.mailbox.advance,
         timeline_arg=next((a.name for a in spec.abi if a.workspace == "timeline"), None),
         tune=loaded.tune,
     )

@@ -42,8 +42,6 @@ X8_IMAGE = {"tune": {"symbols.X8_IMAGE": 1}}
 # the last CTA out advances the epoch by an atomic round trip (the spec's: the CTAs finished over
 # all launches / BLOCKS, each CTA counted out by a reduction nobody waits for)
 EPOCH_LAST_OUT = {"tune": {"mailbox.advance": "last_out"}}
-# ... or each CTA counted right after its first stage's barrier (mailbox.count_at first_stage)
-COUNT_FIRST = {"tune": {"mailbox.count_at": "first_stage"}}
 # ... or each CTA's own epoch in a scratch slot, CTA 0's copied into the counter (mailbox.advance slots)
 EPOCH_SLOTS = {"tune": {"mailbox.advance": "slots"}}
 # wqkv's and wq_b's wgmma loops with 2 / 4 chunks in flight (the spec's: 3 at TP4, wq_b's 2 at
@@ -65,7 +63,7 @@ EARLY_PREFETCH = {"tune": {"wqkv_a.l2_prefetch": {"default": 0, "sm90": 1}, "wqk
 # QX8 by flags and QRDY (the spec tags it up to 15 rows at TP4): 5 and 6 rows take two tokens a qkv task
 FLAGS = {"tune": {"symbols.QX8_TAGGED": 0}}
 TUNES = {id(BULK): "bulk", id(LDS): "lds", id(EMULATED): "emulated", id(X8_IMAGE): "x8image",
-         id(EPOCH_LAST_OUT): "epoch-last-out", id(COUNT_FIRST): "count-first-stage", id(EPOCH_SLOTS): "epoch-slots",
+         id(EPOCH_LAST_OUT): "epoch-last-out", id(EPOCH_SLOTS): "epoch-slots",
          id(DEPTH2): "depth2", id(DEPTH4): "depth4", id(TAGGED): "tagged",
          id(TAGGED_EMULATED): "tagged-emulated", id(TUNED_TAGGED): "tagged",
          id(PENDING): "tagged-pending", id(SLEPT): "tagged-slept", id(COPIES): "tagged-copies",
@@ -117,8 +115,6 @@ CASES = [
     (17, 2, 1, X8_IMAGE, 64, (0,), 0),  # TP2: the image's places by 16-byte loads
     (1, 4, 1, EPOCH_LAST_OUT, 128, (), 0),
     (16, 4, 2, EPOCH_LAST_OUT, 64, (3,), 0),
-    (6, 4, 1, COUNT_FIRST, 128, (2,), 0),
-    (48, 4, 2, COUNT_FIRST, 64, (5, 47), 0),
     (6, 4, 1, EPOCH_SLOTS, 128, (2,), 0),
     (48, 4, 2, EPOCH_SLOTS, 64, (5, 47), 0),
     (1, 4, 1, DEPTH2, 128, (), 0),
@@ -264,14 +260,14 @@ def test_tagged_qx8_same_bits(s, tp):
 
 
 @pytest.mark.parametrize("pdl", [True, False], ids=["pdl", "no-pdl"])
-@pytest.mark.parametrize("flags", [{}, EPOCH_LAST_OUT, COUNT_FIRST, EPOCH_SLOTS, TAGGED, EARLY_PREFETCH, "not cooperative"],
-                         ids=["spec", "epoch-last-out", "count-first-stage", "epoch-slots", "tagged", "early-prefetch",
+@pytest.mark.parametrize("flags", [{}, EPOCH_LAST_OUT, EPOCH_SLOTS, TAGGED, EARLY_PREFETCH, "not cooperative"],
+                         ids=["spec", "epoch-last-out", "epoch-slots", "tagged", "early-prefetch",
                               "not-cooperative"])
 def test_graph_replays(flags, pdl):
     """5 replays of a graph of 4 launches in a row, nothing cleared in between: the same
     outputs, the epoch advanced once per launch on the device (every way of keeping the
-    counter: the last CTA out, or the CTAs counted over all launches, at their ends or after
-    their first stages, or each CTA's own slot, every slot at the counter's epoch after them;
+    counter: the last CTA out, or the CTAs counted over all launches, or each CTA's own slot,
+    every slot at the counter's epoch after them;
     launches overlapping their neighbours by programmatic dependent launch, the default, or
     one after the other;
     wqkv's weights prefetched before the wait for the previous launch, launched without the

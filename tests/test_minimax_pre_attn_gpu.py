@@ -40,8 +40,6 @@ GEMV_TUNES = {"spec": None,
               "tail-in-turn": {"qkv.tail_read_ahead": 0},  # the tail's lower piece read in its turn (the spec's sm90: ahead)
               # the last CTA out advances the epoch (the spec's: the CTAs finished over all launches / BLOCKS)
               "epoch-last-out": {"mailbox.advance": "last_out"},
-              # each CTA counted out right after its first stage's barrier (mailbox.count_at)
-              "count-first-stage": {"mailbox.count_at": "first_stage"},
               # each CTA's own epoch in a scratch slot, CTA 0's copied into the counter
               "epoch-slots": {"mailbox.advance": "slots"},
               "iq-in-stream-k": {"qkv.rows_first": 0},  # the index q's rows in the stream-K units at every S
@@ -105,19 +103,18 @@ def test_pre_attn_norm_gemv(tokens, tune_id):
 
 
 @pytest.mark.parametrize("pdl", (True, False), ids=("pdl", "no-pdl"))
-@pytest.mark.parametrize("advance", ("last_out", "count", "count-first-stage", "slots", "count, early prefetch"))
+@pytest.mark.parametrize("advance", ("last_out", "count", "slots", "count, early prefetch"))
 @pytest.mark.parametrize("tokens", (1, 16))
 def test_pre_attn_graph_replays(tokens, advance, pdl):
     """25 replays of a graph of 4 launches in a row, nothing cleared in between: identical
     outputs, and the epoch advanced once per launch on the device (every way of keeping the
-    counter: mailbox.advance, the count added at each CTA's end or after its first stage
-    (mailbox.count_at), or each CTA's own slot, every slot at the counter's epoch after them;
+    counter: mailbox.advance: the last CTA out, the count added at each CTA's end, or each
+    CTA's own slot, every slot at the counter's epoch after them;
     launches overlapping their neighbours by programmatic dependent launch, the default, or
     one after the other; and the GEMV's weights prefetched before the
     wait for the previous launch, launched without the cooperative attribute as that is meant)."""
     early = advance == "count, early prefetch"
     tune = {"last_out": {"mailbox.advance": "last_out"}, "count": {"mailbox.advance": "count"},
-            "count-first-stage": {"mailbox.advance": "count", "mailbox.count_at": "first_stage"},
             "slots": {"mailbox.advance": "slots"},
             "count, early prefetch": {"mailbox.advance": "count", "qkv.l2_prefetch": 1,
                                       "qkv.l2_prefetch_at": "launch"}}[advance]

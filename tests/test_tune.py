@@ -269,34 +269,12 @@ def test_epoch_by_count():
     low = (1 << 32) - 10  # the low word about to wrap: an i32 of -10
     assert ir.advanced([-10, 0]) == [122, 1] and ir.epoch([122, 1]) == ((1 << 32) + 122) // 132
     assert ir.epoch([-10, 0]) == low // 132
-    with pytest.raises(SpecError, match="a tune may set only mailbox.advance / mailbox.count_at of mailbox"):
+    with pytest.raises(SpecError, match="a tune may set only mailbox.advance of mailbox"):
         source("minimax_m3/pre_attn", "sm90", tune={"mailbox.tag_stride": 2}, tokens=1)
+    with pytest.raises(SpecError, match="a tune may set only mailbox.advance of mailbox"):  # removed in session 49
+        source("minimax_m3/pre_attn", "sm90", tune={"mailbox.count_at": "first_stage"}, tokens=1)
     with pytest.raises(SpecError, match="advance"):
         source("minimax_m3/pre_attn", "sm90", tune={"mailbox.advance": "first_in"}, tokens=1)
-
-
-def test_count_at_first_stage():
-    """mailbox.count_at=first_stage (count only): thread 0 counts the CTA out right after the barrier
-    that ends its first stage (every thread read the count at the kernel's start, before it), and
-    not again at the end; the build compiles without spills for every target. With last_out it is
-    refused at the spec's mailbox line."""
-    for spec, params in (("minimax_m3/pre_attn", dict(tokens=1)), ("deepseek_v41/attn_front", dict(tokens=6, tp=4))):
-        for target in ("sm90", "gfx942"):
-            ir, src = source(spec, target, tune={"mailbox.count_at": "first_stage"}, **params)
-            kernel = src[src.index(f"MONO_KERNEL {ir.name}("):]
-            red = f"if (thread_id() == 0) red_add_u64(reinterpret_cast<u64*>({ir.counter_arg}), 1);"
-            assert ir.count_at == "first_stage" and kernel.count(red) == 1
-            first = ir.stages[0].name
-            after_first = kernel[kernel.index(f"stage_{first}::run(a, mb, lds);"):]
-            second = after_first.index(f"stage_{ir.stages[1].name}::run(a, mb, lds);")
-            assert after_first.index("barrier();") < after_first.index(red) < second
-            assert kernel.index("const u32 epoch_now") < kernel.index(red)
-            (report,) = jit.resource_report(src, "count_at.hip", get_target(target))
-            assert report.spills == 0 and report.scratch_bytes == 0
-    with pytest.raises(SpecError, match=r"pre_attn.yaml:\d+: mailbox.count_at: count_at 'first_stage' places the "
-                                         r"count's addition, but advance is 'last_out'"):
-        source("minimax_m3/pre_attn", "sm90", tune={"mailbox.advance": "last_out", "mailbox.count_at": "first_stage"},
-               tokens=1)
 
 
 def test_epoch_by_slots():

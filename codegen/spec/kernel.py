@@ -127,9 +127,6 @@ def semantic_issues(spec: KernelSpec, file: str, pos) -> list[SpecIssue]:
             issue(("mailbox", "layer"), f"'layer' must name an i32 scalar ABI argument, got {spec.mailbox.layer!r}",
                   "declare it as {name: layer, dtype: i32, range: [0, 127]}")
     check_expr(spec.mailbox.tag_stride, ("mailbox", "tag_stride"))
-    if spec.mailbox.count_at != "end" and spec.mailbox.advance != "count":
-        issue(("mailbox", "count_at"), f"count_at {spec.mailbox.count_at!r} places the count's addition, but advance "
-              f"is {spec.mailbox.advance!r}", "use it with mailbox.advance: count, or leave count_at at its default end")
     seen: dict[str, int] = {}
     for i, arg in enumerate(spec.abi):
         if arg.name in seen:

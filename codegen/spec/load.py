@@ -101,8 +101,7 @@ def parse_spec(text: str, path: str, tune: tuple = ()) -> LoadedSpec:
 
 # top-level sections a tune may reach besides stages and symbols: section -> (fields, hint)
 TUNABLE_SECTIONS = {
-    "mailbox": (("advance", "count_at"),  # how the epoch is made, where a CTA counts itself
-                "use mailbox.advance=last_out / count / slots or mailbox.count_at=end / first_stage"),
+    "mailbox": (("advance",), "use mailbox.advance=last_out / count / slots"),  # how the epoch is made
     "grid": (("smem_carveout",), "use grid.smem_carveout=100 (or 0..100, -1: the driver's)"),  # the L1 / shared split
 }
 

@@ -202,11 +202,6 @@ class MailboxSpec(Model):
     # its own (under slots they share the scratch too, and so BLOCKS). Kernel.workspace gives
     # every build its own counter.
     advance: Literal["last_out", "count", "slots"] = "last_out"
-    # count only: where a CTA adds itself. end: after its last stage. first_stage: after the
-    #   barrier that ends its first stage, when every thread of the CTA has read the count (at the
-    #   kernel's start), so the launch's additions are off its tail; the count a CTA reads is the
-    #   same (before its own addition, at most BLOCKS - 1 of this launch's).
-    count_at: Literal["end", "first_stage"] = "end"
 
     _stride = field_validator("tag_stride")(classmethod(lambda cls, v: _check_expr(v)))
 
