@@ -271,7 +271,7 @@ def test_epoch_by_count():
     assert ir.epoch([-10, 0]) == low // 132
     with pytest.raises(SpecError, match="a tune may set only mailbox.advance of mailbox"):
         source("minimax_m3/pre_attn", "sm90", tune={"mailbox.tag_stride": 2}, tokens=1)
-    with pytest.raises(SpecError, match="a tune may set only mailbox.advance of mailbox"):  # removed in session 49
+    with pytest.raises(SpecError, match="a tune may set only mailbox.advance of mailbox"):  # count_at, removed in session 49
         source("minimax_m3/pre_attn", "sm90", tune={"mailbox.count_at": "first_stage"}, tokens=1)
     with pytest.raises(SpecError, match="advance"):
         source("minimax_m3/pre_attn", "sm90", tune={"mailbox.advance": "first_in"}, tokens=1)
