@@ -372,7 +372,8 @@ def test_cli_bad_tune_is_a_located_error(capsys):
 
 def test_a_diagnostic_stamp_by_override():
     """qkv.staged_point (off in the spec) stamps the spare point once the staged weights landed:
-    after the one wait for them all, or (segment_waits, the spec's at S = 1) the last segment's."""
+    after the one wait for them all, or (segment_waits, the spec's at S = 1) the last segment's;
+    qkv.normed_point (off too) once the inline norm's rows are in LDS."""
     _, plain = source(SPEC, "sm90", tokens=1, timeline=True)
     assert "stamp(lds, TL_SPARE);" not in plain
     _, tuned = source(SPEC, "sm90", tune={"qkv.staged_point": "spare", "qkv.segment_waits": 0}, tokens=1, timeline=True)
@@ -385,6 +386,13 @@ def test_a_diagnostic_stamp_by_override():
     assert lines[at - 1].strip().startswith("bulk_wait(wbar + staged, 0, mb.tag);")
     with pytest.raises(SpecError, match="no timeline point 'landed'"):
         source(SPEC, "sm90", tune={"qkv.staged_point": "landed"}, tokens=1)
+    # qkv.normed_point: the inline norm's rows in LDS (S = 1: every CTA norms the token itself),
+    # before the rows-first pair's dots and the ready point after them
+    _, tuned = source(SPEC, "sm90", tune={"qkv.normed_point": "spare"}, tokens=1, timeline=True)
+    lines = tuned.splitlines()
+    at = lines.index("    stamp(lds, TL_SPARE);")
+    assert lines[at - 1] == "    barrier();" and lines[at - 3] == "        if (tid == 0) xs[tk] = scale;"
+    assert lines[at + 1].strip().startswith("row_pair_dots(") and lines[at + 2] == "    stamp(lds, TL_X8_READY);"
 
 
 def test_scorer_item_stamps():

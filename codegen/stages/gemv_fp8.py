@@ -62,6 +62,8 @@ class LongStep(_Base):
 class Model(StageBase):
     kind: Literal["gemv_fp8"]
     ready_point: Name | None = "x8_ready"  # timeline point: the token rows in LDS
+    # timeline point: the inline norm's rows in LDS, before the rows-first pair's dots (inline only)
+    normed_point: Name | None = None
     done_point: Name | None = "gemv_done"  # timeline point: the CTA's rows put
     staged_point: Name | None = None  # timeline point: the weights staged in LDS have landed (lds_prefetch)
     piece_point: Name | None = None  # timeline point: the CTA's head piece put (stream-K)
