@@ -373,7 +373,8 @@ def test_cli_bad_tune_is_a_located_error(capsys):
 def test_a_diagnostic_stamp_by_override():
     """qkv.staged_point (off in the spec) stamps the spare point once the staged weights landed:
     after the one wait for them all, or (segment_waits, the spec's at S = 1) the last segment's;
-    qkv.normed_point (off too) once the inline norm's rows are in LDS."""
+    qkv.normed_point (off too) once the inline norm's rows are in LDS, refused for a build whose
+    norm runs as its own stage."""
     _, plain = source(SPEC, "sm90", tokens=1, timeline=True)
     assert "stamp(lds, TL_SPARE);" not in plain
     _, tuned = source(SPEC, "sm90", tune={"qkv.staged_point": "spare", "qkv.segment_waits": 0}, tokens=1, timeline=True)
@@ -393,6 +394,9 @@ def test_a_diagnostic_stamp_by_override():
     at = lines.index("    stamp(lds, TL_SPARE);")
     assert lines[at - 1] == "    barrier();" and lines[at - 3] == "        if (tid == 0) xs[tk] = scale;"
     assert lines[at + 1].strip().startswith("row_pair_dots(") and lines[at + 2] == "    stamp(lds, TL_X8_READY);"
+    with pytest.raises(SpecError, match=r"pre_attn.yaml:\d+: stages.1.normed_point: \[sm90 tokens=16 .*\] normed_point "
+                                         r"stamps the inline norm's rows, but this build's norm runs as stage 'norm'"):
+        source(SPEC, "sm90", tune={"qkv.normed_point": "spare"}, tokens=16, timeline=True)
 
 
 def test_scorer_item_stamps():

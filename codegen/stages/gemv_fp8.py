@@ -163,6 +163,10 @@ def lower(stage: Model, ctx) -> dict:
     if not ctx.stage_active(stage.x_from) and not stage.norm_inline and not stage.waits_on:
         ctx.fail(("norm_inline",), "with the norm stage off, this stage reads rows another stage publishes",
                  "list that stage (an inline GEMV whose residual writers publish x8) in waits_on")
+    if stage.normed_point is not None and not inline:
+        ctx.fail(("normed_point",), f"normed_point stamps the inline norm's rows, but this build's norm runs as "
+                 f"stage {stage.x_from!r}", f"use {stage.x_from}.done_point for this build, or set normed_point "
+                 "only for builds whose GEMV norms its tokens itself")
     if inline:  # this stage does the norm's work itself: its bindings, reported at the norm's lines
         here, ctx.loc = ctx.loc, ("stages", ctx.loaded.spec.stages.index(src))
         check_io(src, ctx, k)
