@@ -295,8 +295,9 @@ def test_epoch_by_slots():
             assert slots.count == ir.blocks * ir.slot_words and slots.nbytes == ir.blocks * 32
             assert ir.scratch_bytes >= slots.offset + slots.nbytes
             kernel = src[src.index(f"MONO_KERNEL {ir.name}("):]
-            assert (f"u32* const epoch_slot = reinterpret_cast<u32*>({ir.scratch_arg} + {slots.offset}) "
-                    f"+ block_id() * 8;") in kernel and "const u32 epoch_now = *epoch_slot;" in kernel
+            assert f"mb.epochs = reinterpret_cast<u32*>({ir.scratch_arg} + {slots.offset});" in kernel
+            assert "u32* const epoch_slot = mb.epochs + block_id() * 8;" in kernel
+            assert kernel.index("mb.epochs = ") < kernel.index("epoch_slot = ") < kernel.index("const u32 epoch_now = *epoch_slot;")
             end = kernel[kernel.rindex("barrier();"):]
             assert "store_relaxed_u32(epoch_slot, epoch_now + 1);" in end
             assert (f"if (block_id() == 0) store_relaxed_u32(reinterpret_cast<u32*>({ir.counter_arg}), "

@@ -1405,13 +1405,7 @@ MONO_KERNEL deepseek_v41_attn_front(
 {
     MONO_LDS_DECL(lds, LDS_BYTES);
     const Args a = {x, x_stride, wqkv, wqkv_s, qn_w, kvn_w, wqb, wqb_s, cos_sin, pos, slot, swa, swa_stride, swa_block, q, swa_idx, swa_lens, comp_block, comp_bt, bt_stride, topk, t2r, kt, klen, qr_out, scratch, epoch, layer, tl};
-    // The epoch: the CTAs finished over all launches / BLOCKS. Read here, after every CTA
-    // of the earlier launches added itself and before this one does: at most BLOCKS - 1
-    // of this launch's additions are in, so repeated launches and graph replays need no
-    // host action, and no CTA waits for an atomic.
-    const u32 epoch_now = u32(*reinterpret_cast<const u64*>(epoch) / BLOCKS);  // (a name no ABI argument takes)
-    Mailbox mb;
-    mb.tag = epoch_now * 2u + 1u;
+    Mailbox mb;  // the scratch regions' pointers, then the tag from the epoch
     mb.x8 = reinterpret_cast<u32*>(scratch + 0);
     mb.x8s = reinterpret_cast<u32*>(scratch + 245760);
     mb.xrdy = reinterpret_cast<u64*>(scratch + 276480);
@@ -1419,6 +1413,12 @@ MONO_KERNEL deepseek_v41_attn_front(
     mb.qx8 = reinterpret_cast<u32*>(scratch + 1653504);
     mb.qx8s = reinterpret_cast<u32*>(scratch + 1714944);
     mb.qrdy = reinterpret_cast<u64*>(scratch + 1722624);
+    // The epoch: the CTAs finished over all launches / BLOCKS. Read here, after every CTA
+    // of the earlier launches added itself and before this one does: at most BLOCKS - 1
+    // of this launch's additions are in, so repeated launches and graph replays need no
+    // host action, and no CTA waits for an atomic.
+    const u32 epoch_now = u32(*reinterpret_cast<const u64*>(epoch) / BLOCKS);  // (a name no ABI argument takes)
+    mb.tag = epoch_now * 2u + 1u;
     stamp(lds, TL_START);
 
     stage_xq::run(a, mb, lds);

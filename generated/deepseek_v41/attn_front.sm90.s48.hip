@@ -1919,13 +1919,7 @@ MONO_KERNEL deepseek_v41_attn_front(
     // launch has completed with its writes visible (at once without the attribute)
     launch_dependents();
     wait_for_previous_launch();
-    // The epoch: the CTAs finished over all launches / BLOCKS. Read here, after every CTA
-    // of the earlier launches added itself and before this one does: at most BLOCKS - 1
-    // of this launch's additions are in, so repeated launches and graph replays need no
-    // host action, and no CTA waits for an atomic.
-    const u32 epoch_now = u32(*reinterpret_cast<const u64*>(epoch) / BLOCKS);  // (a name no ABI argument takes)
-    Mailbox mb;
-    mb.tag = epoch_now * 2u + 1u;
+    Mailbox mb;  // the scratch regions' pointers, then the tag from the epoch
     mb.x8 = reinterpret_cast<u32*>(scratch + 0);
     mb.x8s = reinterpret_cast<u32*>(scratch + 245760);
     mb.xrdy = reinterpret_cast<u64*>(scratch + 276480);
@@ -1933,6 +1927,12 @@ MONO_KERNEL deepseek_v41_attn_front(
     mb.qx8 = reinterpret_cast<u32*>(scratch + 3030528);
     mb.qx8s = reinterpret_cast<u32*>(scratch + 3091968);
     mb.qrdy = reinterpret_cast<u64*>(scratch + 3099648);
+    // The epoch: the CTAs finished over all launches / BLOCKS. Read here, after every CTA
+    // of the earlier launches added itself and before this one does: at most BLOCKS - 1
+    // of this launch's additions are in, so repeated launches and graph replays need no
+    // host action, and no CTA waits for an atomic.
+    const u32 epoch_now = u32(*reinterpret_cast<const u64*>(epoch) / BLOCKS);  // (a name no ABI argument takes)
+    mb.tag = epoch_now * 2u + 1u;
     stamp(lds, TL_START);
 
     stage_xq::run(a, mb, lds);

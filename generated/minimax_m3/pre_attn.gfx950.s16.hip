@@ -1380,13 +1380,7 @@ MONO_KERNEL minimax_m3_pre_attn(
 {
     MONO_LDS_DECL(lds, LDS_BYTES);
     const Args a = {ar, res, h_out, g_in, w_qkv, s_qkv, g_q, g_k, g_iq, g_ik, cos_sin, positions, slot_mapping, k_cache, v_cache, k_scale, v_scale, index_cache, q_out, iq_out, block_table, seq_lens, bt_width, q_len, iscore, scratch, step, layer, tl};
-    // The epoch: the CTAs finished over all launches / BLOCKS. Read here, after every CTA
-    // of the earlier launches added itself and before this one does: at most BLOCKS - 1
-    // of this launch's additions are in, so repeated launches and graph replays need no
-    // host action, and no CTA waits for an atomic.
-    const u32 epoch_now = u32(*reinterpret_cast<const u64*>(step) / BLOCKS);  // (a name no ABI argument takes)
-    Mailbox mb;
-    mb.tag = epoch_now * 128u + u32(layer) + 1u;
+    Mailbox mb;  // the scratch regions' pointers, then the tag from the epoch
     mb.qkv = reinterpret_cast<u64*>(scratch + 0);
     mb.qkv_part = reinterpret_cast<u64*>(scratch + 327680);
     mb.x8 = reinterpret_cast<u32*>(scratch + 655360);
@@ -1394,6 +1388,12 @@ MONO_KERNEL minimax_m3_pre_attn(
     mb.rdone = reinterpret_cast<u64*>(scratch + 753920);
     mb.hdone = reinterpret_cast<u64*>(scratch + 754176);
     mb.iqp = reinterpret_cast<u64*>(scratch + 756736);
+    // The epoch: the CTAs finished over all launches / BLOCKS. Read here, after every CTA
+    // of the earlier launches added itself and before this one does: at most BLOCKS - 1
+    // of this launch's additions are in, so repeated launches and graph replays need no
+    // host action, and no CTA waits for an atomic.
+    const u32 epoch_now = u32(*reinterpret_cast<const u64*>(step) / BLOCKS);  // (a name no ABI argument takes)
+    mb.tag = epoch_now * 128u + u32(layer) + 1u;
     stamp(lds, TL_START);
 
     stage_norm::run(a, mb, lds);

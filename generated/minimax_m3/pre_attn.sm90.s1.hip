@@ -2118,13 +2118,7 @@ MONO_KERNEL minimax_m3_pre_attn(
     // launch has completed with its writes visible (at once without the attribute)
     launch_dependents();
     wait_for_previous_launch();
-    // The epoch: the CTAs finished over all launches / BLOCKS. Read here, after every CTA
-    // of the earlier launches added itself and before this one does: at most BLOCKS - 1
-    // of this launch's additions are in, so repeated launches and graph replays need no
-    // host action, and no CTA waits for an atomic.
-    const u32 epoch_now = u32(*reinterpret_cast<const u64*>(step) / BLOCKS);  // (a name no ABI argument takes)
-    Mailbox mb;
-    mb.tag = epoch_now * 128u + u32(layer) + 1u;
+    Mailbox mb;  // the scratch regions' pointers, then the tag from the epoch
     mb.qkv = reinterpret_cast<u64*>(scratch + 0);
     mb.qkv_part = reinterpret_cast<u64*>(scratch + 327680);
     mb.x8 = reinterpret_cast<u32*>(scratch + 655360);
@@ -2132,6 +2126,12 @@ MONO_KERNEL minimax_m3_pre_attn(
     mb.rdone = reinterpret_cast<u64*>(scratch + 753920);
     mb.hdone = reinterpret_cast<u64*>(scratch + 754176);
     mb.iqp = reinterpret_cast<u64*>(scratch + 756736);
+    // The epoch: the CTAs finished over all launches / BLOCKS. Read here, after every CTA
+    // of the earlier launches added itself and before this one does: at most BLOCKS - 1
+    // of this launch's additions are in, so repeated launches and graph replays need no
+    // host action, and no CTA waits for an atomic.
+    const u32 epoch_now = u32(*reinterpret_cast<const u64*>(step) / BLOCKS);  // (a name no ABI argument takes)
+    mb.tag = epoch_now * 128u + u32(layer) + 1u;
     stamp(lds, TL_START);
 
     stage_qkv::run(a, mb, lds);
