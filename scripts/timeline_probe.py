@@ -7,7 +7,7 @@ copies of w_qkv to overflow the L2, the stamps are those of the last round over
 them (--slowest: the last launch's).
 
 Usage: python scripts/timeline_probe.py [--cold-keys] [--no-mma] [--no-key-loads] [--heads-twice]
-    [--warm-weights] [--slowest=POINT] [--ctas=A,B,..] [tokens ...] [flag=value ...]
+    [--warm-weights] [--slowest=POINT] [--ctas=A,B,..] [--by-cta=POINT] [tokens ...] [flag=value ...]
 (flags: build parameters, e.g. timeline-free ones like static_kv_scale=true, or
 spec knobs as stage.field=value, e.g. qkv.bulk_copies=1: codegen.load's tune).
 The index cache is 16 MB with pages drawn with replacement (its keys stay in the L2);
@@ -21,7 +21,10 @@ what the keys' arrival costs beyond the tiles' compute);
 --slowest=POINT also lists the 8 CTAs that stamped POINT last, each with all its stamps (a
 straggler's roles show in its other stamps);
 --ctas=A,B,.. lists those CTAs with all their stamps (e.g. the CTA of a head task and the CTAs
-that compute its rows)."""
+that compute its rows);
+--by-cta=POINT gives each CTA's POINT as the median over the launches, and the 8 fastest and slowest
+CTAs by it, and how alike two halves of the launches rank the CTAs (the correlation of their
+per-CTA medians: near 1, a CTA is late by its place, e.g. its SM; near 0, by chance)."""
 
 import sys
 
@@ -43,6 +46,7 @@ COLD_KEYS, NO_MMA, NO_KEY_LOADS, HEADS_TWICE, WARM_WEIGHTS = (s in sys.argv for 
 TWINS = ("--no-mma", "--no-key-loads", "--heads-twice")  # the switches that build a probe twin
 SLOWEST = next((a.split("=", 1)[1] for a in sys.argv[1:] if a.startswith("--slowest=")), None)
 CTAS = [int(c) for a in sys.argv[1:] if a.startswith("--ctas=") for c in a.split("=", 1)[1].split(",")]
+BY_CTA = next((a.split("=", 1)[1] for a in sys.argv[1:] if a.startswith("--by-cta=")), None)
 
 
 def build(tokens: int, tune: dict | None, **flags):
@@ -71,8 +75,9 @@ def setup(kernel, tokens: int, contexts) -> tuple[dict, list]:
 
 def probe(tokens: int, contexts=(4096,), reps: int = 20, tune: dict | None = None, **flags) -> None:
     kernel = build(tokens, tune, timeline=True, **flags)
-    if SLOWEST is not None and SLOWEST not in kernel.ir.timeline_points:
-        sys.exit(f"--slowest={SLOWEST}: not a timeline point; give one of {', '.join(kernel.ir.timeline_points)}")
+    for opt, point in (("--slowest", SLOWEST), ("--by-cta", BY_CTA)):
+        if point is not None and point not in kernel.ir.timeline_points:
+            sys.exit(f"{opt}={point}: not a timeline point; give one of {', '.join(kernel.ir.timeline_points)}")
     args, weights = setup(kernel, tokens, contexts)
 
     def launch(i: int) -> None:
@@ -101,6 +106,8 @@ def probe(tokens: int, contexts=(4096,), reps: int = 20, tune: dict | None = Non
     listed = us[:, pts.index(SLOWEST)].argsort(descending=True)[:8].tolist() if SLOWEST is not None else []
     for c in listed + CTAS:
         print(f"  CTA {c:3d}: " + " ".join(f"{n} {us[c, i]:.2f}" for i, n in enumerate(pts) if tl[c, i] > 0))
+    if BY_CTA is not None:
+        by_cta(samples, pts.index(BY_CTA))
     # timed as the bench times them: this stamped build (its per-call time less the stamped span is
     # what the launch costs outside its CTAs), and its twin without stamps
     plain = build(tokens, tune, **flags)
@@ -112,8 +119,26 @@ def probe(tokens: int, contexts=(4096,), reps: int = 20, tune: dict | None = Non
         print(f"  graph replay ({what}): {sorted(sample.us)[len(sample.us) // 2]:7.2f} us per call")
 
 
+def by_cta(samples: list, p: int) -> None:
+    """--by-cta: point p of each CTA that stamps it in every launch, the median over the launches
+    (us after each launch's first start); the fastest and slowest, and the two halves' correlation."""
+    stamps = torch.stack(samples)  # [launches, CTAs, points], int64 ns
+    starts = torch.where(stamps[:, :, 0] > 0, stamps[:, :, 0], stamps[:, :, 0].max())
+    us = (stamps[:, :, p] - starts.min(1, keepdim=True).values).double() / 1000.0  # [launches, CTAs]
+    ctas = (stamps[:, :, p] > 0).all(0).nonzero().flatten()
+    med = us[:, ctas].median(0).values
+    order = med.argsort()
+    half = len(samples) // 2
+    a, b = us[:half, ctas].median(0).values, us[half:, ctas].median(0).values
+    corr = float(torch.corrcoef(torch.stack([a, b]))[0, 1]) if half else float("nan")
+    print(f"  by CTA ({len(ctas)} CTAs, median over {len(samples)} launches): min {med.min():.2f} median "
+          f"{med.median():.2f} max {med.max():.2f}; halves' correlation {corr:.2f}")
+    for name, part in (("fastest", order[:8]), ("slowest", order.flip(0)[:8])):
+        print(f"    {name}: " + ", ".join(f"{int(ctas[i])} {float(med[i]):.2f}" for i in part))
+
+
 if __name__ == "__main__":
-    words = [a for a in sys.argv[1:] if a not in SWITCHES and not a.startswith(("--slowest=", "--ctas="))]
+    words = [a for a in sys.argv[1:] if a not in SWITCHES and not a.startswith(("--slowest=", "--ctas=", "--by-cta="))]
     tokens = [int(a) for a in words if "=" not in a] or [1, 16]
     pairs = name_values([a for a in words if "=" in a])
     flags = {k: v for k, v in pairs.items() if "." not in k}

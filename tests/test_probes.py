@@ -138,6 +138,27 @@ def test_timeline_point_stats_take_the_median_launch():
     assert (lo, med, n) == (1.0, 1.5, 3) and hi == 4.0  # max 3 / 9 / 4 us: the median launch's 4
 
 
+def test_timeline_by_cta_ranks_ctas_by_their_median_launch(capsys):
+    """scripts/timeline_probe.py --by-cta: each CTA's point as the median over the launches (us after
+    each launch's own first start; a CTA that misses the point in any launch left out), the fastest
+    and slowest by it, and the halves' correlation: near 1 where a CTA is late by its place."""
+    from scripts.timeline_probe import by_cta
+    base = 1_800_000_000_000_000_000  # %globaltimer's size: subtracted as integers
+    launches = []
+    for i in range(4):
+        start = torch.tensor([1000, 1100, 1050, 1200, 1000], dtype=torch.int64) + 300 * i  # ns
+        point = start + torch.tensor([5000, 9000, 6000, 7000, 8000]) + 100 * (i % 2)
+        if i == 2:
+            point[4] = 0  # CTA 4 misses the point once: left out
+        launches.append(torch.stack([start + base, torch.where(point > 0, point + base, point)], 1))
+    by_cta(launches, 1)
+    out = capsys.readouterr().out
+    # CTA 0: 5.0 / 5.1 us after its launch's first start (its own), the lower middle 5.0; CTA 1 9.1
+    assert "by CTA (4 CTAs, median over 4 launches): min 5.00 median 6.05 max 9.10; halves' correlation 1.00" in out
+    assert "fastest: 0 5.00, 2 6.05, 3 7.20, 1 9.10" in out
+    assert "slowest: 1 9.10, 3 7.20, 2 6.05, 0 5.00" in out
+
+
 def test_no_mma_probe_build():
     """--no-mma: the sm90 builds of both kernels compile without any fp8 MMA, wq_b's native wgmma
     included (the f16 ones of MiniMax's scorer stay); a build without the sm90 library's fp8 MMAs
