@@ -25,6 +25,8 @@
 #             the states a with-compile bench run leaves (DeepSeek's second state, bench/NOTES.md)
 #   stream    scripts/stream_probe.py at both kernels' weight bytes (DeepSeek's 19660800, MiniMax's
 #             default): one launch that only streams them, against the copy floor (the bound below ours)
+#   phase     scripts/stream_probe.py --phase: when each CTA's first piece of its weight share lands, and
+#             whether the late CTAs sit at one phase of an address period (bench/NOTES.md MiniMax session 50)
 #   scorer    the MiniMax scorer's variants side by side (scripts/timeline_probe.py --cold-keys,
 #             S = 1 / 4 / 16 at 4K and 64K): the spec's, then each of SCORER_TUNES ("a=1 b=2;c=3")
 #   ncu       Nsight Compute's warp samples of MiniMax builds (scripts/ncu_run.sh: NCU_CASES,
@@ -48,6 +50,7 @@ for what in "${@:-tests}"; do
                 status=$((status | PIPESTATUS[0])) ;;
         stream) { python3 scripts/stream_probe.py 19660800 && python3 scripts/stream_probe.py; } 2>&1 \
                 | tee "$OUT/stream.log"; status=$((status | PIPESTATUS[0])) ;;
+        phase) python3 scripts/stream_probe.py --phase 2>&1 | tee "$OUT/phase.log"; status=$((status | PIPESTATUS[0])) ;;
         scorer) IFS=';' read -ra tunes <<< "${SCORER_TUNES:-scores.busy_waves=16;scores.busy_waves=1;scores.tiles_ahead=2 scores.key_regs=0}"
                 for tune in "" "${tunes[@]}"; do
                     echo "=== ${tune:-spec}"

@@ -12,8 +12,12 @@ launch could overlap its predecessor). Prints us per call, the bytes / time as T
 the time against the copy floor (bytes / the copy bandwidth measured in the same run).
 
 --first: when a few CTAs' bytes land if the others ask later (first_probe).
+--phase: when each CTA's first piece lands, its share streamed as two bulk copies as the
+MiniMax GEMV's are (the first piece first), for several share sizes (phase_probe): whether the
+CTAs that wait longest are those at one phase of an address period (their shares' offsets
+c x share modulo P), as bench/NOTES.md MiniMax session 50 reads its GEMV's sawtooth.
 
-Usage: python scripts/stream_probe.py [total_bytes] [--first]"""
+Usage: python scripts/stream_probe.py [total_bytes] [--first | --phase]"""
 
 import sys
 
@@ -137,7 +141,82 @@ extern "C" __global__ void __launch_bounds__(512, 1) first(const char* w, long l
         bar_inval(bar);
     }
 }
+// Each CTA: its share (share bytes at share x c) as two bulk copies on two mbarriers, issued at
+// once by thread 0: the piece of first_bytes at the share's end (last: 1) or start (0) first,
+// then the rest. Thread 0 stamps its start, the first piece landed, all landed (stamps[3 c ..]).
+extern "C" __global__ void __launch_bounds__(512, 1) phase(const char* w, long long share, long long* stamps,
+                                                            int first_bytes, int last) {
+    extern __shared__ __align__(128) unsigned char lds[];
+    u64* bar = reinterpret_cast<u64*>(lds);
+    unsigned char* buf = lds + 128;
+    const long long t0 = globaltimer();
+    const int c = blockIdx.x;
+    const char* src = w + share * c;
+    const u32 f = u32(first_bytes), rest = u32(share) - f;
+    const u32 f_off = last ? rest : 0, r_off = last ? 0 : f;
+    if (threadIdx.x == 0) {
+        bar_init_expect(bar, f);
+        bar_init_expect(bar + 1, rest);
+        bulk_copy(buf + f_off, src + f_off, f, bar);
+        bulk_copy(buf + r_off, src + r_off, rest, bar + 1);
+    }
+    __syncthreads();
+    bar_wait(bar);
+    const long long t1 = globaltimer();
+    bar_wait(bar + 1);
+    if (threadIdx.x == 0) {
+        stamps[3 * c] = t0;
+        stamps[3 * c + 1] = t1;
+        stamps[3 * c + 2] = globaltimer();
+        bar_inval(bar);
+        bar_inval(bar + 1);
+    }
+}
 """
+
+PERIODS_KB = (256, 512, 640, 768, 1024, 1280, 1536, 2048)  # address periods --phase tries
+
+
+def phase_fit(late_us: torch.Tensor, share: int, periods_kb=PERIODS_KB) -> list[tuple[int, float]]:
+    """For each period P (KB): the correlation of the CTAs' waits with their shares' phase
+    (c x share mod P) / P; a wait that ramps with the phase and drops at its wrap reads near 1."""
+    c = torch.arange(len(late_us), dtype=torch.float64)
+    out = []
+    for kb in periods_kb:
+        phase = torch.remainder(c * share, kb * 1024) / (kb * 1024)
+        out.append((kb, float(torch.corrcoef(torch.stack([phase, late_us.double()]))[0, 1])))
+    return out
+
+
+def phase_probe(mod, total: int, sms: int, rounds: int = 8) -> None:
+    """--phase: each CTA's first piece (as the GEMV's first segment, 46 KB, at its share's end, as
+    the head piece is) landed after its start, per-CTA medians over `rounds` cold launches, for
+    shares of 64 KB .. the MiniMax GEMV's ~119 KB, and each period's phase correlation."""
+    f = mod.function("phase")
+    stamps = torch.zeros(3 * sms, dtype=torch.int64, device="cuda")
+    for share in (total // sms & ~15, 98304, 131072, 65536):
+        copies = auto_copies(torch.cuda.get_device_properties(0).L2_cache_size, share * sms)
+        ws = [torch.randint(0, 255, (share * sms,), dtype=torch.uint8, device="cuda") for _ in range(copies)]
+        f.set_max_dynamic_shared(128 + share)
+        firsts, alls = [], []
+        for r in range(rounds * len(ws)):
+            f.launch(sms, 512, 128 + share, torch.cuda.current_stream().cuda_stream,
+                     [("u64", ws[r % len(ws)].data_ptr()), ("i64", share), ("u64", stamps.data_ptr()),
+                      ("i32", 46592), ("i32", 1)], cooperative=True)
+            if r % len(ws) == len(ws) - 1:  # a launch on a copy last read a rotation ago
+                t = stamps.view(-1, 3).cpu()
+                firsts.append((t[:, 1] - t[:, 0].min()).double() / 1e3)
+                alls.append((t[:, 2] - t[:, 0].min()).double() / 1e3)
+        torch.cuda.synchronize()
+        first = torch.stack(firsts).median(0).values
+        every = torch.stack(alls).median(0).values
+        best = max(phase_fit(first, share), key=lambda kr: kr[1])
+        print(f"share {share} B x {sms} CTAs ({copies} copies): first piece landed {first.min():.2f} / "
+              f"{first.median():.2f} / {first.max():.2f} us (min / median / max over the CTAs), all "
+              f"{every.min():.2f} / {every.median():.2f} / {every.max():.2f}; best phase period {best[0]} KB "
+              f"(correlation {best[1]:.2f}); by period: "
+              + ", ".join(f"{kb} {r:.2f}" for kb, r in phase_fit(first, share)))
+        print("  first piece by CTA: " + " ".join(f"{v:.1f}" for v in first.tolist()))
 
 
 def first_probe(mod, total: int, sms: int, first_ctas: int = 8, first_bytes: int = 98304) -> None:
@@ -180,6 +259,9 @@ def main() -> None:
     lds = 128 + share
     if "--first" in sys.argv[1:]:
         first_probe(mod, total, sms)
+        return
+    if "--phase" in sys.argv[1:]:
+        phase_probe(mod, total, sms)
         return
     bw = timer.copy_bandwidth()["bytes_per_s"]
     floor_us = total / bw * 1e6

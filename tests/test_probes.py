@@ -13,12 +13,24 @@ from codegen.jit import cuda
 from codegen.targets import get_target
 from codegen.reference import minimax_m3
 from scripts import (broadcast_probe, code_footprint, heads_twice, ncu_stalls, no_key_loads, no_mma, pdl_probe,
-                     precision_model, probe_fp8_convert, probe_wgmma_fp8, sass_same, sass_scoreboards)
+                     precision_model, probe_fp8_convert, probe_wgmma_fp8, sass_same, sass_scoreboards, stream_probe)
 
 
 def test_probe_sources_compile():
-    for mod in (probe_wgmma_fp8, probe_fp8_convert, broadcast_probe):
+    for mod in (probe_wgmma_fp8, probe_fp8_convert, broadcast_probe, stream_probe):
         assert len(cuda.compile(mod.SOURCE, "probe.cu", get_target("sm90"))) > 1000
+
+
+def test_stream_probe_phase_fit_finds_the_period():
+    """stream_probe.py --phase: waits that ramp with the shares' phase in a 768 KB period (and
+    drop at its wrap) correlate best with that period; waits at random do with none."""
+    share = 119152
+    c = torch.arange(132, dtype=torch.float64)
+    ramp = 5.0 + 2.0 * torch.remainder(c * share, 768 * 1024) / (768 * 1024)
+    fits = dict(stream_probe.phase_fit(ramp, share))
+    assert fits[768] > 0.99 and max(r for kb, r in fits.items() if kb != 768) < 0.9
+    noise = 5.0 + torch.rand(132, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    assert max(abs(r) for _, r in stream_probe.phase_fit(noise, share)) < 0.5
 
 
 def test_pdl_probe_wait_only_build():
