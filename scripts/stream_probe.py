@@ -175,16 +175,20 @@ extern "C" __global__ void __launch_bounds__(512, 1) phase(const char* w, long l
 """
 
 PERIODS_KB = (256, 512, 640, 768, 1024, 1280, 1536, 2048)  # address periods --phase tries
+FIRST_PIECE = 91 * 512  # --phase: the first piece's bytes, a typical head piece of the MiniMax GEMV (91 chunks)
 
 
-def phase_fit(late_us: torch.Tensor, share: int, periods_kb=PERIODS_KB) -> list[tuple[int, float]]:
-    """For each period P (KB): the correlation of the CTAs' waits with their shares' phase
-    (c x share mod P) / P; a wait that ramps with the phase and drops at its wrap reads near 1."""
+def phase_fit(late_us: torch.Tensor, share: int, offset: int = 0, periods_kb=PERIODS_KB) -> list[tuple[int, float]]:
+    """For each period P (KB): how well the CTAs' waits ramp with the phase of their pieces'
+    addresses ((c x share + offset) mod P) / P: the largest correlation over 16 places of the
+    ramp's drop (a wait that rises with the phase and drops once a period reads near 1)."""
     c = torch.arange(len(late_us), dtype=torch.float64)
     out = []
     for kb in periods_kb:
-        phase = torch.remainder(c * share, kb * 1024) / (kb * 1024)
-        out.append((kb, float(torch.corrcoef(torch.stack([phase, late_us.double()]))[0, 1])))
+        phase = torch.remainder(c * share + offset, kb * 1024) / (kb * 1024)
+        best = max(float(torch.corrcoef(torch.stack([torch.remainder(phase - k / 16, 1.0), late_us.double()]))[0, 1])
+                   for k in range(16))
+        out.append((kb, best))
     return out
 
 
@@ -202,7 +206,7 @@ def phase_probe(mod, total: int, sms: int, rounds: int = 8) -> None:
         for r in range(rounds * len(ws)):
             f.launch(sms, 512, 128 + share, torch.cuda.current_stream().cuda_stream,
                      [("u64", ws[r % len(ws)].data_ptr()), ("i64", share), ("u64", stamps.data_ptr()),
-                      ("i32", 46592), ("i32", 1)], cooperative=True)
+                      ("i32", FIRST_PIECE), ("i32", 1)], cooperative=True)
             if r % len(ws) == len(ws) - 1:  # a launch on a copy last read a rotation ago
                 t = stamps.view(-1, 3).cpu()
                 firsts.append((t[:, 1] - t[:, 0].min()).double() / 1e3)
@@ -210,12 +214,13 @@ def phase_probe(mod, total: int, sms: int, rounds: int = 8) -> None:
         torch.cuda.synchronize()
         first = torch.stack(firsts).median(0).values
         every = torch.stack(alls).median(0).values
-        best = max(phase_fit(first, share), key=lambda kr: kr[1])
+        fits = phase_fit(first, share, offset=share - FIRST_PIECE)  # the first piece's address
+        best = max(fits, key=lambda kr: kr[1])
         print(f"share {share} B x {sms} CTAs ({copies} copies): first piece landed {first.min():.2f} / "
               f"{first.median():.2f} / {first.max():.2f} us (min / median / max over the CTAs), all "
               f"{every.min():.2f} / {every.median():.2f} / {every.max():.2f}; best phase period {best[0]} KB "
               f"(correlation {best[1]:.2f}); by period: "
-              + ", ".join(f"{kb} {r:.2f}" for kb, r in phase_fit(first, share)))
+              + ", ".join(f"{kb} {r:.2f}" for kb, r in fits))
         print("  first piece by CTA: " + " ".join(f"{v:.1f}" for v in first.tolist()))
 
 

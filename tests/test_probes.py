@@ -24,10 +24,11 @@ def test_probe_sources_compile():
 def test_stream_probe_phase_fit_finds_the_period():
     """stream_probe.py --phase: waits that ramp with the shares' phase in a 768 KB period (and
     drop at its wrap) correlate best with that period; waits at random do with none."""
-    share = 119152
+    share, offset = 119152, 119152 - stream_probe.FIRST_PIECE
     c = torch.arange(132, dtype=torch.float64)
-    ramp = 5.0 + 2.0 * torch.remainder(c * share, 768 * 1024) / (768 * 1024)
-    fits = dict(stream_probe.phase_fit(ramp, share))
+    # the ramp drops where the pieces' phase passes 3/16 of the period, not at 0
+    ramp = 5.0 + 2.0 * torch.remainder((c * share + offset) / (768 * 1024) - 3 / 16, 1.0)
+    fits = dict(stream_probe.phase_fit(ramp, share, offset))
     assert fits[768] > 0.99 and max(r for kb, r in fits.items() if kb != 768) < 0.9
     noise = 5.0 + torch.rand(132, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
     assert max(abs(r) for _, r in stream_probe.phase_fit(noise, share)) < 0.5
