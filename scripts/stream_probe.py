@@ -193,8 +193,8 @@ def phase_fit(late_us: torch.Tensor, share: int, offset: int = 0, periods_kb=PER
 
 
 def phase_probe(mod, total: int, sms: int, rounds: int = 8) -> None:
-    """--phase: each CTA's first piece (as the GEMV's first segment, 46 KB, at its share's end, as
-    the head piece is) landed after its start, per-CTA medians over `rounds` cold launches, for
+    """--phase: when each CTA's first piece (46 KB at its share's end, where the GEMV's head piece
+    lies) landed after the first CTA's start, per-CTA medians over `rounds` cold launches, for
     shares of 64 KB .. the MiniMax GEMV's ~119 KB, and each period's phase correlation."""
     f = mod.function("phase")
     stamps = torch.zeros(3 * sms, dtype=torch.int64, device="cuda")
