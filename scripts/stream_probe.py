@@ -174,7 +174,7 @@ extern "C" __global__ void __launch_bounds__(512, 1) phase(const char* w, long l
 }
 """
 
-PERIODS_KB = (256, 512, 640, 768, 1024, 1280, 1536, 2048)  # address periods --phase tries
+PERIODS_KB = (256, 320, 384, 512, 640, 768, 960, 1024, 1280, 1536, 1920, 2048)  # address periods --phase tries (5 active HBM stacks on an H100, 6 on an H200)
 FIRST_PIECE = 91 * 512  # --phase: the first piece's bytes, a typical head piece of the MiniMax GEMV (91 chunks)
 
 
