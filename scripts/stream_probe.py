@@ -142,23 +142,22 @@ extern "C" __global__ void __launch_bounds__(512, 1) first(const char* w, long l
     }
 }
 // Each CTA: its share (share bytes at share x c) as two bulk copies on two mbarriers, issued at
-// once by thread 0: the piece of first_bytes at the share's end (last: 1) or start (0) first,
+// once by thread 0: the last first_bytes of the share first (where the GEMV's head piece lies),
 // then the rest. Thread 0 stamps its start, the first piece landed, all landed (stamps[3 c ..]).
 extern "C" __global__ void __launch_bounds__(512, 1) phase(const char* w, long long share, long long* stamps,
-                                                            int first_bytes, int last) {
+                                                            int first_bytes) {
     extern __shared__ __align__(128) unsigned char lds[];
     u64* bar = reinterpret_cast<u64*>(lds);
     unsigned char* buf = lds + 128;
     const long long t0 = globaltimer();
     const int c = blockIdx.x;
     const char* src = w + share * c;
-    const u32 f = u32(first_bytes), rest = u32(share) - f;
-    const u32 f_off = last ? rest : 0, r_off = last ? 0 : f;
+    const u32 rest = u32(share) - u32(first_bytes);
     if (threadIdx.x == 0) {
-        bar_init_expect(bar, f);
+        bar_init_expect(bar, u32(first_bytes));
         bar_init_expect(bar + 1, rest);
-        bulk_copy(buf + f_off, src + f_off, f, bar);
-        bulk_copy(buf + r_off, src + r_off, rest, bar + 1);
+        bulk_copy(buf + rest, src + rest, u32(first_bytes), bar);
+        bulk_copy(buf, src, rest, bar + 1);
     }
     __syncthreads();
     bar_wait(bar);
@@ -206,7 +205,7 @@ def phase_probe(mod, total: int, sms: int, rounds: int = 8) -> None:
         for r in range(rounds * len(ws)):
             f.launch(sms, 512, 128 + share, torch.cuda.current_stream().cuda_stream,
                      [("u64", ws[r % len(ws)].data_ptr()), ("i64", share), ("u64", stamps.data_ptr()),
-                      ("i32", FIRST_PIECE), ("i32", 1)], cooperative=True)
+                      ("i32", FIRST_PIECE)], cooperative=True)
             if r % len(ws) == len(ws) - 1:  # a launch on a copy last read a rotation ago
                 t = stamps.view(-1, 3).cpu()
                 firsts.append((t[:, 1] - t[:, 0].min()).double() / 1e3)
