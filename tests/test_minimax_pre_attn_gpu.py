@@ -36,6 +36,8 @@ IQ_ROWS = slice(2304, 2304 + 128)  # the own index-q head's rows (IQ_OFF, one in
 # the index q's rows (the spec's sum those on the CUDA cores up to 2 rows: rows_first)
 GEMV_TUNES = {"spec": None,
               "segment-waits": {"qkv.segment_waits": 1},  # each staged segment waited for before its MMAs
+              # the staged segments' bulk copies in order (the spec's sm90 rotates them up to 2 rows)
+              "unrotated": {"qkv.rotate_copies": 0},
               "bulk-copies": {"qkv.bulk_copies": 1},  # every staged segment by TMA bulk copies, at every S
               "tail-in-turn": {"qkv.tail_read_ahead": 0},  # the tail's lower piece read in its turn (the spec's sm90: ahead)
               # the last CTA out advances the epoch (the spec's: the CTAs finished over all launches / BLOCKS)

@@ -22,11 +22,11 @@ BULK_CALL = "stage_weights_bulk(a, lo"  # the sm90 GEMV's bulk-copy issue (bulk_
 
 
 def test_override_changes_the_build_and_names_itself():
-    _, plain = source(SPEC, "sm90", tokens=1)
-    _, tuned = source(SPEC, "sm90", tune={"qkv.bulk_copies": 0}, tokens=1)
-    assert BULK_CALL in plain and BULK_CALL not in tuned  # the spec turns bulk copies on at S = 1
+    _, plain = source(SPEC, "sm90", tokens=4)
+    _, tuned = source(SPEC, "sm90", tune={"qkv.bulk_copies": 1}, tokens=4)
+    assert BULK_CALL in tuned and BULK_CALL not in plain  # the spec leaves bulk copies off at S = 4
     assert "// tune:" not in plain
-    assert "// tune:   qkv.bulk_copies=0  (overrides of the spec's knobs)" in tuned.splitlines()[3]
+    assert "// tune:   qkv.bulk_copies=1  (overrides of the spec's knobs)" in tuned.splitlines()[3]
     # everything else is the same kernel: one knob, one difference in the header
     assert plain.splitlines()[:3] == tuned.splitlines()[:3]
 
@@ -52,11 +52,11 @@ def test_the_untuned_spec_is_not_touched():
 
 
 def test_loaded_kernels_are_cached_apart():
-    a = load(SPEC, tokens=1, target="sm90")
-    b = load(SPEC, tokens=1, target="sm90", tune={"qkv.bulk_copies": 0})
-    c = load(SPEC, tokens=1, target="sm90", tune={"qkv.bulk_copies": 0})
+    a = load(SPEC, tokens=4, target="sm90")
+    b = load(SPEC, tokens=4, target="sm90", tune={"qkv.bulk_copies": 1})
+    c = load(SPEC, tokens=4, target="sm90", tune={"qkv.bulk_copies": 1})
     assert a is not b and b is c
-    assert BULK_CALL in a.source and BULK_CALL not in b.source
+    assert BULK_CALL in b.source and BULK_CALL not in a.source
 
 
 @pytest.mark.parametrize("tune, line, fragment", [
@@ -66,6 +66,7 @@ def test_loaded_kernels_are_cached_apart():
     ({"qkv.no_such_field": 1}, "qkv", "Extra inputs are not permitted"),
     ({"qkv.bulk_copies": 2}, "bulk_copies", "must be true / false or 1 / 0"),
     ({"qkv.lds_prefetch": 0}, "bulk_copies", "bulk_copies is how lds_prefetch moves"),  # the knob that needs it
+    ({"qkv.bulk_copies": 0}, "rotate_copies", "rotate_copies splits the staged segments' bulk copies"),
     ({"symbols.NO_SUCH": 1}, "symbols", "no symbol 'NO_SUCH'"),
 ])
 def test_bad_overrides_are_located_errors(tune, line, fragment):
@@ -116,6 +117,28 @@ def test_gemv_segment_waits():
         source(SPEC, "sm90", tune={"qkv.segment_waits": 1, "qkv.lds_prefetch": 0, "qkv.bulk_copies": 0}, tokens=4)
 
 
+def test_gemv_rotate_copies():
+    """qkv.rotate_copies (sm90, with bulk copies; the spec's up to 2 rows): each staged segment's
+    bulk copy in two, from a CTA-dependent chunk r on, then its first r chunks, onto the same
+    mbarrier and the same LDS places; no spill; refused without bulk copies. The GPU case
+    'unrotated' compares the unrotated build's qkv with the reference as the spec's is."""
+    for tokens in (1, 2, 16):
+        ir, text = source(SPEC, "sm90", tune={"qkv.rotate_copies": 1}, tokens=tokens)
+        assert [s.values["rotate_copies"] for s in ir.stages if s.name == "qkv"] == [True]
+        gemv = text[text.index("namespace stage_qkv {"):text.index("}  // namespace stage_qkv")]
+        assert "const int len = sg.k1 - sg.k0, r = len * (3 * block_id() % 8) / 8;" in gemv
+        assert "bulk_copy(wl + (slot + r) * CHUNK_WORDS, segment_weights(a, upper), segment_bytes(upper), bar);" in gemv
+        assert "if (r > 0) bulk_copy(wl + slot * CHUNK_WORDS, segment_weights(a, lower), segment_bytes(lower), bar);" in gemv
+        (report,) = jit.resource_report(text, "rotate_copies.hip", get_target("sm90"))
+        assert report.spills == 0 and report.scratch_bytes == 0
+    _, plain = source(SPEC, "sm90", tune={"qkv.rotate_copies": 0}, tokens=1)
+    assert "segment_weights(a, upper)" not in plain
+    with pytest.raises(SpecError, match="turn bulk_copies on for this target, or rotate_copies off"):
+        source(SPEC, "sm90", tune={"qkv.rotate_copies": 1, "qkv.bulk_copies": 0}, tokens=1)
+    with pytest.raises(SpecError, match="rotate_copies splits"):  # S = 4: the spec copies no segment in bulk
+        source(SPEC, "sm90", tune={"qkv.rotate_copies": 1}, tokens=4)
+
+
 def test_gemv_tail_read_ahead():
     """qkv.tail_read_ahead (sm90 stream-K, the spec's there): the threads that finish a CTA's tail
     group load its lower piece right after they put the iteration before it (the head piece, or a
@@ -159,7 +182,7 @@ def test_gemv_l2_prefetch_at_launch():
         assert "return a.w_qkv + task_row0(sg.g) * K + sg.k0 * 16 * GEMV_K_CHUNK;" in gemv  # the segment's bytes
         (report,) = jit.resource_report(text, "l2_prefetch.hip", get_target("sm90"))
         assert report.spills == 0 and report.scratch_bytes == 0
-    _, bulk = source(SPEC, "sm90", tokens=1)  # the spec's bulk copies at S = 1: the same bytes a segment
+    _, bulk = source(SPEC, "sm90", tune={"qkv.rotate_copies": 0}, tokens=1)  # bulk copies at S = 1: the same bytes a segment
     assert f"bulk_copy(wl + slot * CHUNK_WORDS, {seg}, {size}, bar);" in bulk
     assert "stage_qkv::prefetch_l2(a);" not in bulk and "MONO_DEVICE void prefetch_l2" not in bulk
     with pytest.raises(SpecError, match="prefetches before the wait for the previous launch only, got 'norm'"):

@@ -106,6 +106,12 @@ class Model(StageBase):
     # rest still lands; 0 = all of the CTA's staged weights at once (MiniMax S = 1: weights landed
     # 4.9 us, GEMV done 7.7, bench/NOTES.md MiniMax session 13)
     segment_waits: PerTarget = PerTarget(default=0)
+    # rotated copies per target (1 = on; with bulk_copies): each staged segment as two bulk copies
+    # on its mbarrier, the first from a chunk that depends on the CTA (an eighth of the segment
+    # times (3 x CTA) mod 8) to its end, then its start, so that the CTAs' streams do not walk
+    # their shares in step. The same bytes land in the same places, waited for as before: the same
+    # sums (MiniMax S = 1 / 2: -0.1..-0.2 us by turns in two H100 calls, bench/NOTES.md session 51)
+    rotate_copies: PerTarget = PerTarget(default=0)
     # stream-K (1 = on): the threads that finish the CTA's tail group read its lower piece (the
     # previous CTA's head piece) once they have put the iteration's results before it, not after
     # the tail's MMAs, so that the L2 round trip overlaps them; a read that finds an older tag is
@@ -129,7 +135,7 @@ class Model(StageBase):
     l2_prefetch: PerTarget = PerTarget(default=0)
     l2_prefetch_at: Name | None = None
     _tile = field_validator("token_tile", "stream_k", "lds_prefetch", "early_weights", "bulk_copies", "segment_waits",
-                            "tail_read_ahead", "rows_first", "l2_prefetch", mode="before")(
+                            "rotate_copies", "tail_read_ahead", "rows_first", "l2_prefetch", mode="before")(
         classmethod(lambda cls, v: per_target(v)))
 
 
@@ -256,6 +262,10 @@ def stream_k(stage: Model, ctx, nchunk: int, tasks: int, tokens: int, tile: int)
     if segment_waits and not prefetch:
         ctx.fail(("segment_waits",), "segment_waits waits for the segments lds_prefetch stages",
                  "turn lds_prefetch on for this target, or segment_waits off")
+    rotate = ctx.switch(stage.rotate_copies.for_target(ctx.target.name), ("rotate_copies",))
+    if rotate and not bulk:
+        ctx.fail(("rotate_copies",), "rotate_copies splits the staged segments' bulk copies",
+                 "turn bulk_copies on for this target, or rotate_copies off")
     read_ahead = ctx.switch(stage.tail_read_ahead.for_target(ctx.target.name), ("tail_read_ahead",))
     if read_ahead and not on:
         ctx.fail(("tail_read_ahead",), "tail_read_ahead reads a stream-K CTA's lower piece ahead",
@@ -275,7 +285,7 @@ def stream_k(stage: Model, ctx, nchunk: int, tasks: int, tokens: int, tile: int)
                      f"got {stage.l2_prefetch_at!r}", f"set l2_prefetch_at: {LAUNCH}")
     if not on:
         return {"split": False, "partials": None, "prefetch": False, "early_weights": True, "bulk": False,
-                "all_staged": False, "segment_waits": False, "l2_prefetch_at": None}
+                "all_staged": False, "segment_waits": False, "rotate_copies": False, "l2_prefetch_at": None}
     if stage.partials is None:
         ctx.fail(("partials",), "stream_k needs a pairs region for the partial tiles", "add 'partials: <region>'")
     ctx.region(stage.partials, ("partials",), kind="pairs", min_count=tasks * 16 * 16)
@@ -310,5 +320,6 @@ def stream_k(stage: Model, ctx, nchunk: int, tasks: int, tokens: int, tile: int)
         ctx.lds(stage.name, "wbar", "u64", bars)  # the bulk copies' mbarrier(s)
     return {"split": True, "partials": stage.partials, "tasks": tasks, "ctas": ctas, "nchunk": nchunk,
             "prefetch": prefetch, "staged_chunks": staged, "early_weights": early,
-            "bulk": bulk, "all_staged": all_staged, "segment_waits": segment_waits, "tail_read_ahead": read_ahead,
+            "bulk": bulk, "all_staged": all_staged, "segment_waits": segment_waits, "rotate_copies": rotate,
+            "tail_read_ahead": read_ahead,
             "l2_prefetch_at": LAUNCH if l2 else None}

@@ -1274,7 +1274,12 @@ MONO_DEVICE void stage_weights_bulk(const Args& a, int lo, int hi, int g_reg, u3
         const Segment sg = segment_of(g, lo, hi);
         bulk_barrier_init(bar);
         bulk_expect(bar, segment_bytes(sg));
-        bulk_copy(wl + slot * CHUNK_WORDS, segment_weights(a, sg), segment_bytes(sg), bar);
+        // rotate_copies: from chunk k0 + r on, then k0 .. k0 + r - 1 (r: an eighth of the segment times
+        // (3 x CTA) mod 8), so that the CTAs' streams do not walk their shares in step
+        const int len = sg.k1 - sg.k0, r = len * (3 * block_id() % 8) / 8;
+        const Segment upper{sg.g, sg.k0 + r, sg.k1}, lower{sg.g, sg.k0, sg.k0 + r};
+        bulk_copy(wl + (slot + r) * CHUNK_WORDS, segment_weights(a, upper), segment_bytes(upper), bar);
+        if (r > 0) bulk_copy(wl + slot * CHUNK_WORDS, segment_weights(a, lower), segment_bytes(lower), bar);
         slot += sg.k1 - sg.k0;
         ++bar;  // the next segment's
     }
