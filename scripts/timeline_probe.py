@@ -22,8 +22,8 @@ what the keys' arrival costs beyond the tiles' compute);
 straggler's roles show in its other stamps);
 --ctas=A,B,.. lists those CTAs with all their stamps (e.g. the CTA of a head task and the CTAs
 that compute its rows);
---by-cta=POINT gives each CTA's POINT as the median over the launches, and the 8 fastest and slowest
-CTAs by it, and how alike two halves of the launches rank the CTAs (the correlation of their
+--by-cta=POINT gives each CTA's POINT as the median over the launches (every CTA's, in order), the 8
+fastest and slowest CTAs by it, and how alike two halves of the launches rank the CTAs (the correlation of their
 per-CTA medians: near 1, a CTA is late by its place, e.g. its SM; near 0, by chance)."""
 
 import sys
@@ -135,6 +135,7 @@ def by_cta(samples: list, p: int) -> None:
           f"{med.median():.2f} max {med.max():.2f}; halves' correlation {corr:.2f}")
     for name, part in (("fastest", order[:8]), ("slowest", order.flip(0)[:8])):
         print(f"    {name}: " + ", ".join(f"{int(ctas[i])} {float(med[i]):.2f}" for i in part))
+    print("    every CTA, in order: " + " ".join(f"{int(c)}:{float(m):.1f}" for c, m in zip(ctas, med)))  # a pattern's shape
 
 
 if __name__ == "__main__":

@@ -170,6 +170,7 @@ def test_timeline_by_cta_ranks_ctas_by_their_median_launch(capsys):
     assert "by CTA (4 CTAs, median over 4 launches): min 5.00 median 6.05 max 9.10; halves' correlation 1.00" in out
     assert "fastest: 0 5.00, 2 6.05, 3 7.20, 1 9.10" in out
     assert "slowest: 1 9.10, 3 7.20, 2 6.05, 0 5.00" in out
+    assert "every CTA, in order: 0:5.0 1:9.1 2:6.0 3:7.2" in out  # CTA 4 left out
 
 
 def test_no_mma_probe_build():
