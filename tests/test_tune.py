@@ -397,6 +397,7 @@ def test_cli_bad_tune_is_a_located_error(capsys):
 def test_a_diagnostic_stamp_by_override():
     """qkv.staged_point (off in the spec) stamps the spare point once the staged weights landed:
     after the one wait for them all, or (segment_waits, the spec's at S = 1) the last segment's;
+    qkv.first_staged_point after the first segment's wait (segment_waits only);
     qkv.normed_point (off too) once the inline norm's rows are in LDS, refused for a build whose
     norm runs as its own stage."""
     _, plain = source(SPEC, "sm90", tokens=1, timeline=True)
@@ -411,6 +412,13 @@ def test_a_diagnostic_stamp_by_override():
     assert lines[at - 1].strip().startswith("bulk_wait(wbar + staged, 0, mb.tag);")
     with pytest.raises(SpecError, match="no timeline point 'landed'"):
         source(SPEC, "sm90", tune={"qkv.staged_point": "landed"}, tokens=1)
+    # qkv.first_staged_point: the first segment's wait over (segment_waits only)
+    _, tuned = source(SPEC, "sm90", tune={"qkv.first_staged_point": "spare"}, tokens=1, timeline=True)
+    lines = tuned.splitlines()
+    at = lines.index("            if (staged == 0) stamp(lds, TL_SPARE);  // the first one")
+    assert lines[at - 1].strip().startswith("bulk_wait(wbar + staged, 0, mb.tag);")
+    with pytest.raises(SpecError, match="use staged_point, or turn segment_waits on"):
+        source(SPEC, "sm90", tune={"qkv.first_staged_point": "spare"}, tokens=2)  # the spec's S = 2 waits once
     # qkv.normed_point: the inline norm's rows in LDS (S = 1: every CTA norms the token itself),
     # before the rows-first pair's dots and the ready point after them
     _, tuned = source(SPEC, "sm90", tune={"qkv.normed_point": "spare"}, tokens=1, timeline=True)

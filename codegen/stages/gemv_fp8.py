@@ -66,6 +66,8 @@ class Model(StageBase):
     normed_point: Name | None = None
     done_point: Name | None = "gemv_done"  # timeline point: the CTA's rows put
     staged_point: Name | None = None  # timeline point: the weights staged in LDS have landed (lds_prefetch)
+    # timeline point: the CTA's first staged segment has landed (segment_waits: its own wait over)
+    first_staged_point: Name | None = None
     piece_point: Name | None = None  # timeline point: the CTA's head piece put (stream-K)
     tail_point: Name | None = None  # timeline point: the tail's lower piece arrived from the previous CTA (stream-K)
     weight: Name  # ABI fp8 [rows, K], preshuffled for the target (codegen.weights)
@@ -262,6 +264,9 @@ def stream_k(stage: Model, ctx, nchunk: int, tasks: int, tokens: int, tile: int)
     if segment_waits and not prefetch:
         ctx.fail(("segment_waits",), "segment_waits waits for the segments lds_prefetch stages",
                  "turn lds_prefetch on for this target, or segment_waits off")
+    if stage.first_staged_point is not None and not segment_waits:
+        ctx.fail(("first_staged_point",), "first_staged_point stamps the first of the segment waits; this build "
+                 "waits once for all its staged weights", "use staged_point, or turn segment_waits on")
     rotate = ctx.switch(stage.rotate_copies.for_target(ctx.target.name), ("rotate_copies",))
     if rotate and not bulk:
         ctx.fail(("rotate_copies",), "rotate_copies splits the staged segments' bulk copies",
