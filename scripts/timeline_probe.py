@@ -23,8 +23,9 @@ straggler's roles show in its other stamps);
 --ctas=A,B,.. lists those CTAs with all their stamps (e.g. the CTA of a head task and the CTAs
 that compute its rows);
 --by-cta=POINT gives each CTA's POINT as the median over the launches (every CTA's, in order), the 8
-fastest and slowest CTAs by it, and how alike two halves of the launches rank the CTAs (the correlation of their
-per-CTA medians: near 1, a CTA is late by its place, e.g. its SM; near 0, by chance)."""
+fastest and slowest CTAs by it, and how alike two halves of the launches rank the CTAs (the
+correlation of their per-CTA medians: near 1, a CTA is late by its place, e.g. its SM or its share
+of the stream-K split; near 0, by chance)."""
 
 import sys
 
