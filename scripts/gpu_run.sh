@@ -27,6 +27,9 @@
 #             default): one launch that only streams them, against the copy floor (the bound below ours)
 #   phase     scripts/stream_probe.py --phase: when each CTA's first piece of its weight share lands, and
 #             whether the late CTAs sit at one phase of an address period (bench/NOTES.md MiniMax session 50)
+#   bycta     MiniMax timelines by CTA (scripts/timeline_probe.py --cold-keys --by-cta=BYCTA_POINT, default
+#             gemv_done, at BYCTA_TOKENS, default 1): each of BYCTA_TUNES ("a=1 b=2;c=3"; default the spec's
+#             build), every CTA's median in order (e.g. BYCTA_POINT=spare BYCTA_TUNES="qkv.first_staged_point=spare")
 #   scorer    the MiniMax scorer's variants side by side (scripts/timeline_probe.py --cold-keys,
 #             S = 1 / 4 / 16 at 4K and 64K): the spec's, then each of SCORER_TUNES ("a=1 b=2;c=3")
 #   ncu       Nsight Compute's warp samples of MiniMax builds (scripts/ncu_run.sh: NCU_CASES,
@@ -51,6 +54,14 @@ for what in "${@:-tests}"; do
         stream) { python3 scripts/stream_probe.py 19660800 && python3 scripts/stream_probe.py; } 2>&1 \
                 | tee "$OUT/stream.log"; status=$((status | PIPESTATUS[0])) ;;
         phase) python3 scripts/stream_probe.py --phase 2>&1 | tee "$OUT/phase.log"; status=$((status | PIPESTATUS[0])) ;;
+        bycta) IFS=';' read -ra tunes <<< "${BYCTA_TUNES:-}"
+                [ ${#tunes[@]} -eq 0 ] && tunes=("")
+                for tune in "${tunes[@]}"; do
+                    echo "=== ${tune:-spec}"
+                    # shellcheck disable=SC2086  # a tune is several words, BYCTA_TOKENS several numbers
+                    python3 scripts/timeline_probe.py --cold-keys --by-cta="${BYCTA_POINT:-gemv_done}" ${BYCTA_TOKENS:-1} $tune 2>&1 \
+                        | grep -v Warning
+                done 2>&1 | tee "$OUT/bycta.log"; status=$((status | PIPESTATUS[0])) ;;
         scorer) IFS=';' read -ra tunes <<< "${SCORER_TUNES:-scores.busy_waves=16;scores.busy_waves=1;scores.tiles_ahead=2 scores.key_regs=0}"
                 for tune in "" "${tunes[@]}"; do
                     echo "=== ${tune:-spec}"

@@ -127,6 +127,9 @@ def by_cta(samples: list, p: int) -> None:
     starts = torch.where(stamps[:, :, 0] > 0, stamps[:, :, 0], stamps[:, :, 0].max())
     us = (stamps[:, :, p] - starts.min(1, keepdim=True).values).double() / 1000.0  # [launches, CTAs]
     ctas = (stamps[:, :, p] > 0).all(0).nonzero().flatten()
+    if len(ctas) == 0:
+        print("  by CTA: no CTA stamps this point in every launch (a spare point needs a STAGE.*_point=spare tune)")
+        return
     med = us[:, ctas].median(0).values
     order = med.argsort()
     half = len(samples) // 2

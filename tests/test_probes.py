@@ -171,6 +171,8 @@ def test_timeline_by_cta_ranks_ctas_by_their_median_launch(capsys):
     assert "fastest: 0 5.00, 2 6.05, 3 7.20, 1 9.10" in out
     assert "slowest: 1 9.10, 3 7.20, 2 6.05, 0 5.00" in out
     assert "every CTA, in order: 0:5.0 1:9.1 2:6.0 3:7.2" in out  # CTA 4 left out
+    by_cta([torch.stack([lt[:, 0], torch.zeros_like(lt[:, 1])], 1) for lt in launches], 1)  # a point none stamps
+    assert "no CTA stamps this point in every launch" in capsys.readouterr().out
 
 
 def test_no_mma_probe_build():
