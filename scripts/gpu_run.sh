@@ -41,6 +41,20 @@ export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 MONO_CACHE_DIR=/tmp/mono-cac
 export OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader | tee "$OUT/gpu.txt"
 status=0
+# The command after $1, once with each tune of $1 ("a=1 b=2;c=3"; an empty tune, or none at all: the
+# spec's build) appended, under a "=== tune" line; fails if any run failed
+over_tunes() {
+    local list=$1 tune rc=0
+    shift
+    IFS=';' read -ra tunes <<< "$list"
+    [ ${#tunes[@]} -eq 0 ] && tunes=("")
+    for tune in "${tunes[@]}"; do
+        echo "=== ${tune:-spec}"
+        # shellcheck disable=SC2086  # a tune is several words
+        "$@" $tune 2>&1 || rc=1
+    done
+    return $rc
+}
 for what in "${@:-tests}"; do
     case "$what" in
         tests) python3 -m pytest -q -m gpu -p no:cacheprovider --durations=15 ${TEST_N:+-n "$TEST_N"} ${TEST_K:+-k "$TEST_K"} ${TEST_ARGS:-tests} 2>&1 \
@@ -54,25 +68,15 @@ for what in "${@:-tests}"; do
         stream) { python3 scripts/stream_probe.py 19660800 && python3 scripts/stream_probe.py; } 2>&1 \
                 | tee "$OUT/stream.log"; status=$((status | PIPESTATUS[0])) ;;
         phase) python3 scripts/stream_probe.py --phase 2>&1 | tee "$OUT/phase.log"; status=$((status | PIPESTATUS[0])) ;;
-        bycta) IFS=';' read -ra tunes <<< "${BYCTA_TUNES:-}"
-                [ ${#tunes[@]} -eq 0 ] && tunes=("")
-                for tune in "${tunes[@]}"; do
-                    echo "=== ${tune:-spec}"
-                    # shellcheck disable=SC2086  # a tune is several words, BYCTA_TOKENS several numbers
-                    python3 scripts/timeline_probe.py --cold-keys --by-cta="${BYCTA_POINT:-gemv_done}" ${BYCTA_TOKENS:-1} $tune 2>&1 \
-                        | grep -v Warning
-                done 2>&1 | tee "$OUT/bycta.log"; status=$((status | PIPESTATUS[0])) ;;
-        scorer) IFS=';' read -ra tunes <<< "${SCORER_TUNES:-scores.busy_waves=16;scores.busy_waves=1;scores.tiles_ahead=2 scores.key_regs=0}"
-                for tune in "" "${tunes[@]}"; do
-                    echo "=== ${tune:-spec}"
-                    # shellcheck disable=SC2086  # a tune is several words
-                    python3 scripts/timeline_probe.py --cold-keys 1 4 16 $tune 2>&1 | grep "^S=\|graph replay\|scores_done"
-                done 2>&1 | tee "$OUT/scorer.log"; status=$((status | PIPESTATUS[0])) ;;
-        probes) IFS=';' read -ra tunes <<< "${DS_PROBES:-qkv.got_point=spare qkv.quant_point=spare2;wq_b.rows_point=spare wq_b.unit_point=spare2;wqkv_a.rows_point=spare wqkv_a.unit_point=spare2}"
-                for tune in "${tunes[@]}"; do
-                    # shellcheck disable=SC2086  # a tune is several words
-                    python3 scripts/timeline_deepseek_front.py $tune 2>&1
-                done 2>&1 | tee "$OUT/probes.log"; status=$((status | PIPESTATUS[0])) ;;
+        bycta) # shellcheck disable=SC2086  # BYCTA_TOKENS: several numbers
+                over_tunes "${BYCTA_TUNES:-}" python3 scripts/timeline_probe.py --cold-keys \
+                    --by-cta="${BYCTA_POINT:-gemv_done}" ${BYCTA_TOKENS:-1} | grep -v Warning | tee "$OUT/bycta.log"
+                status=$((status | PIPESTATUS[0])) ;;
+        scorer) over_tunes ";${SCORER_TUNES:-scores.busy_waves=16;scores.busy_waves=1;scores.tiles_ahead=2 scores.key_regs=0}" \
+                    python3 scripts/timeline_probe.py --cold-keys 1 4 16 | grep "^===\|^S=\|graph replay\|scores_done" \
+                    | tee "$OUT/scorer.log"; status=$((status | PIPESTATUS[0])) ;;
+        probes) over_tunes "${DS_PROBES:-qkv.got_point=spare qkv.quant_point=spare2;wq_b.rows_point=spare wq_b.unit_point=spare2;wqkv_a.rows_point=spare wqkv_a.unit_point=spare2}" \
+                    python3 scripts/timeline_deepseek_front.py | tee "$OUT/probes.log"; status=$((status | PIPESTATUS[0])) ;;
         branches) [ -d .ab-main ] && compgen -G ".br-*/" >/dev/null || { echo "no .ab-main / .br-*: scripts/prep_branches.sh"; status=1; continue; }
                 variants=(--variant main .ab-main)
                 for dir in .br-*/; do  # (not in a pipe: status is this shell's)
