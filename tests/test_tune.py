@@ -485,8 +485,9 @@ def test_scorer_item_stamps():
 
 
 def test_stream_k_hand_off_stamps():
-    """qkv.piece_point / qkv.tail_point (analysis stamps, off in the spec): the head piece put,
-    the tail's lower piece seen; both name timeline points like the kinds' own."""
+    """qkv.piece_point / qkv.tail_point / qkv.mmas_point (analysis stamps, off in the spec): the head
+    piece put, the tail's lower piece seen, the last segment's MMAs done; each names a timeline point
+    like the kinds' own."""
     _, plain = source(SPEC, "sm90", tokens=1, timeline=True)
     _, tuned = source(SPEC, "sm90", tokens=1, timeline=True, tune={
         "qkv.piece_point": "spare", "qkv.tail_point": "head_got_qkv", "heads.got_point": None})
@@ -494,6 +495,11 @@ def test_stream_k_hand_off_stamps():
     assert "if (seg.k0 > 0) stamp(lds, TL_HEAD_GOT_QKV);" in tuned
     with pytest.raises(SpecError, match="no timeline point 'landed'"):
         source(SPEC, "sm90", tune={"qkv.piece_point": "landed"}, tokens=1)
+    # qkv.mmas_point: the last segment's MMAs done by every wave, after its barrier, before its epilogue
+    _, tuned = source(SPEC, "sm90", tokens=1, timeline=True, tune={"qkv.mmas_point": "spare"})
+    gemv = tuned[tuned.index("namespace stage_qkv {"):tuned.index("}  // namespace stage_qkv")]
+    assert "        barrier();\n        if (g == g_first) stamp(lds, TL_SPARE);" in gemv
+    assert gemv.count("stamp(lds, TL_SPARE)") == 1
 
 
 def test_scorer_warp_groups():

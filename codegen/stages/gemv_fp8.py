@@ -69,6 +69,8 @@ class Model(StageBase):
     # timeline point: the CTA's first staged segment has landed (segment_waits: its own wait over)
     first_staged_point: Name | None = None
     piece_point: Name | None = None  # timeline point: the CTA's head piece put (stream-K)
+    # timeline point: every wave's MMAs of the CTA's last segment done, before its epilogue (stream-K)
+    mmas_point: Name | None = None
     tail_point: Name | None = None  # timeline point: the tail's lower piece arrived from the previous CTA (stream-K)
     weight: Name  # ABI fp8 [rows, K], preshuffled for the target (codegen.weights)
     weight_scale: Name  # ABI f32 [rows]
