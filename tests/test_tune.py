@@ -412,6 +412,9 @@ def test_a_diagnostic_stamp_by_override():
     assert lines[at - 1].strip().startswith("bulk_wait(wbar + staged, 0, mb.tag);")
     with pytest.raises(SpecError, match="no timeline point 'landed'"):
         source(SPEC, "sm90", tune={"qkv.staged_point": "landed"}, tokens=1)
+    with pytest.raises(SpecError, match="staged_point stamps the wait for the weights lds_prefetch stages, which this "
+                                        "build leaves out"):
+        source(SPEC, "gfx942", tune={"qkv.staged_point": "spare"}, tokens=1)  # AMD stages no weights
     # qkv.first_staged_point: the first segment's wait over (segment_waits only)
     _, tuned = source(SPEC, "sm90", tune={"qkv.first_staged_point": "spare"}, tokens=1, timeline=True)
     lines = tuned.splitlines()
@@ -500,6 +503,11 @@ def test_stream_k_hand_off_stamps():
     gemv = tuned[tuned.index("namespace stage_qkv {"):tuned.index("}  // namespace stage_qkv")]
     assert "        barrier();\n        if (g == g_first) stamp(lds, TL_SPARE);" in gemv
     assert gemv.count("stamp(lds, TL_SPARE)") == 1
+    # a build without stream-K (the spec's AMD targets) has none of the three places: refused, not silent
+    for field in ("piece_point", "tail_point", "mmas_point"):
+        with pytest.raises(SpecError, match=rf"stages.1.{field}: .*{field} stamps .*, which this build leaves out"
+                                            rf"\n.*fix: turn stream_k on for this target, or {field} off"):
+            source(SPEC, "gfx942", tune={f"qkv.{field}": "spare"}, tokens=1)
 
 
 def test_scorer_warp_groups():

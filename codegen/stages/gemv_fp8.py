@@ -266,9 +266,19 @@ def stream_k(stage: Model, ctx, nchunk: int, tasks: int, tokens: int, tile: int)
     if segment_waits and not prefetch:
         ctx.fail(("segment_waits",), "segment_waits waits for the segments lds_prefetch stages",
                  "turn lds_prefetch on for this target, or segment_waits off")
-    if stage.first_staged_point is not None and not segment_waits:
-        ctx.fail(("first_staged_point",), "first_staged_point stamps the first of the segment waits; this build "
-                 "waits once for all its staged weights", "use staged_point, or turn segment_waits on")
+    # A point whose stamp sits in code this build leaves out would stamp nothing, silently: refuse it
+    for field, built, where, fix in (
+            ("staged_point", prefetch, "the wait for the weights lds_prefetch stages",
+             "turn lds_prefetch on for this target, or staged_point off"),
+            ("first_staged_point", segment_waits, "the first of the segment waits",
+             "use staged_point, or turn segment_waits on"),
+            ("piece_point", on, "a stream-K CTA's head piece put", "turn stream_k on for this target, or piece_point off"),
+            ("mmas_point", on, "every wave's MMAs of a stream-K CTA's last segment done",
+             "turn stream_k on for this target, or mmas_point off"),
+            ("tail_point", on, "a stream-K tail's lower piece arrived",
+             "turn stream_k on for this target, or tail_point off")):
+        if getattr(stage, field) is not None and not built:
+            ctx.fail((field,), f"{field} stamps {where}, which this build leaves out", fix)
     rotate = ctx.switch(stage.rotate_copies.for_target(ctx.target.name), ("rotate_copies",))
     if rotate and not bulk:
         ctx.fail(("rotate_copies",), "rotate_copies splits the staged segments' bulk copies",
