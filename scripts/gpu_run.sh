@@ -29,7 +29,8 @@
 #             whether the late CTAs sit at one phase of an address period (bench/NOTES.md MiniMax session 50)
 #   bycta     MiniMax timelines by CTA (scripts/timeline_probe.py --cold-keys --by-cta=BYCTA_POINT, default
 #             gemv_done, at BYCTA_TOKENS, default 1): each of BYCTA_TUNES ("a=1 b=2;c=3"; default the spec's
-#             build), every CTA's median in order (e.g. BYCTA_POINT=spare BYCTA_TUNES="qkv.first_staged_point=spare")
+#             build), every CTA's median in order (e.g. BYCTA_POINT=spare BYCTA_TUNES="qkv.first_staged_point=spare"),
+#             then the runs joined CTA by CTA (scripts/bycta_join.py: the steps between the stamps)
 #   scorer    the MiniMax scorer's variants side by side (scripts/timeline_probe.py --cold-keys,
 #             S = 1 / 4 / 16 at 4K and 64K): the spec's, then each of SCORER_TUNES ("a=1 b=2;c=3")
 #   ncu       Nsight Compute's warp samples of MiniMax builds (scripts/ncu_run.sh: NCU_CASES,
@@ -71,7 +72,8 @@ for what in "${@:-tests}"; do
         bycta) # shellcheck disable=SC2086  # BYCTA_TOKENS: several numbers
                 over_tunes "${BYCTA_TUNES:-}" python3 scripts/timeline_probe.py --cold-keys \
                     --by-cta="${BYCTA_POINT:-gemv_done}" ${BYCTA_TOKENS:-1} | grep -v Warning | tee "$OUT/bycta.log"
-                status=$((status | PIPESTATUS[0])) ;;
+                status=$((status | PIPESTATUS[0]))
+                python3 scripts/bycta_join.py "$OUT/bycta.log" --point="${BYCTA_POINT:-gemv_done}" 2>&1 | tee "$OUT/bycta-join.log" ;;
         scorer) over_tunes ";${SCORER_TUNES:-scores.busy_waves=16;scores.busy_waves=1;scores.tiles_ahead=2 scores.key_regs=0}" \
                     python3 scripts/timeline_probe.py --cold-keys 1 4 16 | grep "^===\|^S=\|graph replay\|scores_done" \
                     | tee "$OUT/scorer.log"; status=$((status | PIPESTATUS[0])) ;;

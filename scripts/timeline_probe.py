@@ -139,7 +139,8 @@ def by_cta(samples: list, p: int) -> None:
           f"{med.median():.2f} max {med.max():.2f}; halves' correlation {corr:.2f}")
     for name, part in (("fastest", order[:8]), ("slowest", order.flip(0)[:8])):
         print(f"    {name}: " + ", ".join(f"{int(ctas[i])} {float(med[i]):.2f}" for i in part))
-    print("    every CTA, in order: " + " ".join(f"{int(c)}:{float(m):.1f}" for c, m in zip(ctas, med)))  # a pattern's shape
+    # a pattern's shape; scripts/bycta_join.py joins these lines of several runs CTA by CTA
+    print("    every CTA, in order: " + " ".join(f"{int(c)}:{float(m):.2f}" for c, m in zip(ctas, med)))
 
 
 if __name__ == "__main__":

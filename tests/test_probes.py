@@ -170,9 +170,38 @@ def test_timeline_by_cta_ranks_ctas_by_their_median_launch(capsys):
     assert "by CTA (4 CTAs, median over 4 launches): min 5.00 median 6.05 max 9.10; halves' correlation 1.00" in out
     assert "fastest: 0 5.00, 2 6.05, 3 7.20, 1 9.10" in out
     assert "slowest: 1 9.10, 3 7.20, 2 6.05, 0 5.00" in out
-    assert "every CTA, in order: 0:5.0 1:9.1 2:6.0 3:7.2" in out  # CTA 4 left out
+    assert "every CTA, in order: 0:5.00 1:9.10 2:6.05 3:7.20" in out  # CTA 4 left out
     by_cta([torch.stack([lt[:, 0], torch.zeros_like(lt[:, 1])], 1) for lt in launches], 1)  # a point none stamps
     assert "no CTA stamps this point in every launch" in capsys.readouterr().out
+
+
+def test_bycta_join_steps_cta_by_cta(tmp_path, capsys):
+    """scripts/bycta_join.py: by-CTA runs of two stamps (each labelled by the field its tune sets to
+    the spare point) joined per case; each step between them taken CTA by CTA, so a step that
+    differs by CTA shows its spread where the runs' medians do not; --previous compares a run with
+    the other's value on the CTA before; the latest CTAs with both values."""
+    from scripts.bycta_join import main
+    head = "S=1 contexts=[{}]  {{'qkv.{}': 'spare'}}, cold weights (8 copies): us from the first CTA's start"
+    log = tmp_path / "bycta.log"
+    log.write_text("\n".join([
+        "=== qkv.piece_point=spare", head.format(4096, "piece_point"), "  spare  n= 4",
+        "    every CTA, in order: 0:5.00 1:6.00 2:5.50 3:7.00",
+        head.format(65536, "piece_point"), "    every CTA, in order: 0:5.00 1:5.00",
+        "=== qkv.tail_point=spare", head.format(4096, "tail_point"),
+        "    every CTA, in order: 1:6.50 2:8.50 3:7.25 4:9.00", ""]))
+    assert main([str(log), "--previous=qkv.piece_point,qkv.tail_point", "--latest=2"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "S=1 contexts=[4096]: qkv.piece_point 5.75, qkv.tail_point 7.88 us (medians over the CTAs that stamp)"
+    # CTAs 1..3 stamp both: +0.50, +3.00, +0.25 (medians 5.75 -> 7.88 would say +2.13)
+    assert out[1] == "  step qkv.piece_point -> qkv.tail_point: median +0.50  min +0.25  max +3.00"
+    # the tail of CTA c against the piece of CTA c - 1: +1.50 +2.50 +1.75 +2.00
+    assert out[2] == "  step qkv.piece_point (CTA before) -> qkv.tail_point: median +1.88  min +1.50  max +2.50"
+    assert out[3] == "  latest at qkv.tail_point: CTA 4 nan 9.00; CTA 2 5.50 8.50"
+    assert out[4].startswith("S=1 contexts=[65536]: qkv.piece_point 5.00 us")  # one run: no step
+    assert main([str(log), "--previous=qkv.piece_point,qkv.nope"]) == 2
+    assert "give two run labels A,B of ['qkv.piece_point', 'qkv.tail_point']" in capsys.readouterr().err
+    (tmp_path / "empty.log").write_text("graph replay 12.0 us\n")
+    assert main([str(tmp_path / "empty.log")]) == 2 and "timeline_probe.py --by-cta logs?" in capsys.readouterr().err
 
 
 def test_no_mma_probe_build():
