@@ -10,7 +10,7 @@ distributions hide), and the CTAs latest at the last run with every run's value.
 previous CTA's head piece: qkv.piece_point,qkv.tail_point; is the tail waiting for its neighbour?).
 
 Each run's label: the keys its tune sets to POINT (--point, default spare: the by-CTA point the
-runs stamp, e.g. qkv.mmas_point), else the whole tune.
+runs stamp, e.g. qkv.mmas_point), then its other settings (qkv.tail_point scores.keys_prefetch=0).
 Runs of the same build on different calls are different launches: a step between them is only as
 good as the halves' correlations the probe printed (near 1: each CTA's time is its place's).
 
@@ -34,8 +34,8 @@ def runs(text: str, point: str = "spare") -> dict:
         if head:
             case = head.group(1)
             tune = ast.literal_eval(head.group(2)) or {}
-            label = " ".join(k for k, v in tune.items() if v == point) or \
-                " ".join(f"{k}={v}" for k, v in tune.items()) or "spec"
+            label = " ".join([k for k, v in tune.items() if v == point] +
+                             [f"{k}={v}" for k, v in tune.items() if v != point]) or "spec"
         elif "every CTA, in order:" in line and case is not None:
             values = re.findall(r"(\d+):([\d.]+)", line.split("in order:", 1)[1])
             out[case][label] = {int(c): float(us) for c, us in values}

@@ -198,6 +198,13 @@ def test_bycta_join_steps_cta_by_cta(tmp_path, capsys):
     assert out[2] == "  step qkv.piece_point (CTA before) -> qkv.tail_point: median +1.88  min +1.50  max +2.50"
     assert out[3] == "  latest at qkv.tail_point: CTA 4 nan 9.00; CTA 2 5.50 8.50"
     assert out[4].startswith("S=1 contexts=[65536]: qkv.piece_point 5.00 us")  # one run: no step
+    other = tmp_path / "other.log"  # a run with a knob besides its stamp: labelled by both
+    other.write_text(head.format(4096, "tail_point").replace("}", ", 'scores.keys_prefetch': 0}") +
+                     "\n    every CTA, in order: 1:6.00 2:7.00\n")
+    assert main([str(log), str(other)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == ("S=1 contexts=[4096]: qkv.piece_point 5.75, qkv.tail_point scores.keys_prefetch=0 6.50, "
+                      "qkv.tail_point 7.88 us (medians over the CTAs that stamp)")
     assert main([str(log), "--previous=qkv.piece_point,qkv.nope"]) == 2
     assert "give two run labels A,B of ['qkv.piece_point', 'qkv.tail_point']" in capsys.readouterr().err
     (tmp_path / "empty.log").write_text("graph replay 12.0 us\n")
