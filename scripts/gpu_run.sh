@@ -13,9 +13,10 @@
 #             on the qkv stage, on wq_b, on wqkv_a: where each stage's time goes; an entry may add
 #             --slowest=POINT: the CTAs that stamped POINT last, with all their stamps)
 #   branches  each experiment branch copied here by scripts/prep_branches.sh (.br-*): its GPU tests
-#             (TEST_ARGS, default tests/test_deepseek_front_gpu.py; logs under $OUT/<branch folder>/),
-#             then one scripts/ab_variants.py table: main's tree (.ab-main) and every branch, AB_ROUNDS
-#             turns (default 2), AB_ARGS for bench.run (default "--kernels deepseek")
+#             (TEST_ARGS, default tests/test_deepseek_front_gpu.py, TEST_K a -k expression; logs under
+#             $OUT/<branch folder>/), then one scripts/ab_variants.py table: main's tree (.ab-main) and every
+#             branch, AB_ROUNDS turns (default 2; 0: the tests alone, e.g. before a `variants` step that
+#             times a branch's tunes), AB_ARGS for bench.run (default "--kernels deepseek")
 #   variants  scripts/ab_variants.py with VARIANT_ARGS (its options, shell-quoted, e.g.
 #             VARIANT_ARGS='--bench "--kernels deepseek --tokens 3,16" --variant main .ab-main
 #             --variant new . --variant new-tp2 . symbols.WQB_CTAS=132'): builds side by side in
@@ -85,10 +86,11 @@ for what in "${@:-tests}"; do
                     dir=${dir%/}; mkdir -p "$OUT/$dir"
                     echo "=== $dir"
                     (cd "$dir" && PYTHONPATH=/tmp/site:$PWD timeout 300 python3 -m pytest -q -m gpu -p no:cacheprovider \
-                        ${TEST_ARGS:-tests/test_deepseek_front_gpu.py} >"$OUT/$dir/gpu-tests.log" 2>&1)
+                        ${TEST_K:+-k "$TEST_K"} ${TEST_ARGS:-tests/test_deepseek_front_gpu.py} >"$OUT/$dir/gpu-tests.log" 2>&1)
                     status=$((status | $?)); tail -1 "$OUT/$dir/gpu-tests.log"
                     variants+=(--variant "${dir#.br-}" "$dir")
                 done > >(tee "$OUT/branches.log") 2>&1
+                [ "${AB_ROUNDS:-2}" -gt 0 ] || continue
                 python3 scripts/ab_variants.py --rounds "${AB_ROUNDS:-2}" --bench "${AB_ARGS:---kernels deepseek}" "${variants[@]}" 2>&1 \
                     | tee -a "$OUT/branches.log"; status=$((status | PIPESTATUS[0])) ;;
         variants) eval "python3 scripts/ab_variants.py ${VARIANT_ARGS:?VARIANT_ARGS: scripts/ab_variants.py --help}" 2>&1 \
