@@ -16,6 +16,9 @@ checks the ABI against the indices each stage forms (``_Ctx.abi_arg`` and
 from data at run time (positions, slots, block tables) are the caller's
 contract: checking them here would mean reading the GPU before every launch.
 
+``kernel.bind(**tensors)`` does all of it once and returns a launcher whose calls check
+only that no tensor's storage moved: eager launches without the checks' host time.
+
 Debug builds (``debug=True``): a mailbox wait gives up after 1 s and records
 where; every launch is followed by ``check_errors()`` (outside graph captures),
 which raises ``KernelHang`` naming the stage, task, CTA, region and tags."""
@@ -319,8 +322,16 @@ class Kernel:
 
     def __call__(self, **tensors) -> None:
         """Launch on the current torch stream (capturable into a CUDA graph)."""
+        self._launch(self.pack(tensors), tensors)
+
+    def bind(self, **tensors) -> "BoundLaunch":
+        """Every check of ``kernel(**tensors)`` once, now: a launcher for these arguments whose
+        calls check only that no tensor's storage moved (for eager launches, where the ~30
+        arguments' checks cost far more host time than the kernel takes on the GPU)."""
+        return BoundLaunch(self, dict(tensors), self.pack(tensors))
+
+    def _launch(self, args: list[tuple[str, int | float]], tensors: dict[str, Any]) -> None:
         torch = _torch()
-        args = self.pack(tensors)
         fn = self.compile()
         stream = torch.cuda.current_stream().cuda_stream
         fn.launch(self.ir.blocks, self.ir.threads, self.dynamic_lds, stream, args, cooperative=self.cooperative,
@@ -329,6 +340,40 @@ class Kernel:
             self._scratch = tensors[self.ir.scratch_arg]
             if not torch.cuda.is_current_stream_capturing():
                 self.check_errors()
+
+
+@dataclass(repr=False)
+class BoundLaunch:
+    """``kernel.bind(**tensors)``: the arguments checked and packed once; ``bound()`` launches
+    with them on the current torch stream. It holds the tensors (their memory stays theirs), and
+    each call checks only their addresses: a tensor whose storage moved since (``set_``, a
+    resize that reallocates) is refused by name; new tensors need ``bound.rebind(**changed)``,
+    which checks the whole set again."""
+
+    kernel: Kernel
+    tensors: dict[str, Any]
+    args: list[tuple[str, int | float]]
+
+    def __post_init__(self):
+        abi = self.kernel.ir.abi
+        # (name, tensor, its packed address) of every tensor given: what a call checks
+        self._addresses = [(a.name, self.tensors[a.name], packed[1]) for a, packed in zip(abi, self.args)
+                           if a.is_tensor and self.tensors.get(a.name) is not None]
+
+    def __call__(self) -> None:
+        for name, tensor, address in self._addresses:
+            if tensor.data_ptr() != address:
+                raise ArgumentError(f"{self.kernel.ir.kernel} argument {name!r}: its storage moved since bind() "
+                                    f"(bound at 0x{address:x}, now 0x{tensor.data_ptr():x}); bind it again "
+                                    f"(bound.rebind({name}=...))")
+        self.kernel._launch(self.args, self.tensors)
+
+    def __repr__(self) -> str:
+        return f"BoundLaunch({self.kernel.ir.kernel} [{self.kernel.ir.build.label()}], {len(self.args)} arguments)"
+
+    def rebind(self, **changed) -> "BoundLaunch":
+        """The same launch with some arguments replaced, every argument checked again."""
+        return self.kernel.bind(**{**self.tensors, **changed})
 
 
 def _compute_units() -> int:

@@ -9,12 +9,16 @@ import sys
 import time
 
 
-def launch_and_wait(kernel, args: dict, hang_s: float) -> None:
-    """Launch ``kernel`` on ``args`` and wait for it; still running after ``hang_s``
-    seconds: print which build hung and exit the process (status 3)."""
+def launch_and_wait(kernel, args: dict, hang_s: float, bound=None) -> None:
+    """Launch ``kernel`` on ``args`` (or ``bound()``: its ``kernel.bind`` launcher) and wait for
+    it; still running after ``hang_s`` seconds: print which build hung and exit the process
+    (status 3)."""
     import torch
 
-    kernel(**args)
+    if bound is not None:
+        bound()
+    else:
+        kernel(**args)
     done = torch.cuda.Event()
     done.record()
     t0 = time.time()
@@ -29,7 +33,7 @@ def launch_and_wait(kernel, args: dict, hang_s: float) -> None:
 TEST_HANG_S = 30.0  # a test launch still running after this long waits on a flag that never comes
 
 
-def launch(kernel, args: dict) -> None:
+def launch(kernel, args: dict, bound=None) -> None:
     """The GPU tests' launch: launch_and_wait with TEST_HANG_S (a kernel stuck in a wait would
     block every later test; the process ends with a message naming the build instead)."""
-    launch_and_wait(kernel, args, TEST_HANG_S)
+    launch_and_wait(kernel, args, TEST_HANG_S, bound)

@@ -255,3 +255,65 @@ def test_tensor_of_another_build(spec):
     other = load(spec, **SPECS[spec][2])
     first = next(a for a in kernel.ir.abi if a.is_tensor and a.shape != other.ir.arg(a.name).shape)
     refuse(kernel, good_args(other), f"argument {first.name!r}", "expected shape")
+
+
+class FakeFunction:
+    """A compiled kernel's stand-in: records each launch's arguments (no GPU here)."""
+
+    def __init__(self):
+        self.launches = []
+
+    def launch(self, grid, block, dyn_smem, stream, args, cooperative=False, pdl=False):
+        self.launches.append(list(args))
+
+
+@pytest.fixture
+def host_launch(monkeypatch):
+    """Launches on the CPU: tensors placed at their CPU addresses (the device check is
+    tests/test_reliability_gpu.py's), the current stream 0, a fake compiled function."""
+    fn = FakeFunction()
+    monkeypatch.setattr(codegen.launch.Kernel, "_place",
+                        lambda self, a, value, packed: ("u64", value.data_ptr()) if a.is_tensor and value is not None
+                        else packed)
+    monkeypatch.setattr(codegen.launch.Kernel, "compile", lambda self: fn)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda: type("S", (), {"cuda_stream": 0})())
+    return fn
+
+
+@pytest.mark.parametrize("spec", SPEC_IDS)
+def test_bound_launch(spec, host_launch):
+    """kernel.bind(**tensors) checks as kernel(**tensors) does, once; its calls launch with the
+    same arguments a checked launch packs, and refuse by name a tensor whose storage moved since
+    (rebind takes new tensors, checked again). A bound call takes a fraction of a checked
+    launch's host time (the point of it)."""
+    import time
+    kernel = KERNELS[spec]
+    args = good_args(kernel)
+    a = next(a for a in kernel.ir.abi if a.is_tensor)
+    with pytest.raises(ArgumentError, match=f"argument {a.name!r}: expected dtype"):
+        kernel.bind(**{**args, a.name: args[a.name].view(torch.uint8) if args[a.name].element_size() > 1
+                       else args[a.name].view(torch.int8)})
+    bound = kernel.bind(**args)
+    kernel(**args)
+    bound()
+    assert len(host_launch.launches) == 2 and host_launch.launches[0] == host_launch.launches[1]
+    assert ("u64", args[a.name].data_ptr()) in host_launch.launches[1]
+    args[a.name].set_(torch.zeros_like(args[a.name]))  # the same tensor, new storage
+    with pytest.raises(ArgumentError, match=rf"argument {a.name!r}: its storage moved since bind\(\).*rebind"):
+        bound()
+    assert len(host_launch.launches) == 2
+    bound.rebind(**{a.name: args[a.name]})()
+    assert ("u64", args[a.name].data_ptr()) in host_launch.launches[2]
+
+    def host_us(call, n=200):
+        best = float("inf")
+        for _ in range(5):
+            t = time.perf_counter()
+            for _ in range(n):
+                call()
+            best = min(best, (time.perf_counter() - t) / n * 1e6)
+        return best
+
+    bound = kernel.bind(**args)
+    checked, fast = host_us(lambda: kernel(**args)), host_us(bound)
+    assert fast < checked / 3, f"bound {fast:.1f} us against checked {checked:.1f} us a launch"

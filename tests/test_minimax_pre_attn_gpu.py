@@ -144,6 +144,35 @@ def test_pre_attn_graph_replays(tokens, advance, pdl):
     assert (got["qkv_tag"] == expected_tag(step_before + 99)).all()
 
 
+@pytest.mark.parametrize("tokens", (1, 16))
+def test_pre_attn_bound_launch(tokens):
+    """kernel.bind(**args) (every check once): its launches write what a checked launch writes
+    (the outputs poisoned again in between), each advances the epoch once, and one captured
+    into a graph replays the same."""
+    kernel = codegen.load("minimax_m3/pre_attn", tokens=tokens)
+    inp = make_inputs(tokens, kernel.target.name, seed=31 + tokens)
+    ws = kernel.workspace("cuda")
+    args = launch_args(inp, ws)
+    launch(kernel, args)
+    checked = read_mailbox(kernel, ws["scratch"], tokens)
+    outputs = {name: args[name].clone() for name in ("h_out", "q_out", "iq_out", "iscore")}
+    bound = kernel.bind(**args)
+    for step in (1, 2):
+        for name in ("h_out", "q_out", "iq_out"):
+            args[name].view(torch.int16).fill_(POISON_BF16)
+        args["iscore"].zero_()  # as the checked launch found it (its unscored bytes stay 0)
+        launch(kernel, args, bound=bound)
+        got = read_mailbox(kernel, ws["scratch"], tokens)
+        assert all(same_bytes(args[name], want) for name, want in outputs.items())
+        assert torch.equal(got["qkv"], checked["qkv"]) and (got["qkv_tag"] == expected_tag(step)).all()
+        assert kernel.ir.epoch(ws["step"].cpu()) == step + 1
+    graph = capture(bound, times=2)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert kernel.ir.epoch(ws["step"].cpu()) == 5
+    assert torch.equal(read_mailbox(kernel, ws["scratch"], tokens)["qkv"], checked["qkv"])
+
+
 @pytest.mark.parametrize("tokens", (2, 16))
 def test_timeline(tokens):
     """timeline=True: the same outputs as timeline=False; every CTA stamps its
