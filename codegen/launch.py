@@ -347,8 +347,9 @@ class BoundLaunch:
     """``kernel.bind(**tensors)``: the arguments checked and packed once; ``bound()`` launches
     with them on the current torch stream. It holds the tensors (their memory stays theirs), and
     each call checks only their addresses: a tensor whose storage moved since (``set_``, a
-    resize that reallocates) is refused by name; new tensors need ``bound.rebind(**changed)``,
-    which checks the whole set again."""
+    resize that reallocates) is refused by name, but a shape changed in place on the same storage
+    is not seen. New tensors, or new shapes, need ``bound.rebind(**changed)``, which checks the
+    whole set again. Values written into the bound tensors between calls are what it is for."""
 
     kernel: Kernel
     tensors: dict[str, Any]
