@@ -11,6 +11,8 @@ tests/test_reliability_gpu.py."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 
@@ -286,7 +288,6 @@ def test_bound_launch(spec, host_launch):
     same arguments a checked launch packs, and refuse by name a tensor whose storage moved since
     (rebind takes new tensors, checked again). A bound call takes a fraction of a checked
     launch's host time (the point of it)."""
-    import time
     kernel = KERNELS[spec]
     args = good_args(kernel)
     a = next(a for a in kernel.ir.abi if a.is_tensor)

@@ -490,7 +490,7 @@ def test_scorer_item_stamps():
 def test_stream_k_hand_off_stamps():
     """qkv.piece_point / qkv.tail_point / qkv.mmas_point (analysis stamps, off in the spec): the head
     piece put, the tail's lower piece seen, the last segment's MMAs done; each names a timeline point
-    like the kinds' own."""
+    like the kinds' own, and is refused by a build without stream-K (it would stamp nothing)."""
     _, plain = source(SPEC, "sm90", tokens=1, timeline=True)
     _, tuned = source(SPEC, "sm90", tokens=1, timeline=True, tune={
         "qkv.piece_point": "spare", "qkv.tail_point": "head_got_qkv", "heads.got_point": None})
