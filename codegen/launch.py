@@ -268,9 +268,13 @@ class Kernel:
         packed = [self._check(a, tensors.get(a.name), dims) for a in self.ir.abi]
         return [self._place(a, tensors.get(a.name), p) for a, p in zip(self.ir.abi, packed)]
 
+    def _where(self, name: str) -> str:
+        """An argument's name as every ArgumentError starts with it."""
+        return f"{self.ir.kernel} argument {name!r}"
+
     def _check(self, a: Arg, value, dims: dict) -> tuple[str, int | float]:
         torch = _torch()
-        where = f"{self.ir.kernel} argument {a.name!r}"
+        where = self._where(a.name)
         if not a.is_tensor:
             if a.dtype == "f32":
                 if not isinstance(value, (int, float)) or isinstance(value, bool):
@@ -310,7 +314,7 @@ class Kernel:
         if not a.is_tensor or value is None:
             return packed
         torch = _torch()
-        where = f"{self.ir.kernel} argument {a.name!r}"
+        where = self._where(a.name)
         if value.device.type != "cuda":
             raise ArgumentError(f"{where}: expected a tensor on the GPU, got device {value.device}")
         if value.device.index != torch.cuda.current_device():
@@ -364,7 +368,7 @@ class BoundLaunch:
     def __call__(self) -> None:
         for name, tensor, address in self._addresses:
             if tensor.data_ptr() != address:
-                raise ArgumentError(f"{self.kernel.ir.kernel} argument {name!r}: its storage moved since bind() "
+                raise ArgumentError(f"{self.kernel._where(name)}: its storage moved since bind() "
                                     f"(bound at 0x{address:x}, now 0x{tensor.data_ptr():x}); bind it again "
                                     f"(bound.rebind({name}=...))")
         self.kernel._launch(self.args, self.tensors)

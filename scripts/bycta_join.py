@@ -42,34 +42,39 @@ def runs(text: str, point: str = "spare") -> dict:
     return out
 
 
+def order(per_label: dict) -> list[str]:
+    """The runs' labels in the order of their medians over the CTAs."""
+    return sorted(per_label, key=lambda k: statistics.median(per_label[k].values()))
+
+
+def step(name: str, diffs: list[float]) -> list[tuple[str, float, float, float]]:
+    """[(name, median, min, max)] of one step's per-CTA differences; none without a CTA in both."""
+    return [(name, statistics.median(diffs), min(diffs), max(diffs))] if diffs else []
+
+
 def steps(per_label: dict, previous: tuple[str, str] | None = None) -> list[tuple[str, float, float, float]]:
     """(name, median, min, max) of each step between neighbouring runs in the order of their
     medians, CTA by CTA; previous (A, B): then B against A on the CTA before."""
-    order = sorted(per_label, key=lambda k: statistics.median(per_label[k].values()))
-    rows = []
-    for a, b in zip(order, order[1:]):
-        d = [per_label[b][c] - per_label[a][c] for c in per_label[b] if c in per_label[a]]
-        if d:
-            rows.append((f"{a} -> {b}", statistics.median(d), min(d), max(d)))
+    labels, rows = order(per_label), []
+    for a, b in zip(labels, labels[1:]):
+        rows += step(f"{a} -> {b}", [per_label[b][c] - per_label[a][c] for c in per_label[b] if c in per_label[a]])
     if previous and all(k in per_label for k in previous):
         a, b = (per_label[k] for k in previous)
-        d = [b[c] - a[c - 1] for c in b if c - 1 in a]
-        if d:
-            rows.append((f"{previous[0]} (CTA before) -> {previous[1]}", statistics.median(d), min(d), max(d)))
+        rows += step(f"{previous[0]} (CTA before) -> {previous[1]}", [b[c] - a[c - 1] for c in b if c - 1 in a])
     return rows
 
 
 def report(cases: dict, previous: tuple[str, str] | None = None, latest: int = 8) -> str:
     lines = []
     for case, per_label in cases.items():
-        order = sorted(per_label, key=lambda k: statistics.median(per_label[k].values()))
-        lines.append(f"{case}: " + ", ".join(f"{k} {statistics.median(per_label[k].values()):.2f}" for k in order)
+        labels = order(per_label)
+        lines.append(f"{case}: " + ", ".join(f"{k} {statistics.median(per_label[k].values()):.2f}" for k in labels)
                      + " us (medians over the CTAs that stamp)")
         for name, med, lo, hi in steps(per_label, previous):
             lines.append(f"  step {name}: median {med:+.2f}  min {lo:+.2f}  max {hi:+.2f}")
-        last = per_label[order[-1]]
-        lines.append(f"  latest at {order[-1]}: " + "; ".join(
-            f"CTA {c} " + " ".join(f"{per_label[k].get(c, float('nan')):.2f}" for k in order)
+        last = per_label[labels[-1]]
+        lines.append(f"  latest at {labels[-1]}: " + "; ".join(
+            f"CTA {c} " + " ".join(f"{per_label[k].get(c, float('nan')):.2f}" for k in labels)
             for c in sorted(last, key=lambda c: -last[c])[:latest]))
     return "\n".join(lines)
 
