@@ -326,20 +326,24 @@ class Kernel:
 
     def __call__(self, **tensors) -> None:
         """Launch on the current torch stream (capturable into a CUDA graph)."""
-        self._launch(self.pack(tensors), tensors)
+        self._launch(self._prepare(self.pack(tensors)), tensors)
 
     def bind(self, **tensors) -> "BoundLaunch":
-        """Every check of ``kernel(**tensors)`` once, now: a launcher for these arguments whose
-        calls check only that no tensor's storage moved (for eager launches, where the ~30
-        arguments' checks cost far more host time than the kernel takes on the GPU)."""
+        """Every check of ``kernel(**tensors)`` once, now, and the driver's launch prepared (the
+        kernel compiled): a launcher for these arguments whose calls check only that no tensor's
+        storage moved (for eager launches, where the ~30 arguments' checks and packing cost far
+        more host time than the kernel takes on the GPU)."""
         return BoundLaunch(self, dict(tensors), self.pack(tensors))
 
-    def _launch(self, args: list[tuple[str, int | float]], tensors: dict[str, Any]) -> None:
+    def _prepare(self, args: list[tuple[str, int | float]]):
+        """The compiled function's launch with these packed arguments, prepared (its calls take the stream)."""
+        return self.compile().prepare(self.ir.blocks, self.ir.threads, self.dynamic_lds, args,
+                                      cooperative=self.cooperative, pdl=self.pdl and self.target.vendor == "nvidia")
+
+    def _launch(self, prepared, tensors: dict[str, Any]) -> None:
+        """``prepared`` (``_prepare``) on the current torch stream; in debug builds, the error check."""
         torch = _torch()
-        fn = self.compile()
-        stream = torch.cuda.current_stream().cuda_stream
-        fn.launch(self.ir.blocks, self.ir.threads, self.dynamic_lds, stream, args, cooperative=self.cooperative,
-                  pdl=self.pdl and self.target.vendor == "nvidia")
+        prepared(torch.cuda.current_stream().cuda_stream)
         if self.debug:  # every launch is checked, except inside a graph capture (check_errors after replays)
             self._scratch = tensors[self.ir.scratch_arg]
             if not torch.cuda.is_current_stream_capturing():
@@ -364,6 +368,7 @@ class BoundLaunch:
         # (name, tensor, its packed address) of every tensor given: what a call checks
         self._addresses = [(a.name, self.tensors[a.name], packed[1]) for a, packed in zip(abi, self.args)
                            if a.is_tensor and self.tensors.get(a.name) is not None]
+        self._prepared = self.kernel._prepare(self.args)
 
     def __call__(self) -> None:
         for name, tensor, address in self._addresses:
@@ -371,7 +376,7 @@ class BoundLaunch:
                 raise ArgumentError(f"{self.kernel._where(name)}: its storage moved since bind() "
                                     f"(bound at 0x{address:x}, now 0x{tensor.data_ptr():x}); bind it again "
                                     f"(bound.rebind({name}=...))")
-        self.kernel._launch(self.args, self.tensors)
+        self.kernel._launch(self._prepared, self.tensors)
 
     def __repr__(self) -> str:
         return f"BoundLaunch({self.kernel.ir.kernel} [{self.kernel.ir.build.label()}], {len(self.args)} arguments)"

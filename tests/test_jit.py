@@ -340,28 +340,29 @@ def test_cache_unwritable_dir_warns_and_compiles(tmp_path, monkeypatch, caplog):
 # --------------------------------------------------------------------------- launch arguments
 
 
-def test_pack_args_layout_is_what_cuda_bindings_passes():
-    """The (values, types) form is what cuda.bindings' kernelParams accepts:
-    read the void** it builds back through ctypes."""
+def test_kernel_params_are_what_cuda_bindings_passes():
+    """KernelParams' address is a void** that cuda.bindings takes as kernelParams unchanged
+    (its int form): read the values back through the pointer it holds."""
     from cuda.bindings import driver
 
-    from codegen.jit.cuda import pack_args
+    from codegen.jit._launch import KernelParams
 
     args = [("u64", 0xDEADBEEF12345678), ("f32", 1.5), ("i32", -7), ("i64", -(2**40)), ("u32", 2**32 - 1)]
-    params = pack_args(args)
-    assert isinstance(params[0], tuple) and isinstance(params[1], tuple)  # lists are refused
+    params = KernelParams(args)
     node = driver.CUDA_KERNEL_NODE_PARAMS()
-    node.kernelParams = params
+    node.kernelParams = params.address
+    assert int(node.kernelParams) == params.address
     ptrs = (ctypes.c_void_p * len(args)).from_address(int(node.kernelParams))
     assert ctypes.c_uint64.from_address(ptrs[0]).value == 0xDEADBEEF12345678
     assert ctypes.c_float.from_address(ptrs[1]).value == 1.5
     assert ctypes.c_int32.from_address(ptrs[2]).value == -7
     assert ctypes.c_int64.from_address(ptrs[3]).value == -(2**40)
     assert ctypes.c_uint32.from_address(ptrs[4]).value == 2**32 - 1
+    assert KernelParams([]).address is None  # a kernel with no parameters: NULL
 
 
 def test_pack_args_rejects_bad_values():
-    from codegen.jit.cuda import pack_args
+    from codegen.jit._launch import pack_args
 
     with pytest.raises(OverflowError):
         pack_args([("i32", 2**31)])
@@ -430,24 +431,42 @@ def test_cuda_load_and_launch():
     assert torch.equal(x, ref * 0.5)
 
 
+# where each launch call of the CUDA driver takes its kernelParams
+PARAMS_AT = {"cuLaunchKernelEx": 2, "cuLaunchCooperativeKernel": 9, "cuLaunchKernel": 9}
+
+
+def record_launches(monkeypatch, types) -> list:
+    """The CUDA backend's driver calls, recorded without a GPU as (name, args, values): values are
+    read from the kernelParams array (a void** address) as ``types`` at the call, as the driver
+    copies them then (the array is the launch's, and may be gone after it)."""
+    from codegen.jit import cuda as jcuda
+
+    calls = []
+
+    def driver_call(name, *args):
+        pointers = (ctypes.c_void_p * len(types)).from_address(args[PARAMS_AT[name]])
+        values = [ctypes.cast(p, ctypes.POINTER(t)).contents.value for p, t in zip(pointers, types)]
+        calls.append((name, args, values))
+
+    monkeypatch.setattr(jcuda, "ensure_context", lambda: None)
+    monkeypatch.setattr(jcuda, "_driver_call", driver_call)
+    return calls
+
+
 @pytest.mark.parametrize("cooperative", [False, True])
 def test_cuda_pdl_launch_config(monkeypatch, cooperative):
     """launch(pdl=True) without a GPU: one cuLaunchKernelEx whose config carries the grid, block,
     LDS and stream, the programmatic-stream-serialization attribute and, when asked, the
-    cooperative one; the arguments packed as for cuLaunchKernel."""
+    cooperative one; the arguments as the void** array of their packed values."""
     from codegen.jit import cuda as jcuda
     from codegen.jit._launch import pack_args
 
-    calls = []
-    monkeypatch.setattr(jcuda, "ensure_context", lambda: None)
-    monkeypatch.setattr(jcuda, "_driver_call", lambda name, *args: calls.append((name, args)))
-    fn = jcuda.CudaFunction(None, "k", "handle")
     args = [("u64", 0x1000), ("f32", 0.5), ("i32", 7)]
+    calls = record_launches(monkeypatch, pack_args(args)[1])
+    fn = jcuda.CudaFunction(None, "k", "handle")
     fn.launch(132, 512, 45840, 0, args, cooperative=cooperative, pdl=True)
-    ((name, (config, handle, params, extra)),) = calls
-    assert (name, handle, extra) == ("cuLaunchKernelEx", "handle", 0)
-    assert [type(v) for v in params[0]] == list(params[1]) == list(pack_args(args)[1])
-    assert [v.value for v in params[0]] == [0x1000, 0.5, 7]
+    ((name, (config, handle, _, extra), values),) = calls
+    assert (name, handle, extra, values) == ("cuLaunchKernelEx", "handle", 0, [0x1000, 0.5, 7])
     assert (config.gridDimX, config.gridDimY, config.gridDimZ, config.blockDimX, config.blockDimY,
             config.blockDimZ, config.sharedMemBytes) == (132, 1, 1, 512, 1, 1, 45840)
     ids = jcuda._driver().CUlaunchAttributeID
@@ -458,12 +477,41 @@ def test_cuda_pdl_launch_config(monkeypatch, cooperative):
         assert attrs[ids.CU_LAUNCH_ATTRIBUTE_COOPERATIVE].value.cooperative == 1
     calls.clear()
     fn.launch(132, 512, 45840, 0, args, cooperative=cooperative)  # no pdl: the plain launch calls
-    assert [c[0] for c in calls] == ["cuLaunchCooperativeKernel" if cooperative else "cuLaunchKernel"]
+    ((name, (handle, *shape, stream, _), values),) = calls if cooperative else [(n, a[:-1], v) for n, a, v in calls]
+    assert name == ("cuLaunchCooperativeKernel" if cooperative else "cuLaunchKernel")
+    assert (handle, shape, int(stream), values) == ("handle", [132, 1, 1, 512, 1, 1, 45840], 0, [0x1000, 0.5, 7])
+    assert cooperative or calls[0][1][-1] == 0  # cuLaunchKernel's `extra`: none
     # HIP has no such launch: asked for, refused before anything is launched
     from codegen.jit.hip import HipFunction
 
     with pytest.raises(ValueError, match="HIP has no programmatic dependent launch"):
         HipFunction(None, "k", "handle").launch(132, 512, 0, 0, args, cooperative=cooperative, pdl=True)
+
+
+@pytest.mark.parametrize("pdl", [False, True])
+def test_cuda_prepared_launch(monkeypatch, pdl):
+    """prepare() packs once: every call passes the same kernelParams array (its values still
+    there after the arguments' list is gone), on the stream it is given; a programmatic
+    dependent launch builds one config per stream and reuses it."""
+    from codegen.jit import cuda as jcuda
+
+    calls = record_launches(monkeypatch, [ctypes.c_uint64, ctypes.c_int32, ctypes.c_uint32])
+    args = [("u64", 0xABC0), ("i32", -3), ("u32", 2**32 - 1)]
+    prepared = jcuda.CudaFunction(None, "k", "handle").prepare((4, 2), 256, 0, args, cooperative=True, pdl=pdl)
+    del args
+    for stream in (0, 77, 0):
+        prepared(stream)
+    assert all(values == [0xABC0, -3, 2**32 - 1] for _, _, values in calls)
+    if pdl:
+        configs = [args[0] for _, args, _ in calls]
+        assert configs[0] is configs[2] and configs[0] is not configs[1]
+        assert [int(c.hStream) for c in configs] == [0, 77, 0]
+    else:
+        assert [(name, int(args[8])) for name, args, _ in calls] == [("cuLaunchCooperativeKernel", s) for s in (0, 77, 0)]
+        assert all(args[1:7] == (4, 2, 1, 256, 1, 1) for _, args, _ in calls)
+    assert len({args[PARAMS_AT[name]] for name, args, _ in calls}) == 1
+    with pytest.raises(OverflowError, match="kernel argument 1 \\(i32\\)"):
+        jcuda.CudaFunction(None, "k", "handle").prepare(1, 32, 0, [("u64", 1), ("i32", 2**31)])
 
 
 @pytest.mark.parametrize("tokens, carveout", [(1, 100), (6, 0)])

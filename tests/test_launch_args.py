@@ -17,6 +17,7 @@ import pytest
 import torch
 
 import codegen
+from codegen.jit._launch import KernelParams
 from codegen.launch import ArgumentError, torch_dtype
 
 RUNTIME = 4  # the size given to every runtime dimension (cache pages, table columns, ...)
@@ -260,13 +261,18 @@ def test_tensor_of_another_build(spec):
 
 
 class FakeFunction:
-    """A compiled kernel's stand-in: records each launch's arguments (no GPU here)."""
+    """A compiled kernel's stand-in (no GPU here): its prepared launches pack the arguments as the
+    real ones do (KernelParams), and each call records them."""
 
     def __init__(self):
         self.launches = []
 
-    def launch(self, grid, block, dyn_smem, stream, args, cooperative=False, pdl=False):
-        self.launches.append(list(args))
+    def prepare(self, grid, block, dyn_smem, args, cooperative=False, pdl=False):
+        def launch(stream):
+            self.launches.append(list(args))
+
+        launch.params = KernelParams(args)  # the real packing: part of the host time compared
+        return launch
 
 
 @pytest.fixture

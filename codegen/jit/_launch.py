@@ -1,5 +1,6 @@
 """Kernel launch arguments shared by the CUDA and HIP backends: ``(ctype,
-value)`` pairs checked and turned into ctypes values."""
+value)`` pairs checked and turned into ctypes values, and the ``void**`` array
+of their addresses that both drivers' launch calls take."""
 
 from __future__ import annotations
 
@@ -57,6 +58,22 @@ def pack_args(args: Sequence[tuple[str, int | float]]) -> tuple[tuple, tuple]:
         values.append(ct(value))
         types.append(ct)
     return tuple(values), tuple(types)
+
+
+class KernelParams:
+    """``args`` packed once (``pack_args``) into the ``void**`` array a launch call's
+    ``kernelParams`` is: ``values`` and ``pointers`` live as long as this object, so a
+    prepared launch passes the same array call after call (the driver copies the values
+    at each launch, and a graph capture into its node)."""
+
+    def __init__(self, args: Sequence[tuple[str, int | float]]):
+        self.values, self.types = pack_args(args)
+        self.pointers = (ctypes.c_void_p * len(self.values))(*(ctypes.addressof(v) for v in self.values))
+
+    @property
+    def address(self) -> int | None:
+        """The array's address (None, a NULL ``kernelParams``, for a kernel with no parameters)."""
+        return ctypes.addressof(self.pointers) if self.values else None
 
 
 def dim3(v: int | Sequence[int], what: str) -> tuple[int, int, int]:

@@ -13,7 +13,7 @@ import functools
 import threading
 from typing import Any, Sequence
 
-from ._launch import dim3 as _dim3, pack_args
+from ._launch import KernelParams, dim3 as _dim3
 from .errors import BackendUnavailable, CompileError
 
 # The options every CUBIN is built with. --fmad=false: no contraction of a*b+c
@@ -342,35 +342,68 @@ class CudaFunction:
         launch may begin before the stream's previous kernel has completed,
         so the kernel must run ``griddepcontrol.wait`` before it touches
         memory that kernel writes (sm90; CUDA graphs keep the edge)."""
-        ensure_context()
-        driver = _driver()
-        gx, gy, gz = _dim3(grid, "grid")
-        bx, by, bz = _dim3(block, "block")
-        params = pack_args(args)
-        hstream = driver.CUstream(int(stream))
-        if pdl:
-            config = driver.CUlaunchConfig()
-            config.gridDimX, config.gridDimY, config.gridDimZ = gx, gy, gz
-            config.blockDimX, config.blockDimY, config.blockDimZ = bx, by, bz
-            config.sharedMemBytes = int(dyn_smem)
-            config.hStream = hstream
-            def attribute(name: str, field: str):
-                attr = driver.CUlaunchAttribute()
-                attr.id = getattr(driver.CUlaunchAttributeID, f"CU_LAUNCH_ATTRIBUTE_{name}")
-                setattr(attr.value, field, 1)
-                return attr
+        self.prepare(grid, block, dyn_smem, args, cooperative, pdl)(stream)
 
-            attrs = [attribute("PROGRAMMATIC_STREAM_SERIALIZATION", "programmaticStreamSerializationAllowed")]
-            if cooperative:
-                attrs.append(attribute("COOPERATIVE", "cooperative"))
-            config.attrs = attrs
-            config.numAttrs = len(attrs)
-            _driver_call("cuLaunchKernelEx", config, self.handle, params, 0)
-        elif cooperative:
-            _driver_call(
-                "cuLaunchCooperativeKernel", self.handle, gx, gy, gz, bx, by, bz, int(dyn_smem), hstream, params
-            )
+    def prepare(
+        self,
+        grid: int | Sequence[int],
+        block: int | Sequence[int],
+        dyn_smem: int,
+        args: Sequence[tuple[str, int | float]],
+        cooperative: bool = False,
+        pdl: bool = False,
+    ) -> "CudaLaunch":
+        """``launch`` with everything but the stream checked and packed once: a
+        launcher whose calls take only the stream (``prepared(stream)``)."""
+        return CudaLaunch(self, _dim3(grid, "grid"), _dim3(block, "block"), int(dyn_smem), KernelParams(args),
+                          cooperative, pdl)
+
+
+class CudaLaunch:
+    """One launch of a CudaFunction, prepared (``CudaFunction.prepare``): its dimensions and
+    packed arguments, and a programmatic dependent launch's config for each stream it has
+    run on (built once there, never changed after, so calls from several threads are safe)."""
+
+    def __init__(self, fn: CudaFunction, grid: tuple[int, int, int], block: tuple[int, int, int], dyn_smem: int,
+                 params: KernelParams, cooperative: bool, pdl: bool):
+        self.fn, self.grid, self.block, self.dyn_smem = fn, grid, block, dyn_smem
+        self.params, self.cooperative, self.pdl = params, cooperative, pdl
+        self._configs: dict[int, Any] = {}  # stream -> its cuLaunchKernelEx config (pdl only)
+
+    def __call__(self, stream: int) -> None:
+        ensure_context()
+        params = self.params.address
+        if self.pdl:
+            config = self._configs.get(stream)
+            if config is None:
+                config = self._configs.setdefault(stream, self._config(stream))
+            _driver_call("cuLaunchKernelEx", config, self.fn.handle, params, 0)
+            return
+        shape = (*self.grid, *self.block, self.dyn_smem, _driver().CUstream(int(stream)))
+        if self.cooperative:
+            _driver_call("cuLaunchCooperativeKernel", self.fn.handle, *shape, params)
         else:
-            _driver_call(
-                "cuLaunchKernel", self.handle, gx, gy, gz, bx, by, bz, int(dyn_smem), hstream, params, 0
-            )
+            _driver_call("cuLaunchKernel", self.fn.handle, *shape, params, 0)
+
+    def _config(self, stream: int):
+        """cuLaunchKernelEx's config on ``stream``: PROGRAMMATIC_STREAM_SERIALIZATION, and
+        COOPERATIVE when asked."""
+        driver = _driver()
+        config = driver.CUlaunchConfig()
+        config.gridDimX, config.gridDimY, config.gridDimZ = self.grid
+        config.blockDimX, config.blockDimY, config.blockDimZ = self.block
+        config.sharedMemBytes = self.dyn_smem
+        config.hStream = driver.CUstream(int(stream))
+
+        def attribute(name: str, field: str):
+            attr = driver.CUlaunchAttribute()
+            attr.id = getattr(driver.CUlaunchAttributeID, f"CU_LAUNCH_ATTRIBUTE_{name}")
+            setattr(attr.value, field, 1)
+            return attr
+
+        attrs = [attribute("PROGRAMMATIC_STREAM_SERIALIZATION", "programmaticStreamSerializationAllowed")]
+        if self.cooperative:
+            attrs.append(attribute("COOPERATIVE", "cooperative"))
+        config.attrs = attrs
+        config.numAttrs = len(attrs)
+        return config

@@ -12,12 +12,11 @@ Every hip-python call returns a tuple whose first item is the status
 
 from __future__ import annotations
 
-import ctypes
 import functools
 import threading
 from typing import Any, Sequence
 
-from ._launch import dim3 as _dim3, pack_args
+from ._launch import KernelParams, dim3 as _dim3
 from .errors import BackendUnavailable, CompileError
 
 # -ffp-contract=off: no a*b+c -> FMA contraction, so results match the
@@ -267,26 +266,39 @@ class HipFunction:
         default stream. Arguments go through ``kernelParams`` (an array of
         pointers to each value), which HIP lays out from the kernel's metadata.
         ``pdl``: HIP has no programmatic dependent launch; True is refused."""
+        self.prepare(grid, block, dyn_smem, args, cooperative, pdl)(stream)
+
+    def prepare(
+        self,
+        grid: int | Sequence[int],
+        block: int | Sequence[int],
+        dyn_smem: int,
+        args: Sequence[tuple[str, int | float]],
+        cooperative: bool = False,
+        pdl: bool = False,
+    ) -> "HipLaunch":
+        """As CudaFunction.prepare: ``launch`` checked and packed once, its calls take the stream."""
         if pdl:
             raise ValueError("HIP has no programmatic dependent launch: launch with pdl=False")
-        hip = self.module._hip
+        return HipLaunch(self, _dim3(grid, "grid"), _dim3(block, "block"), int(dyn_smem), KernelParams(args),
+                         cooperative)
+
+
+class HipLaunch:
+    """One launch of a HipFunction, prepared (``HipFunction.prepare``): its dimensions and
+    packed arguments; each call takes the stream."""
+
+    def __init__(self, fn: HipFunction, grid: tuple[int, int, int], block: tuple[int, int, int], dyn_smem: int,
+                 params: KernelParams, cooperative: bool):
+        self.fn, self.grid, self.block, self.dyn_smem = fn, grid, block, dyn_smem
+        self.params, self.cooperative = params, cooperative
+        # hip-python takes kernelParams as a list of the values' addresses
+        self._pointers = list(params.pointers) or None
+
+    def __call__(self, stream: int) -> None:
         ensure_device()
-        gx, gy, gz = _dim3(grid, "grid")
-        bx, by, bz = _dim3(block, "block")
-        values, _types = pack_args(args)
-        # an array of void* to each ctypes value; `values` stays alive in this frame
-        params = [ctypes.addressof(v) for v in values] or None
-        hstream = None if int(stream) == 0 else int(stream)
-        if cooperative:
-            _call(
-                hip,
-                "hipModuleLaunchCooperativeKernel",
-                self.handle, gx, gy, gz, bx, by, bz, int(dyn_smem), hstream, params,
-            )
+        shape = (*self.grid, *self.block, self.dyn_smem, None if int(stream) == 0 else int(stream))
+        if self.cooperative:
+            _call(self.fn.module._hip, "hipModuleLaunchCooperativeKernel", self.fn.handle, *shape, self._pointers)
         else:
-            _call(
-                hip,
-                "hipModuleLaunchKernel",
-                self.handle, gx, gy, gz, bx, by, bz, int(dyn_smem), hstream, params, None,
-            )
-        del values
+            _call(self.fn.module._hip, "hipModuleLaunchKernel", self.fn.handle, *shape, self._pointers, None)
