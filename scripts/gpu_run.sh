@@ -34,6 +34,7 @@
 #             then the runs joined CTA by CTA (scripts/bycta_join.py: the steps between the stamps)
 #   scorer    the MiniMax scorer's variants side by side (scripts/timeline_probe.py --cold-keys,
 #             S = 1 / 4 / 16 at 4K and 64K): the spec's, then each of SCORER_TUNES ("a=1 b=2;c=3")
+#   host      scripts/host_launch_time.py: host time of an eager launch, checked against bound (kernel.bind)
 #   ncu       Nsight Compute's warp samples of MiniMax builds (scripts/ncu_run.sh: NCU_CASES,
 #             NCU_FLAGS, NCU_TAG), as $OUT/ncu.tgz for scripts/ncu_stalls.py
 set -uo pipefail
@@ -95,6 +96,7 @@ for what in "${@:-tests}"; do
                     | tee -a "$OUT/branches.log"; status=$((status | PIPESTATUS[0])) ;;
         variants) eval "python3 scripts/ab_variants.py ${VARIANT_ARGS:?VARIANT_ARGS: scripts/ab_variants.py --help}" 2>&1 \
                 | tee "$OUT/variants.out"; status=$((status | PIPESTATUS[0])) ;;
+        host) python3 scripts/host_launch_time.py 2>&1 | grep -v Warning | tee "$OUT/host.log"; status=$((status | PIPESTATUS[0])) ;;
         ncu) bash scripts/ncu_run.sh 2>&1 | grep -v '^"' | tee "$OUT/ncu.log"; status=$((status | PIPESTATUS[0])) ;;
         tp) NCCL_NVLS_ENABLE=0 python3 -m torch.distributed.run --nproc-per-node "$(nvidia-smi -L | wc -l)" \
                 scripts/tp_run.py 2>&1 | tee "$OUT/tp-run.log"; status=$((status | PIPESTATUS[0])) ;;

@@ -1,0 +1,90 @@
+"""Host time of one eager launch, checked (``kernel(**args)``) against bound (``kernel.bind``),
+for both specs, on the GPU machine: the CPU cost a decode step pays per launch outside a CUDA
+graph. Each row: median over rounds of (wall time of N launches enqueued back to back) / N,
+then the GPU time of one launch from a CUDA graph of N, for scale. The queue never fills: N
+launches of ~10-60 us each stay far under the driver's queue depth.
+
+    PYTHONPATH=. python scripts/host_launch_time.py [--launches 100] [--rounds 7]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+
+import codegen  # noqa: E402
+from tests import deepseek_case as dc  # noqa: E402
+from tests.minimax_case import launch_args, make_inputs  # noqa: E402
+
+
+def minimax(tokens: int):
+    kernel = codegen.load("minimax_m3/pre_attn", tokens=tokens)
+    return kernel, launch_args(make_inputs(tokens, kernel.target.name, seed=7), kernel.workspace("cuda"))
+
+
+def deepseek(tokens: int):
+    kernel = codegen.load("deepseek_v41/attn_front", tokens=tokens, tp=4, ratio=1)
+    case = dc.make_case(tokens, 4, 1, kernel.target.name, seed=7)
+    return kernel, dc.launch_args(case, kernel.workspace("cuda"))
+
+
+def host_us(call, launches: int, rounds: int) -> float:
+    """Median host microseconds a call, each round's launches enqueued back to back."""
+    times = []
+    for _ in range(rounds):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(launches):
+            call()
+        times.append((time.perf_counter() - start) / launches * 1e6)
+    torch.cuda.synchronize()
+    return statistics.median(times)
+
+
+def gpu_us(call, launches: int) -> float:
+    """GPU microseconds a launch, from a graph of ``launches`` of them."""
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        call()  # warm-up off the default stream, as capture needs
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        for _ in range(launches):
+            call()
+    graph.replay()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    graph.replay()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) * 1e3 / launches
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--launches", type=int, default=100)
+    ap.add_argument("--rounds", type=int, default=7)
+    args = ap.parse_args(argv)
+    print(f"{torch.cuda.get_device_name()}: host us a launch (median of {args.rounds} rounds of "
+          f"{args.launches}), GPU us a launch (graph)")
+    print(f"{'kernel':<22} {'S':>3} {'checked':>8} {'bound':>8} {'GPU':>8}")
+    for name, make, tokens in (("minimax_m3/pre_attn", minimax, (1, 16)), ("deepseek_v41/attn_front", deepseek, (1, 16))):
+        for s in tokens:
+            kernel, kargs = make(s)
+            kernel(**kargs)  # compile and load outside the timings
+            bound = kernel.bind(**kargs)
+            checked = host_us(lambda: kernel(**kargs), args.launches, args.rounds)
+            fast = host_us(bound, args.launches, args.rounds)
+            print(f"{name:<22} {s:>3} {checked:>8.1f} {fast:>8.1f} {gpu_us(bound, args.launches):>8.1f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
