@@ -344,15 +344,8 @@ class CudaFunction:
         memory that kernel writes (sm90; CUDA graphs keep the edge)."""
         self.prepare(grid, block, dyn_smem, args, cooperative, pdl)(stream)
 
-    def prepare(
-        self,
-        grid: int | Sequence[int],
-        block: int | Sequence[int],
-        dyn_smem: int,
-        args: Sequence[tuple[str, int | float]],
-        cooperative: bool = False,
-        pdl: bool = False,
-    ) -> "CudaLaunch":
+    def prepare(self, grid: int | Sequence[int], block: int | Sequence[int], dyn_smem: int,
+                args: Sequence[tuple[str, int | float]], cooperative: bool = False, pdl: bool = False) -> "CudaLaunch":
         """``launch`` with everything but the stream checked and packed once: a
         launcher whose calls take only the stream (``prepared(stream)``)."""
         return CudaLaunch(self, _dim3(grid, "grid"), _dim3(block, "block"), int(dyn_smem), KernelParams(args),

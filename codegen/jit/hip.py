@@ -268,15 +268,8 @@ class HipFunction:
         ``pdl``: HIP has no programmatic dependent launch; True is refused."""
         self.prepare(grid, block, dyn_smem, args, cooperative, pdl)(stream)
 
-    def prepare(
-        self,
-        grid: int | Sequence[int],
-        block: int | Sequence[int],
-        dyn_smem: int,
-        args: Sequence[tuple[str, int | float]],
-        cooperative: bool = False,
-        pdl: bool = False,
-    ) -> "HipLaunch":
+    def prepare(self, grid: int | Sequence[int], block: int | Sequence[int], dyn_smem: int,
+                args: Sequence[tuple[str, int | float]], cooperative: bool = False, pdl: bool = False) -> "HipLaunch":
         """As CudaFunction.prepare: ``launch`` checked and packed once, its calls take the stream."""
         if pdl:
             raise ValueError("HIP has no programmatic dependent launch: launch with pdl=False")
