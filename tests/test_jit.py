@@ -514,6 +514,33 @@ def test_cuda_prepared_launch(monkeypatch, pdl):
         jcuda.CudaFunction(None, "k", "handle").prepare(1, 32, 0, [("u64", 1), ("i32", 2**31)])
 
 
+@pytest.mark.parametrize("cooperative", [False, True])
+def test_hip_prepared_launch(monkeypatch, cooperative):
+    """HipFunction.prepare without ROCm: each call passes hipModuleLaunch(Cooperative)Kernel the
+    grid, block, LDS, the stream (0 as None, HIP's default stream) and the same list of the
+    packed values' addresses, which still read as the arguments after their list is gone."""
+    from codegen.jit import hip as jhip
+
+    calls = []
+    monkeypatch.setattr(jhip, "ensure_device", lambda: 0)
+    monkeypatch.setattr(jhip, "_call", lambda module, name, *args: calls.append((module, name, args)))
+    fn = jhip.HipFunction(types.SimpleNamespace(_hip="hip-module"), "k", "handle")
+    args = [("u64", 0xBEEF00), ("f32", -2.5), ("i32", 9)]
+    prepared = fn.prepare(304, (256, 1), 1024, args, cooperative=cooperative)
+    del args
+    for stream in (0, 1234):
+        prepared(stream)
+    name = "hipModuleLaunchCooperativeKernel" if cooperative else "hipModuleLaunchKernel"
+    for (module, called, launch), stream in zip(calls, (None, 1234)):
+        assert (module, called, launch[:9]) == ("hip-module", name, ("handle", 304, 1, 1, 256, 1, 1, 1024, stream))
+        assert launch[10:] == (() if cooperative else (None,))  # hipModuleLaunchKernel's `extra`: none
+        pointers = launch[9]
+        assert [ctypes.cast(p, ctypes.POINTER(t)).contents.value
+                for p, t in zip(pointers, (ctypes.c_uint64, ctypes.c_float, ctypes.c_int32))] == [0xBEEF00, -2.5, 9]
+    assert calls[0][2][9] is calls[1][2][9]
+    assert jhip.HipFunction(None, "k", "handle").prepare(1, 64, 0, [])._pointers is None  # no parameters: NULL
+
+
 @pytest.mark.parametrize("tokens, carveout", [(1, 100), (6, 0)])
 def test_kernel_load_sets_the_spec_carveout(monkeypatch, tokens, carveout):
     """Kernel.compile sets the build's grid.smem_carveout on the loaded function, through
