@@ -1,8 +1,9 @@
 """Host time of one eager launch, checked (``kernel(**args)``) against bound (``kernel.bind``),
 for both specs, on the GPU machine: the CPU cost a decode step pays per launch outside a CUDA
 graph. Each row: median over rounds of (wall time of N launches enqueued back to back) / N,
-then the GPU time of one launch from a CUDA graph of N, for scale. The queue never fills: N
-launches of ~10-60 us each stay far under the driver's queue depth.
+then the GPU time of one launch from a CUDA graph of N, for scale (the same weights each launch:
+warm in L2, unlike the bench's rotated copies). N is kept small (100 by default) so that the
+driver's launch queue does not fill and make the host wait for the GPU.
 
     PYTHONPATH=. python scripts/host_launch_time.py [--launches 100] [--rounds 7]
 """
