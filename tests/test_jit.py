@@ -503,13 +503,14 @@ def test_cuda_prepared_launch(monkeypatch, pdl):
         prepared(stream)
     assert all(values == [0xABC0, -3, 2**32 - 1] for _, _, values in calls)
     if pdl:
-        configs = [args[0] for _, args, _ in calls]
+        configs = [passed[0] for _, passed, _ in calls]
         assert configs[0] is configs[2] and configs[0] is not configs[1]
         assert [int(c.hStream) for c in configs] == [0, 77, 0]
     else:
-        assert [(name, int(args[8])) for name, args, _ in calls] == [("cuLaunchCooperativeKernel", s) for s in (0, 77, 0)]
-        assert all(args[1:7] == (4, 2, 1, 256, 1, 1) for _, args, _ in calls)
-    assert len({args[PARAMS_AT[name]] for name, args, _ in calls}) == 1
+        assert [(name, int(passed[8])) for name, passed, _ in calls] == [("cuLaunchCooperativeKernel", s)
+                                                                         for s in (0, 77, 0)]
+        assert all(passed[1:7] == (4, 2, 1, 256, 1, 1) for _, passed, _ in calls)
+    assert len({passed[PARAMS_AT[name]] for name, passed, _ in calls}) == 1
     with pytest.raises(OverflowError, match="kernel argument 1 \\(i32\\)"):
         jcuda.CudaFunction(None, "k", "handle").prepare(1, 32, 0, [("u64", 1), ("i32", 2**31)])
 
