@@ -1,8 +1,8 @@
 """Host time of one eager launch, checked (``kernel(**args)``) against bound (``kernel.bind``),
 for both specs, on the GPU machine: the CPU cost a decode step pays per launch outside a CUDA
 graph. Each row: median over rounds of (wall time of N launches enqueued back to back) / N,
-then the GPU time of one launch from a CUDA graph of N, for scale (the same weights each launch:
-warm in L2, unlike the bench's rotated copies). N is kept small (100 by default) so that the
+then the GPU time of one launch from a CUDA graph of N, for scale (bench.timing.GpuTimer, the
+bench's method, but the same weights each launch: warm in L2, unlike the bench's rotated copies). N is kept small (100 by default) so that the
 driver's launch queue does not fill and make the host wait for the GPU.
 
     PYTHONPATH=. python scripts/host_launch_time.py [--launches 100] [--rounds 7]
@@ -21,6 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 import codegen  # noqa: E402
+from bench.timing import GpuTimer  # noqa: E402
 from tests import deepseek_case as dc  # noqa: E402
 from tests.minimax_case import launch_args, make_inputs  # noqa: E402
 
@@ -49,25 +50,6 @@ def host_us(call, launches: int, rounds: int) -> float:
     return statistics.median(times)
 
 
-def gpu_us(call, launches: int) -> float:
-    """GPU microseconds a launch, from a graph of ``launches`` of them."""
-    stream = torch.cuda.Stream()
-    with torch.cuda.stream(stream):
-        call()  # warm-up off the default stream, as capture needs
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=stream):
-        for _ in range(launches):
-            call()
-    graph.replay()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    graph.replay()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) * 1e3 / launches
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--launches", type=int, default=100)
@@ -83,7 +65,8 @@ def main(argv=None) -> int:
             bound = kernel.bind(**kargs)
             checked = host_us(lambda: kernel(**kargs), args.launches, args.rounds)
             fast = host_us(bound, args.launches, args.rounds)
-            print(f"{name:<22} {s:>3} {checked:>8.1f} {fast:>8.1f} {gpu_us(bound, args.launches):>8.1f}")
+            gpu = GpuTimer(replays=10).graph([bound] * args.launches).median
+            print(f"{name:<22} {s:>3} {checked:>8.1f} {fast:>8.1f} {gpu:>8.1f}")
     return 0
 
 
