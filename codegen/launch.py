@@ -36,6 +36,7 @@ from .targets import Target, get_target
 
 ALIGN = 16  # every tensor argument: 16-byte loads and stores
 SCALAR_CTYPES = {"i32": "i32", "i64": "i64", "f32": "f32"}
+PREPARED_LAUNCHES = 8  # argument sets a Kernel keeps prepared for its checked calls (double buffers and the like)
 
 
 class ArgumentError(ValueError):
@@ -150,6 +151,9 @@ class Kernel:
         self._function = None
         self.co_resident_ctas = None  # occupancy x SMs, once loaded
         self._scratch = None  # debug builds: the scratch buffer of the last launch (its hang record)
+        # packed arguments -> their prepared launch: a checked call with the arguments of a
+        # recent one (a decode loop's) skips packing the driver's arrays again
+        self._prepared_launches: dict[tuple, Any] = {}
 
     @property
     def debug(self) -> bool:
@@ -266,7 +270,16 @@ class Kernel:
         # what the arguments are (type, dtype, shape, layout) for all of them first, then
         # where they are (device, alignment): a wrong shape is named before a wrong device
         packed = [self._check(a, tensors.get(a.name), dims) for a in self.ir.abi]
-        return [self._place(a, tensors.get(a.name), p) for a, p in zip(self.ir.abi, packed)]
+        current_device = functools.cache(_torch().cuda.current_device)  # asked once, if a tensor is on a GPU
+        return [self._place(a, tensors.get(a.name), p, current_device) for a, p in zip(self.ir.abi, packed)]
+
+    @functools.cached_property
+    def _tensor_checks(self) -> dict[str, tuple[Any, tuple[int, ...] | None]]:
+        """Each tensor argument's torch dtype and, when no dimension is a runtime one, its
+        shape: what ``_check`` compares, worked out once."""
+        return {a.name: (torch_dtype(a.dtype, self.target),
+                         a.shape if all(isinstance(d, int) for d in a.shape) else None)
+                for a in self.ir.abi if a.is_tensor}
 
     def _where(self, name: str) -> str:
         """An argument's name as every ArgumentError starts with it."""
@@ -274,59 +287,70 @@ class Kernel:
 
     def _check(self, a: Arg, value, dims: dict) -> tuple[str, int | float]:
         torch = _torch()
-        where = self._where(a.name)
         if not a.is_tensor:
             if a.dtype == "f32":
                 if not isinstance(value, (int, float)) or isinstance(value, bool):
-                    raise ArgumentError(f"{where}: expected a float, got {type(value).__name__}")
+                    raise ArgumentError(f"{self._where(a.name)}: expected a float, got {type(value).__name__}")
             elif not isinstance(value, int) or isinstance(value, bool):
-                raise ArgumentError(f"{where}: expected an int ({a.dtype}), got {type(value).__name__}")
+                raise ArgumentError(f"{self._where(a.name)}: expected an int ({a.dtype}), got {type(value).__name__}")
             lo, hi = a.range if a.range is not None else SCALAR_RANGES.get(a.dtype, (value, value))
             if not lo <= value <= hi:
-                raise ArgumentError(f"{where}: expected a value in [{lo}, {hi}], got {value}")
+                raise ArgumentError(f"{self._where(a.name)}: expected a value in [{lo}, {hi}], got {value}")
             return (SCALAR_CTYPES[a.dtype], value)
         if value is None:
             if a.optional:
                 return ("u64", 0)
-            raise ArgumentError(f"{where}: expected a tensor, got None")
+            raise ArgumentError(f"{self._where(a.name)}: expected a tensor, got None")
         if not isinstance(value, torch.Tensor):
-            raise ArgumentError(f"{where}: expected a torch.Tensor, got {type(value).__name__}")
-        want = torch_dtype(a.dtype, self.target)
+            raise ArgumentError(f"{self._where(a.name)}: expected a torch.Tensor, got {type(value).__name__}")
+        want, fixed_shape = self._tensor_checks[a.name]
         if value.dtype != want:
-            raise ArgumentError(f"{where}: expected dtype {want}, got {value.dtype}")
-        if value.dim() != len(a.shape) or any(
-            isinstance(d, int) and d != n for d, n in zip(a.shape, value.shape)
-        ):
-            raise ArgumentError(f"{where}: expected shape {a.shape_text}, got {list(value.shape)}")
-        for d, n in zip(a.shape, value.shape):
-            if isinstance(d, str):
-                if n <= 0:
-                    raise ArgumentError(f"{where}: runtime dimension {d} must be positive, got {n}")
-                first = dims.setdefault(d, (a.name, n))
-                if first[1] != n:
-                    raise ArgumentError(f"{where}: dimension {d} = {n} disagrees with {first[0]!r} ({d} = {first[1]})")
+            raise ArgumentError(f"{self._where(a.name)}: expected dtype {want}, got {value.dtype}")
+        if fixed_shape is not None:
+            if value.shape != fixed_shape:
+                raise ArgumentError(f"{self._where(a.name)}: expected shape {a.shape_text}, got {list(value.shape)}")
+        else:
+            if value.dim() != len(a.shape) or any(
+                isinstance(d, int) and d != n for d, n in zip(a.shape, value.shape)
+            ):
+                raise ArgumentError(f"{self._where(a.name)}: expected shape {a.shape_text}, got {list(value.shape)}")
+            for d, n in zip(a.shape, value.shape):
+                if isinstance(d, str):
+                    if n <= 0:
+                        raise ArgumentError(f"{self._where(a.name)}: runtime dimension {d} must be positive, got {n}")
+                    first = dims.setdefault(d, (a.name, n))
+                    if first[1] != n:
+                        raise ArgumentError(f"{self._where(a.name)}: dimension {d} = {n} disagrees with {first[0]!r} "
+                                            f"({d} = {first[1]})")
         if not value.is_contiguous():
-            raise ArgumentError(f"{where}: expected a contiguous tensor, got strides {list(value.stride())}")
+            raise ArgumentError(f"{self._where(a.name)}: expected a contiguous tensor, got strides {list(value.stride())}")
         return ("u64", 0)  # the address once placed
 
-    def _place(self, a: Arg, value, packed: tuple[str, int | float]) -> tuple[str, int | float]:
-        """The device and alignment checks of a tensor argument; its address."""
+    def _place(self, a: Arg, value, packed: tuple[str, int | float], current_device) -> tuple[str, int | float]:
+        """The device and alignment checks of a tensor argument; its address. ``current_device``:
+        torch's current device index (a call)."""
         if not a.is_tensor or value is None:
             return packed
-        torch = _torch()
-        where = self._where(a.name)
-        if value.device.type != "cuda":
-            raise ArgumentError(f"{where}: expected a tensor on the GPU, got device {value.device}")
-        if value.device.index != torch.cuda.current_device():
-            raise ArgumentError(f"{where}: expected device cuda:{torch.cuda.current_device()} "
+        if not value.is_cuda:
+            raise ArgumentError(f"{self._where(a.name)}: expected a tensor on the GPU, got device {value.device}")
+        if value.get_device() != current_device():
+            raise ArgumentError(f"{self._where(a.name)}: expected device cuda:{current_device()} "
                                 f"(the current device), got {value.device}")
-        if value.data_ptr() % ALIGN:
-            raise ArgumentError(f"{where}: expected a {ALIGN}-byte aligned address, got 0x{value.data_ptr():x}")
-        return ("u64", value.data_ptr())
+        address = value.data_ptr()
+        if address % ALIGN:
+            raise ArgumentError(f"{self._where(a.name)}: expected a {ALIGN}-byte aligned address, got 0x{address:x}")
+        return ("u64", address)
 
     def __call__(self, **tensors) -> None:
         """Launch on the current torch stream (capturable into a CUDA graph)."""
-        self._launch(self._prepare(self.pack(tensors)), tensors)
+        args = self.pack(tensors)
+        key = tuple(args)
+        prepared = self._prepared_launches.get(key)
+        if prepared is None:
+            if len(self._prepared_launches) >= PREPARED_LAUNCHES:
+                del self._prepared_launches[next(iter(self._prepared_launches))]  # the oldest
+            prepared = self._prepared_launches[key] = self._prepare(args)
+        self._launch(prepared, tensors)
 
     def bind(self, **tensors) -> "BoundLaunch":
         """Every check of ``kernel(**tensors)`` once, now, and the driver's launch prepared (the

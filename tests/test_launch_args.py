@@ -12,13 +12,14 @@ tests/test_reliability_gpu.py."""
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 import pytest
 import torch
 
 import codegen
 from codegen.jit._launch import KernelParams
-from codegen.launch import ArgumentError, torch_dtype
+from codegen.launch import PREPARED_LAUNCHES, ArgumentError, torch_dtype
 
 RUNTIME = 4  # the size given to every runtime dimension (cache pages, table columns, ...)
 # spec -> (short id, the build under test, another build whose arguments differ in shape)
@@ -266,8 +267,11 @@ class FakeFunction:
 
     def __init__(self):
         self.launches = []
+        self.prepares = 0
 
     def prepare(self, grid, block, dyn_smem, args, cooperative=False, pdl=False):
+        self.prepares += 1
+
         def launch(stream):
             self.launches.append(list(args))
 
@@ -281,8 +285,8 @@ def host_launch(monkeypatch):
     tests/test_reliability_gpu.py's), the current stream 0, a fake compiled function."""
     fn = FakeFunction()
     monkeypatch.setattr(codegen.launch.Kernel, "_place",
-                        lambda self, a, value, packed: ("u64", value.data_ptr()) if a.is_tensor and value is not None
-                        else packed)
+                        lambda self, a, value, packed, current_device: ("u64", value.data_ptr())
+                        if a.is_tensor and value is not None else packed)
     monkeypatch.setattr(codegen.launch.Kernel, "compile", lambda self: fn)
     monkeypatch.setattr(torch.cuda, "current_stream", lambda: type("S", (), {"cuda_stream": 0})())
     return fn
@@ -324,3 +328,30 @@ def test_bound_launch(spec, host_launch):
     bound = kernel.bind(**args)
     checked, fast = host_us(lambda: kernel(**args)), host_us(bound)
     assert fast < checked / 3, f"bound {fast:.1f} us against checked {checked:.1f} us a launch"
+
+
+@pytest.mark.parametrize("spec", SPEC_IDS)
+def test_checked_launch_reuses_its_prepared_launch(spec, host_launch):
+    """A checked launch with the arguments of a recent one reuses that one's prepared launch
+    (packing the driver's argument array is most of what is left of a launch's host time after
+    the checks); another address prepares anew and launches with it; every call still checks
+    every argument; the oldest of more than PREPARED_LAUNCHES argument sets is dropped."""
+    kernel = replace(KERNELS[spec])  # a Kernel of its own: no prepared launches yet
+    args = good_args(kernel)
+    a = next(a for a in kernel.ir.abi if a.is_tensor)
+    kernel(**args)
+    kernel(**args)
+    assert host_launch.prepares == 1 and host_launch.launches[0] == host_launch.launches[1]
+    moved = {**args, a.name: args[a.name].clone()}
+    kernel(**moved)
+    assert host_launch.prepares == 2 and ("u64", moved[a.name].data_ptr()) in host_launch.launches[2]
+    kernel(**args)
+    assert host_launch.prepares == 2 and host_launch.launches[3] == host_launch.launches[0]
+    with pytest.raises(ArgumentError, match=f"argument {a.name!r}: expected shape"):
+        kernel(**{**args, a.name: args[a.name].flatten()[:-1]})
+    clones = [args[a.name].clone() for _ in range(PREPARED_LAUNCHES)]  # kept alive: addresses of their own
+    for clone in clones:
+        kernel(**{**args, a.name: clone})
+    assert host_launch.prepares == 2 + PREPARED_LAUNCHES and len(kernel._prepared_launches) == PREPARED_LAUNCHES
+    kernel(**args)  # its set was the oldest, and was dropped
+    assert host_launch.prepares == 3 + PREPARED_LAUNCHES and host_launch.launches[-1] == host_launch.launches[0]
