@@ -155,7 +155,7 @@ class Kernel:
         # recent one (a decode loop's) skips packing the driver's arrays again
         self._prepared_launches: dict[tuple, Any] = {}
 
-    @property
+    @functools.cached_property
     def debug(self) -> bool:
         """A debug build: mailbox waits give up after 1 s and record where
         (``check_errors``); the scratch buffer ends with the hang record."""
