@@ -16,8 +16,11 @@ checks the ABI against the indices each stage forms (``_Ctx.abi_arg`` and
 from data at run time (positions, slots, block tables) are the caller's
 contract: checking them here would mean reading the GPU before every launch.
 
-``kernel.bind(**tensors)`` does all of it once and returns a launcher whose calls check
-only that no tensor's storage moved: eager launches without the checks' host time.
+Every checked launch runs every check; what it packs for the driver (the arguments' array,
+a launch config) is kept for the last ``PREPARED_LAUNCHES`` argument sets and reused when a
+launch's packed arguments equal one of them. ``kernel.bind(**tensors)`` does all of it once and
+returns a launcher whose calls check only that no tensor's storage moved: eager launches
+without the checks' host time.
 
 Debug builds (``debug=True``): a mailbox wait gives up after 1 s and records
 where; every launch is followed by ``check_errors()`` (outside graph captures),
