@@ -22,6 +22,9 @@ launch's packed arguments equal one of them. ``kernel.bind(**tensors)`` does all
 returns a launcher whose calls check only that no tensor's storage moved: eager launches
 without the checks' host time.
 
+A process runs its kernels on one GPU: the current device of the first compile (``DeviceError``
+for another; the backends load a binary once a process, in that GPU's context).
+
 Debug builds (``debug=True``): a mailbox wait gives up after 1 s and records
 where; every launch is followed by ``check_errors()`` (outside graph captures),
 which raises ``KernelHang`` naming the stage, task, CTA, region and tags."""
@@ -59,6 +62,34 @@ class KernelHang(RuntimeError):
     def __init__(self, message: str, record: dict):
         super().__init__(message)
         self.record = record
+
+
+class DeviceError(RuntimeError):
+    """A launch on another GPU than the one this process's kernels are loaded on."""
+
+
+# The GPU this process's kernels are loaded on, set by the first compile(): the backends load
+# each binary once a process and launch in that GPU's context (codegen.jit), so every later
+# compile and prepared launch must find it current (one process a GPU, as tensor-parallel
+# serving runs).
+_process_device: int | None = None
+
+
+def _claim_device(kernel: "Kernel") -> None:
+    """Make torch's current device this process's kernel device, or refuse another."""
+    global _process_device
+    current = _torch().cuda.current_device()
+    if _process_device is None:
+        _process_device = current
+    elif current != _process_device:
+        raise _device_error(kernel, current)
+
+
+def _device_error(kernel: "Kernel", current: int) -> DeviceError:
+    return DeviceError(f"{kernel.ir.kernel} [{kernel.ir.build.label()}]: launched with cuda:{current} current, but "
+                       f"this process's kernels are loaded on cuda:{_process_device} (the backend loads a binary "
+                       f"once a process, in that GPU's context): run one process a GPU, or make "
+                       f"cuda:{_process_device} current (torch.cuda.set_device({_process_device}))")
 
 
 BULK_WAIT_AT = 0xFFFFFFFF  # a hang record's offset for a wait on a TMA bulk copy (kernel.hip.j2)
@@ -216,7 +247,9 @@ class Kernel:
         return replace(self, source=source)
 
     def compile(self):
-        """Compile (or take from the disk cache) and load; check co-residency."""
+        """Compile (or take from the disk cache) and load on this process's GPU (the first
+        compile's current device; ``DeviceError`` if another is current); check co-residency."""
+        _claim_device(self)
         if self._function is not None:
             return self._function
         from . import jit
@@ -370,7 +403,10 @@ class Kernel:
     def _launch(self, prepared, tensors: dict[str, Any]) -> None:
         """``prepared`` (``_prepare``) on the current torch stream; in debug builds, the error check."""
         torch = _torch()
-        prepared(torch.cuda.current_stream().cuda_stream)
+        stream = torch.cuda.current_stream()
+        if stream.device_index != _process_device:  # a bound launch's device made no longer current
+            raise _device_error(self, stream.device_index)
+        prepared(stream.cuda_stream)
         if self.debug:  # every launch is checked, except inside a graph capture (check_errors after replays)
             self._scratch = tensors[self.ir.scratch_arg]
             if not torch.cuda.is_current_stream_capturing():

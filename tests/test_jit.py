@@ -556,6 +556,7 @@ def test_kernel_load_sets_the_spec_carveout(monkeypatch, tokens, carveout):
     fn = jcuda.CudaFunction(None, "k", "handle")
     monkeypatch.setattr(jit, "load_module", lambda binary, target, backend: types.SimpleNamespace(function=lambda name: fn))
     monkeypatch.setattr(launch, "_compute_units", lambda: 132)
+    monkeypatch.setattr(launch, "_claim_device", lambda kernel: None)  # no torch device here
     monkeypatch.setattr(launch.Kernel, "binary", lambda self: b"")
     monkeypatch.setattr(jcuda.CudaFunction, "max_active_blocks_per_sm", lambda self, threads, lds: 1)
     attr = jcuda._driver().CUfunction_attribute.CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT

@@ -12,6 +12,7 @@ tests/test_reliability_gpu.py."""
 from __future__ import annotations
 
 import time
+import types
 from dataclasses import replace
 
 import pytest
@@ -19,7 +20,7 @@ import torch
 
 import codegen
 from codegen.jit._launch import KernelParams
-from codegen.launch import PREPARED_LAUNCHES, ArgumentError, torch_dtype
+from codegen.launch import PREPARED_LAUNCHES, ArgumentError, DeviceError, torch_dtype
 
 RUNTIME = 4  # the size given to every runtime dimension (cache pages, table columns, ...)
 # spec -> (short id, the build under test, another build whose arguments differ in shape)
@@ -282,13 +283,15 @@ class FakeFunction:
 @pytest.fixture
 def host_launch(monkeypatch):
     """Launches on the CPU: tensors placed at their CPU addresses (the device check is
-    tests/test_reliability_gpu.py's), the current stream 0, a fake compiled function."""
+    tests/test_reliability_gpu.py's), the current stream 0 on cuda:0, the process's kernel
+    device, and a fake compiled function."""
     fn = FakeFunction()
     monkeypatch.setattr(codegen.launch.Kernel, "_place",
                         lambda self, a, value, packed, current_device: ("u64", value.data_ptr())
                         if a.is_tensor and value is not None else packed)
     monkeypatch.setattr(codegen.launch.Kernel, "compile", lambda self: fn)
-    monkeypatch.setattr(torch.cuda, "current_stream", lambda: type("S", (), {"cuda_stream": 0})())
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda: types.SimpleNamespace(cuda_stream=0, device_index=0))
+    monkeypatch.setattr(codegen.launch, "_process_device", 0)
     return fn
 
 
@@ -355,3 +358,48 @@ def test_checked_launch_reuses_its_prepared_launch(spec, host_launch):
     assert host_launch.prepares == 2 + PREPARED_LAUNCHES and len(kernel._prepared_launches) == PREPARED_LAUNCHES
     kernel(**args)  # its set was the oldest, and was dropped
     assert host_launch.prepares == 3 + PREPARED_LAUNCHES and host_launch.launches[-1] == host_launch.launches[0]
+
+
+def test_kernels_run_on_one_gpu_a_process(monkeypatch):
+    """The first compile makes torch's current device the process's kernel device (the backends
+    load a binary once a process, in that GPU's context); a compile, a newly prepared launch or
+    a bound launch with another device current is refused, naming both devices and the fix, for
+    every kernel of the process; with it current again, they go on."""
+    import codegen.jit
+
+    launches = []
+
+    class FakeModule:
+        def function(self, name):
+            return types.SimpleNamespace(set_max_dynamic_shared=lambda n: None, set_shared_carveout=lambda p: None,
+                                         max_active_blocks_per_sm=lambda threads, lds: 1, attributes=dict,
+                                         prepare=lambda *a, **k: launches.append)
+
+    device = [1]
+    monkeypatch.setattr(codegen.launch, "_process_device", None)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: device[0])
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda: types.SimpleNamespace(cuda_stream=10 + device[0],
+                                                                                    device_index=device[0]))
+    monkeypatch.setattr(codegen.launch, "_compute_units", lambda: 1 << 10)
+    monkeypatch.setattr(codegen.launch.Kernel, "binary", lambda self: b"")
+    monkeypatch.setattr(codegen.launch.Kernel, "_place",  # CPU tensors at their addresses
+                        lambda self, a, value, packed, current_device: ("u64", value.data_ptr())
+                        if a.is_tensor and value is not None else packed)
+    monkeypatch.setattr(codegen.jit, "load_module", lambda binary, target, backend: FakeModule())
+    first, second = (replace(KERNELS[spec]) for spec in SPECS)  # Kernels of their own: none loaded yet
+    bound = first.bind(**good_args(first))  # the first compile: cuda:1
+    bound()
+    device[0] = 0
+    for kernel in (first, second):
+        with pytest.raises(DeviceError, match=rf"{kernel.ir.kernel} .*cuda:0 current.*loaded on cuda:1.*"
+                                              r"torch.cuda.set_device\(1\)"):
+            kernel.compile()
+    with pytest.raises(DeviceError, match="loaded on cuda:1"):
+        second(**good_args(second))
+    with pytest.raises(DeviceError, match="cuda:0 current.*loaded on cuda:1"):
+        bound()
+    assert launches == [11]
+    device[0] = 1
+    second(**good_args(second))
+    bound()
+    assert launches == [11, 11, 11]
