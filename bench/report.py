@@ -7,6 +7,8 @@ import json
 import os
 from pathlib import Path
 
+from bench import targets
+
 COLUMNS = ("S", "ours us", "eager us", "compile us", "floor us", "ours/floor", "compile/ours")
 CONTEXT_COLUMN = "context"  # inserted after S when any row has a context
 
@@ -79,6 +81,9 @@ def markdown_entry(meta: dict, rows: list[dict], extras: dict) -> str:
         "",
     ]
     notes = list(meta.get("notes", []))
+    verdict = targets_note(meta, rows, extras)
+    if verdict:
+        notes.insert(0, verdict)
     for key, label in (("jit", "JIT"), ("generate", "make generate")):
         if key in extras:
             notes.append(f"{label}: " + ", ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}"
@@ -86,6 +91,46 @@ def markdown_entry(meta: dict, rows: list[dict], extras: dict) -> str:
     if notes:
         lines += [f"- {n}" for n in notes] + [""]
     return "\n".join(lines)
+
+
+def targets_note(meta: dict, rows: list[dict], extras: dict) -> str | None:
+    """Issue 5's targets judged on this run (``bench.targets``), one line: how many are met,
+    then the unmet, the unmeasured and the met, each group by target, its cases with their
+    values; None when no target applies (e.g. MiniMax without the issue's contexts)."""
+    verdicts = targets.judge(meta, rows, extras)
+    if not verdicts:
+        return None
+    gpu = meta.get("gpu") or "?"
+    where = ("" if targets.TARGET_GPU in gpu else
+             f"; this run's GPU is not one, so its ratios are not the targets' own")
+    groups = []
+    for title, keep in (("unmet", lambda v: v.value is not None and not v.met),
+                        ("not measured", lambda v: v.value is None), ("met", lambda v: v.met)):
+        chosen = [v for v in verdicts if keep(v)]
+        by_target: dict[tuple, list] = {}
+        for v in chosen:
+            by_target.setdefault((v.label, v.bound, v.at_most), []).append(v)
+        parts = []
+        for (label, bound, at_most), vs in by_target.items():
+            cases = ", ".join(f"{_case_label(v)}{' ' if _case_label(v) else ''}{_verdict_value(v)}" for v in vs)
+            parts.append(f"{label} {'<=' if at_most else '>='} {bound:g}: {cases}")
+        if parts:
+            groups.append(f"{title}: " + "; ".join(parts))
+    met = sum(v.met for v in verdicts)
+    return (f"issue 5 targets (set on an {targets.TARGET_GPU}{where}): {met} of {len(verdicts)} met. "
+            + ". ".join(g[0].upper() + g[1:] for g in groups))
+
+
+def _case_label(v) -> str:
+    if v.tokens is None:
+        return ""
+    return f"S={v.tokens}" + (f" {context_label(v.context)}" if v.context is not None else "")
+
+
+def _verdict_value(v) -> str:
+    if v.value is None:
+        return "n/a"
+    return f"{v.value:.3f}" if v.value < 0.1 else f"{v.value:.2f}"
 
 
 def append_results(path: Path, entry: str) -> None:

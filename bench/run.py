@@ -544,14 +544,17 @@ def main(argv=None) -> int:
         if not rows or "copies" not in kmeta:
             log(f"{kernel}: no results ({'; '.join(kmeta['notes'])})")
             continue
-        log(report.format_table(rows))
-        for n in kmeta["notes"]:
-            log(f"note: {n}")
         kextras = {"copy_bandwidth": extras["copy_bandwidth"]}
         if "jit" in run:
             kextras["jit"] = run["jit"]
         if i == 0 and "generate" in extras:
             kextras["generate"] = extras["generate"]
+        log(report.format_table(rows))
+        for n in kmeta["notes"]:
+            log(f"note: {n}")
+        verdict = report.targets_note(kmeta, rows, kextras)
+        if verdict:
+            log(verdict)
         entry_md = report.markdown_entry(kmeta, rows, kextras)
         entries.append(entry_md)
         timed = any(r.get(f"{n}_us") is not None for r in rows for n in ("ours", "eager", "compile"))

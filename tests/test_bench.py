@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from bench import report
+from bench import report, targets
 from bench.case import GuardError
 from bench.minimax import PreAttnCase, pre_attn_bytes
 from bench.run import auto_copies, main, parse_args
@@ -66,6 +66,7 @@ def test_dry_run(tmp_path):
     entry = (out / "RESULTS-entry.md").read_text()
     assert "DRY RUN" in entry and "| 1 | 4K |" in entry and "| 1 | 64K |" in entry and "| S | context |" in entry
     assert "(grid.smem_carveout;" in entry and "S=1 ctx=4096 0 %" in entry  # the L1 / shared split, named
+    assert "- issue 5 targets (set on an H200; this run's GPU is not one" in entry and ": 0 of 4 met. Unmet: ours/floor <= 1.3: S=1 4K " in entry
     assert (out / "RESULTS.md").exists()
 
 
@@ -187,6 +188,35 @@ def test_table_and_plot_with_contexts(tmp_path):
     assert "64K" in report.format_table(rows)
     pytest.importorskip("matplotlib")
     assert report.plot(rows, tmp_path / "p.png", "t") is None and (tmp_path / "p.png").stat().st_size > 0
+
+
+def test_targets_judged_on_the_issues_cases():
+    """Issue 5's targets: MiniMax ours/floor at S = 1 (<= 1.3) and 16 (<= 1.6) at both contexts,
+    compile/ours >= 10 everywhere; a row without a context (the GPU tests' launch) is none of the
+    issue's cases; an unmeasured ratio is not met; the JIT and make generate by their times;
+    DeepSeek judged at TP4 only (<= 1.4 up to S = 16, <= 2 at 48, compile/ours >= 8)."""
+    mm = {"kernel": "minimax_m3/pre_attn", "gpu": "NVIDIA H200", "build": ""}
+    rows = [{"tokens": 1, "context": 4096, "ours_us": 5.0, "floor_us": 4.0, "compile_us": 60.0},  # 1.25, 12
+            {"tokens": 16, "context": 65536, "ours_us": 50.0, "floor_us": 30.0, "compile_us": 200.0},  # 1.67, 4
+            {"tokens": 4, "context": 4096, "ours_us": 9.0, "floor_us": 4.0, "compile_us": None},
+            {"tokens": 1, "context": None, "ours_us": 99.0, "floor_us": 4.0, "compile_us": 1.0}]
+    extras = {"jit": {"cold_compile_s": 2.5, "warm_cache_s": 0.01}, "generate": {"wall_s": 3.0}}
+    got = [(v.label, v.tokens, v.context, v.met) for v in targets.judge(mm, rows, extras)]
+    assert got == [("ours/floor", 1, 4096, True), ("ours/floor", 16, 65536, False),
+                   ("compile/ours", 1, 4096, True), ("compile/ours", 16, 65536, False),
+                   ("compile/ours", 4, 4096, False), ("JIT cold compile s", None, None, False),
+                   ("JIT warm cache load s", None, None, True), ("make generate s", None, None, True)]
+    note = report.targets_note(mm, rows, extras)
+    assert note.startswith("issue 5 targets (set on an H200): 4 of 8 met. Unmet: ours/floor <= 1.6: S=16 64K 1.67;")
+    assert "Not measured: compile/ours >= 10: S=4 4K n/a." in note and "Met: ours/floor <= 1.3: S=1 4K 1.25;" in note
+    assert "this run's GPU is not one" in report.targets_note({**mm, "gpu": "NVIDIA H100 80GB HBM3"}, rows, {})
+    assert report.targets_note(mm, [rows[-1]], {}) is None
+    ds = {"kernel": "deepseek_v41/attn_front", "gpu": "NVIDIA H200", "build": "TP4, 16 local heads, ratio 1"}
+    rows = [{"tokens": s, "ours_us": us, "floor_us": 4.0, "compile_us": 80.0} for s, us in ((16, 5.6), (48, 8.4))]
+    assert [(v.label, v.bound, v.met) for v in targets.judge(ds, rows, {})] == [
+        ("ours/floor", 1.4, True), ("ours/floor", 2.0, False), ("compile/ours", 8.0, True),
+        ("compile/ours", 8.0, True)]
+    assert targets.judge({**ds, "build": "TP2, 32 local heads, ratio 1"}, rows, {}) == []
 
 
 def test_watchdog_lets_a_step_in_time_pass():
