@@ -1,14 +1,20 @@
 """Host time of one eager launch, checked (``kernel(**args)``) against bound (``kernel.bind``),
 for both specs, on the GPU machine: the CPU cost a decode step pays per launch outside a CUDA
-graph. Each row: median over rounds of (wall time of N launches enqueued back to back) / N;
-then the bound launch's parts, each timed alone the same way: its address checks, torch's
+graph. Each row: median over rounds of (wall time of N launches enqueued back to back) / N:
+checked with the same arguments each call (its prepared launch reused, as in a decode loop),
+checked with the prepared launches dropped before each call ("fresh": new arguments each call),
+bound; then the bound launch's parts, each timed alone the same way: its address checks, torch's
 current stream (``current_stream().cuda_stream``), the same through torch's private raw-stream
 getter, and the prepared driver call; then the GPU time of one launch from a CUDA graph of N,
 for scale (bench.timing.GpuTimer, the bench's method, but the same weights each launch: warm in
 L2, unlike the bench's rotated copies). N is kept small (100 by default) so that the driver's
 launch queue does not fill and make the host wait for the GPU.
 
-    PYTHONPATH=. python scripts/host_launch_time.py [--launches 100] [--rounds 7]
+``--stub`` needs no GPU: our Python's share alone, on CPU tensors (placed at their addresses,
+so without the device checks), torch's current stream a stand-in and every driver call a no-op
+(the CUDA backend's, its launch config built as on a GPU); the other columns are "-".
+
+    PYTHONPATH=. python scripts/host_launch_time.py [--launches 100] [--rounds 7] [--stub]
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ import argparse
 import statistics
 import sys
 import time
+import types
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -29,15 +36,32 @@ from tests import deepseek_case as dc  # noqa: E402
 from tests.minimax_case import launch_args, make_inputs  # noqa: E402
 
 
-def minimax(tokens: int):
-    kernel = codegen.load("minimax_m3/pre_attn", tokens=tokens)
-    return kernel, launch_args(make_inputs(tokens, kernel.target.name, seed=7), kernel.workspace("cuda"))
+def minimax(tokens: int, target: str | None, device: str):
+    kernel = codegen.load("minimax_m3/pre_attn", tokens=tokens, target=target)
+    inputs = make_inputs(tokens, kernel.target.name, seed=7)
+    return kernel, launch_args(inputs, kernel.workspace(device), device=device)
 
 
-def deepseek(tokens: int):
-    kernel = codegen.load("deepseek_v41/attn_front", tokens=tokens, tp=4, ratio=1)
+def deepseek(tokens: int, target: str | None, device: str):
+    kernel = codegen.load("deepseek_v41/attn_front", tokens=tokens, tp=4, ratio=1, target=target)
     case = dc.make_case(tokens, 4, 1, kernel.target.name, seed=7)
-    return kernel, dc.launch_args(case, kernel.workspace("cuda"))
+    return kernel, dc.launch_args(case, kernel.workspace(device), device=device)
+
+
+def stub_gpu() -> None:
+    """``--stub``: launches without a GPU (see the module's docstring)."""
+    from codegen import launch
+    from codegen.jit import cuda as jcuda
+
+    function = jcuda.CudaFunction(None, "stub", "handle")
+    jcuda.ensure_context = lambda: None
+    jcuda._driver_call = lambda name, *args: None
+    launch.Kernel._place = lambda self, a, value, packed, current_device: (
+        ("u64", value.data_ptr()) if a.is_tensor and value is not None else packed)
+    launch.Kernel.compile = lambda self: function
+    launch._process_device = 0
+    torch.cuda.current_stream = lambda: types.SimpleNamespace(cuda_stream=0, device_index=0)
+    torch.cuda.synchronize = lambda: None
 
 
 def host_us(call, launches: int, rounds: int) -> float:
@@ -57,26 +81,37 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--launches", type=int, default=100)
     ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--stub", action="store_true", help="no GPU: our Python's share alone (CPU tensors, no-op driver)")
     args = ap.parse_args(argv)
-    print(f"{torch.cuda.get_device_name()}: host us a launch (median of {args.rounds} rounds of "
-          f"{args.launches}), GPU us a launch (graph)")
-    print(f"{'kernel':<22} {'S':>3} {'checked':>8} {'bound':>8} {'checks':>8} {'stream':>8} {'raw':>8} {'driver':>8} {'GPU':>8}")
+    if args.stub:
+        stub_gpu()
+    target, device = ("sm90", "cpu") if args.stub else (None, "cuda")
+    where = "stub driver, CPU tensors" if args.stub else torch.cuda.get_device_name()
+    print(f"{where}: host us a launch (median of {args.rounds} rounds of {args.launches}), GPU us a launch (graph)")
+    cols = ("checked", "fresh", "bound", "checks", "stream", "raw", "driver", "GPU")
+    print(f"{'kernel':<24} {'S':>3} " + " ".join(f"{c:>8}" for c in cols))
+
+    def us(call) -> float:
+        return host_us(call, args.launches, args.rounds)
+
     for name, make, tokens in (("minimax_m3/pre_attn", minimax, (1, 16)), ("deepseek_v41/attn_front", deepseek, (1, 16))):
         for s in tokens:
-            kernel, kargs = make(s)
+            kernel, kargs = make(s, target, device)
             kernel(**kargs)  # compile and load outside the timings
             bound = kernel.bind(**kargs)
-            checked = host_us(lambda: kernel(**kargs), args.launches, args.rounds)
-            fast = host_us(bound, args.launches, args.rounds)
-            # the bound call's parts (BoundLaunch.__call__ and Kernel._launch, taken apart here)
-            checks = host_us(lambda: [t.data_ptr() != a for _, t, a in bound._addresses], args.launches, args.rounds)
-            stream = host_us(lambda: torch.cuda.current_stream().cuda_stream, args.launches, args.rounds)
-            device = torch.cuda.current_device()
-            rawget = host_us(lambda: torch._C._cuda_getCurrentRawStream(device), args.launches, args.rounds)
-            raw = torch.cuda.current_stream().cuda_stream
-            driver = host_us(lambda: bound._prepared(raw), args.launches, args.rounds)
-            gpu = GpuTimer(replays=10).graph([bound] * args.launches).median
-            print(f"{name:<22} {s:>3} {checked:>8.1f} {fast:>8.1f} {checks:>8.1f} {stream:>8.1f} {rawget:>8.1f} {driver:>8.1f} {gpu:>8.1f}")
+            row = {"checked": us(lambda: kernel(**kargs)),
+                   "fresh": us(lambda: (kernel._prepared_launches.clear(), kernel(**kargs))),
+                   "bound": us(bound),
+                   # the bound call's parts (BoundLaunch.__call__ and Kernel._launch, taken apart here)
+                   "checks": us(lambda: [t.data_ptr() != a for _, t, a in bound._addresses])}
+            if not args.stub:
+                index = torch.cuda.current_device()
+                raw = torch.cuda.current_stream().cuda_stream
+                row.update(stream=us(lambda: torch.cuda.current_stream().cuda_stream),
+                           raw=us(lambda: torch._C._cuda_getCurrentRawStream(index)),
+                           driver=us(lambda: bound._prepared(raw)),
+                           GPU=GpuTimer(replays=10).graph([bound] * args.launches).median)
+            print(f"{name:<24} {s:>3} " + " ".join(f"{row[c]:>8.1f}" if c in row else f"{'-':>8}" for c in cols))
     return 0
 
 
