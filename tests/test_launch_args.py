@@ -403,3 +403,22 @@ def test_kernels_run_on_one_gpu_a_process(monkeypatch):
     second(**good_args(second))
     bound()
     assert launches == [11, 11, 11]
+
+
+def test_host_launch_time_stub_runs():
+    """scripts/host_launch_time.py --stub (our Python's share of a launch, no GPU) runs on this
+    machine, in a process of its own (it replaces the driver and torch's stream for good): a row
+    of host times for each spec and S, the GPU-only columns left "-"."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run([sys.executable, "scripts/host_launch_time.py", "--stub", "--launches", "3", "--rounds", "1"],
+                          cwd=root, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = [line.split() for line in done.stdout.splitlines() if line.startswith(("minimax", "deepseek"))]
+    assert [(r[0], r[1]) for r in rows] == [(k, s) for k in ("minimax_m3/pre_attn", "deepseek_v41/attn_front")
+                                            for s in ("1", "16")]
+    for r in rows:
+        assert all(float(v) > 0 for v in r[2:6]) and r[6:] == ["-"] * 4
