@@ -492,25 +492,32 @@ def test_cuda_pdl_launch_config(monkeypatch, cooperative):
 def test_cuda_prepared_launch(monkeypatch, pdl):
     """prepare() packs once: every call passes the same kernelParams array (its values still
     there after the arguments' list is gone), on the stream it is given; a programmatic
-    dependent launch builds one config per stream and reuses it."""
+    dependent launch builds one config per stream and reuses it, as do the function's other
+    prepared launches of that shape (another shape builds its own)."""
     from codegen.jit import cuda as jcuda
 
     calls = record_launches(monkeypatch, [ctypes.c_uint64, ctypes.c_int32, ctypes.c_uint32])
     args = [("u64", 0xABC0), ("i32", -3), ("u32", 2**32 - 1)]
-    prepared = jcuda.CudaFunction(None, "k", "handle").prepare((4, 2), 256, 0, args, cooperative=True, pdl=pdl)
+    fn = jcuda.CudaFunction(None, "k", "handle")
+    prepared = fn.prepare((4, 2), 256, 0, args, cooperative=True, pdl=pdl)
     del args
     for stream in (0, 77, 0):
         prepared(stream)
     assert all(values == [0xABC0, -3, 2**32 - 1] for _, _, values in calls)
+    assert len({passed[PARAMS_AT[name]] for name, passed, _ in calls}) == 1
     if pdl:
         configs = [passed[0] for _, passed, _ in calls]
         assert configs[0] is configs[2] and configs[0] is not configs[1]
         assert [int(c.hStream) for c in configs] == [0, 77, 0]
+        other_args = [("u64", 0xDEF0), ("i32", 5), ("u32", 6)]
+        fn.prepare((4, 2), 256, 0, other_args, cooperative=True, pdl=True)(77)
+        fn.prepare((4, 2), 256, 0, other_args, cooperative=False, pdl=True)(77)
+        assert calls[3][1][0] is configs[1] and calls[3][2] == [0xDEF0, 5, 6]
+        assert calls[4][1][0] is not configs[1] and calls[4][1][0].numAttrs == 1  # not cooperative
     else:
         assert [(name, int(passed[8])) for name, passed, _ in calls] == [("cuLaunchCooperativeKernel", s)
                                                                          for s in (0, 77, 0)]
         assert all(passed[1:7] == (4, 2, 1, 256, 1, 1) for _, passed, _ in calls)
-    assert len({passed[PARAMS_AT[name]] for name, passed, _ in calls}) == 1
     with pytest.raises(OverflowError, match="kernel argument 1 \\(i32\\)"):
         jcuda.CudaFunction(None, "k", "handle").prepare(1, 32, 0, [("u64", 1), ("i32", 2**31)])
 

@@ -278,6 +278,10 @@ class CudaFunction:
         self.name = name
         self.handle = handle
         self._dyn_smem_max = 0
+        # (grid, block, LDS, cooperative, stream) -> its cuLaunchKernelEx config (programmatic
+        # dependent launches), shared by every prepared launch of that shape: the config
+        # does not hold the arguments, and building one takes ~20 us of Python
+        self._launch_configs: dict[tuple, Any] = {}
 
     def _attr(self, which: str) -> int:
         driver = _driver()
@@ -354,22 +358,24 @@ class CudaFunction:
 
 class CudaLaunch:
     """One launch of a CudaFunction, prepared (``CudaFunction.prepare``): its dimensions and
-    packed arguments, and a programmatic dependent launch's config for each stream it has
-    run on (built once there, never changed after, so calls from several threads are safe)."""
+    packed arguments; a programmatic dependent launch takes its config for each stream from the
+    function (built once per shape and stream, never changed after, so calls from several
+    threads are safe)."""
 
     def __init__(self, fn: CudaFunction, grid: tuple[int, int, int], block: tuple[int, int, int], dyn_smem: int,
                  params: KernelParams, cooperative: bool, pdl: bool):
         self.fn, self.grid, self.block, self.dyn_smem = fn, grid, block, dyn_smem
         self.params, self.cooperative, self.pdl = params, cooperative, pdl
-        self._configs: dict[int, Any] = {}  # stream -> its cuLaunchKernelEx config (pdl only)
+        self._shape = (grid, block, dyn_smem, cooperative)
 
     def __call__(self, stream: int) -> None:
         ensure_context()
         params = self.params.address
         if self.pdl:
-            config = self._configs.get(stream)
+            key = (*self._shape, stream)
+            config = self.fn._launch_configs.get(key)
             if config is None:
-                config = self._configs.setdefault(stream, self._config(stream))
+                config = self.fn._launch_configs.setdefault(key, self._config(stream))
             _driver_call("cuLaunchKernelEx", config, self.fn.handle, params, 0)
             return
         shape = (*self.grid, *self.block, self.dyn_smem, _driver().CUstream(int(stream)))
