@@ -86,7 +86,7 @@ def _claim_device(kernel: "Kernel") -> None:
 
 
 def _device_error(kernel: "Kernel", current: int) -> DeviceError:
-    return DeviceError(f"{kernel.ir.kernel} [{kernel.ir.build.label()}]: launched with cuda:{current} current, but "
+    return DeviceError(f"{kernel.ir.kernel} [{kernel.ir.build.label()}]: cuda:{current} is the current device, but "
                        f"this process's kernels are loaded on cuda:{_process_device} (the backend loads a binary "
                        f"once a process, in that GPU's context): run one process a GPU, or make "
                        f"cuda:{_process_device} current (torch.cuda.set_device({_process_device}))")

@@ -391,12 +391,12 @@ def test_kernels_run_on_one_gpu_a_process(monkeypatch):
     bound()
     device[0] = 0
     for kernel in (first, second):
-        with pytest.raises(DeviceError, match=rf"{kernel.ir.kernel} .*cuda:0 current.*loaded on cuda:1.*"
+        with pytest.raises(DeviceError, match=rf"{kernel.ir.kernel} .*cuda:0 is the current device.*loaded on cuda:1.*"
                                               r"torch.cuda.set_device\(1\)"):
             kernel.compile()
     with pytest.raises(DeviceError, match="loaded on cuda:1"):
         second(**good_args(second))
-    with pytest.raises(DeviceError, match="cuda:0 current.*loaded on cuda:1"):
+    with pytest.raises(DeviceError, match="cuda:0 is the current device.*loaded on cuda:1"):
         bound()
     assert launches == [11]
     device[0] = 1
