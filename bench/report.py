@@ -101,8 +101,7 @@ def targets_note(meta: dict, rows: list[dict], extras: dict) -> str | None:
     if not verdicts:
         return None
     gpu = meta.get("gpu") or "?"
-    where = ("" if targets.TARGET_GPU in gpu else
-             f"; this run's GPU is not one, so its ratios are not the targets' own")
+    where = "" if targets.TARGET_GPU in gpu else "; this run's GPU is not one, so its ratios are not the targets' own"
     groups = []
     for title, keep in (("unmet", lambda v: v.value is not None and not v.met),
                         ("not measured", lambda v: v.value is None), ("met", lambda v: v.met)):

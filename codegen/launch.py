@@ -359,7 +359,8 @@ class Kernel:
                         raise ArgumentError(f"{self._where(a.name)}: dimension {d} = {n} disagrees with {first[0]!r} "
                                             f"({d} = {first[1]})")
         if not value.is_contiguous():
-            raise ArgumentError(f"{self._where(a.name)}: expected a contiguous tensor, got strides {list(value.stride())}")
+            raise ArgumentError(f"{self._where(a.name)}: expected a contiguous tensor, "
+                                f"got strides {list(value.stride())}")
         return ("u64", 0)  # the address once placed
 
     def _place(self, a: Arg, value, packed: tuple[str, int | float], current_device) -> tuple[str, int | float]:

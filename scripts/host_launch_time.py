@@ -94,7 +94,8 @@ def main(argv=None) -> int:
     def us(call) -> float:
         return host_us(call, args.launches, args.rounds)
 
-    for name, make, tokens in (("minimax_m3/pre_attn", minimax, (1, 16)), ("deepseek_v41/attn_front", deepseek, (1, 16))):
+    specs = (("minimax_m3/pre_attn", minimax, (1, 16)), ("deepseek_v41/attn_front", deepseek, (1, 16)))
+    for name, make, tokens in specs:
         for s in tokens:
             kernel, kargs = make(s, target, device)
             kernel(**kargs)  # compile and load outside the timings
