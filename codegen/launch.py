@@ -4,7 +4,8 @@ launches on the current torch stream.
 
 Checks before any launch (a wrong argument is a pointer read as another,
 silently): names, dtype, shape, device, contiguity, 16-byte alignment, scalar
-ranges. The grid must be co-resident (the stages poll each other's
+ranges, and that no tensor the kernel writes shares memory with another
+argument (but the spec's ``may_alias`` pairs). The grid must be co-resident (the stages poll each other's
 mailboxes): the launcher refuses a grid larger than occupancy x SMs and uses
 the backend's cooperative launch; on NVIDIA also a programmatic dependent
 launch (``Kernel.pdl``).
@@ -294,6 +295,13 @@ class Kernel:
 
     def pack(self, tensors: dict[str, Any]) -> list[tuple[str, int | float]]:
         """The launch arguments in ABI order, after every check."""
+        placed, _ = self._pack(tensors)
+        self._check_overlaps(tensors, placed)
+        return placed
+
+    def _pack(self, tensors: dict[str, Any]) -> tuple[list[tuple[str, int | float]], tuple]:
+        """``pack`` but the overlap check (which the packed arguments and the runtime dimensions'
+        sizes, returned second, settle: a checked launch runs it once an argument set)."""
         names = [a.name for a in self.ir.abi]
         unknown = sorted(set(tensors) - set(names))
         if unknown:
@@ -307,7 +315,28 @@ class Kernel:
         # where they are (device, alignment): a wrong shape is named before a wrong device
         packed = [self._check(a, tensors.get(a.name), dims) for a in self.ir.abi]
         current_device = functools.cache(_torch().cuda.current_device)  # asked once, if a tensor is on a GPU
-        return [self._place(a, tensors.get(a.name), p, current_device) for a, p in zip(self.ir.abi, packed)]
+        placed = [self._place(a, tensors.get(a.name), p, current_device) for a, p in zip(self.ir.abi, packed)]
+        return placed, tuple(size for _, size in dims.values())
+
+    def _check_overlaps(self, tensors: dict[str, Any], placed: list[tuple[str, int | float]]) -> None:
+        """No tensor the kernel writes may share memory with another argument (its reads and
+        writes would race, or one output overwrite another), but where the spec says the two
+        may alias (``may_alias``: views of one allocation whose parts the kernel keeps apart)."""
+        spans = sorted((address, address + tensors[a.name].nbytes, i) for i, (a, (_, address))
+                       in enumerate(zip(self.ir.abi, placed)) if a.is_tensor and address)
+        reaching: list[tuple[int, int, int]] = []  # earlier spans that reach past this one's start
+        for start, end, i in spans:
+            reaching = [r for r in reaching if r[1] > start]
+            a = self.ir.abi[i]
+            for other_start, other_end, j in reaching:
+                b = self.ir.abi[j]
+                if (a.intent != "in" or b.intent != "in") and b.name not in a.may_alias and end > start:
+                    written = " and ".join(repr(x.name) for x in (b, a) if x.intent != "in")
+                    raise ArgumentError(
+                        f"{self.ir.kernel}: arguments {b.name!r} (0x{other_start:x}..0x{other_end:x}) and {a.name!r} "
+                        f"(0x{start:x}..0x{end:x}) share memory, and the kernel writes {written}: give each "
+                        "its own memory (only the spec's may_alias pairs may overlap)")
+            reaching.append((start, end, i))
 
     @functools.cached_property
     def _tensor_checks(self) -> dict[str, tuple[Any, tuple[int, ...] | None]]:
@@ -380,10 +409,11 @@ class Kernel:
 
     def __call__(self, **tensors) -> None:
         """Launch on the current torch stream (capturable into a CUDA graph)."""
-        args = self.pack(tensors)
-        key = tuple(args)
+        args, sizes = self._pack(tensors)
+        key = (*args, sizes)  # the addresses and every tensor's extent: what the overlap check saw
         prepared = self._prepared_launches.get(key)
         if prepared is None:
+            self._check_overlaps(tensors, args)
             if len(self._prepared_launches) >= PREPARED_LAUNCHES:
                 del self._prepared_launches[next(iter(self._prepared_launches))]  # the oldest
             prepared = self._prepared_launches[key] = self._prepare(args)

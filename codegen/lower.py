@@ -120,6 +120,7 @@ class Arg:
     range: tuple[int, int] | None
     workspace: str | None
     doc: str
+    may_alias: tuple[str, ...] = ()  # tensors whose memory may overlap this one's (the spec's, both ways)
 
     @property
     def is_tensor(self) -> bool:
@@ -578,7 +579,8 @@ def _lower(loaded: LoadedSpec, build: Build) -> KernelIR:
                     fail(("abi", i, "shape", j), f"dimension must be a positive integer, got {v!r}")
                 dims.append(v)
             shape = tuple(dims)
-        abi.append(Arg(a.name, a.dtype, shape, a.intent, a.optional, a.range, a.workspace, a.doc))
+        aliases = tuple(sorted({*a.may_alias, *(b.name for b in spec.abi if a.name in b.may_alias)}))
+        abi.append(Arg(a.name, a.dtype, shape, a.intent, a.optional, a.range, a.workspace, a.doc, aliases))
         # the workspaces the kernel template indexes itself: exactly what it forms indices into
         want = {"scratch": ("u8", (scratch_bytes,)), "step": ("i32", (2,)),
                 "timeline": ("i64", (blocks, len(spec.timeline_points)))}.get(a.workspace)

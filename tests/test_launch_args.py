@@ -422,3 +422,46 @@ def test_host_launch_time_stub_runs():
                                             for s in ("1", "16")]
     for r in rows:
         assert all(float(v) > 0 for v in r[2:6]) and r[6:] == ["-"] * 4
+
+
+def test_written_arguments_may_not_share_memory(host_launch):
+    """A tensor the kernel writes may not overlap another argument: an output over an input
+    (h_out in place of res), an output inside another (iq_out within q_out), an output over the
+    workspace (kt inside scratch); refused by both names, their spans and who writes, before any
+    launch, also where only a runtime dimension's size changed. Inputs may share memory, the spec's may_alias pair may overlap (MiniMax's packed K / V
+    cache: the V view starts inside the K view), and tensors side by side in one allocation are
+    apart."""
+    mm, ds = KERNELS["minimax_m3/pre_attn"], KERNELS["deepseek_v41/attn_front"]
+    assert mm.ir.arg("k_cache").may_alias == ("v_cache",) and mm.ir.arg("v_cache").may_alias == ("k_cache",)
+    args = good_args(mm)
+    fp8, page = args["k_cache"].dtype, args["k_cache"].shape[1]
+    pages = torch.zeros(RUNTIME + 2, page, dtype=torch.uint8)  # the K view, the V view 2 pages in
+    kv = {"k_cache": pages[:RUNTIME].view(fp8), "v_cache": pages[2:].view(fp8)}
+    assert kv["k_cache"].data_ptr() < kv["v_cache"].data_ptr() < kv["k_cache"].data_ptr() + kv["k_cache"].nbytes
+    scales = torch.zeros(2, *args["k_scale"].shape)  # side by side
+    mm(**{**args, **kv, "k_scale": scales[0], "v_scale": scales[1], "g_k": args["g_q"]})  # g_k is g_q: inputs
+    assert len(host_launch.launches) == 1
+
+    span = r"\(0x[0-9a-f]+\.\.0x[0-9a-f]+\)"
+    with pytest.raises(ArgumentError, match=rf"arguments '(res|h_out)' {span} and '(res|h_out)' {span} share memory, "
+                                            r"and the kernel writes 'h_out': give each its own memory"):
+        mm(**{**args, "h_out": args["res"]})
+    inner = args["q_out"].view(-1)[128: 128 + args["iq_out"].numel()].view(args["iq_out"].shape)
+    with pytest.raises(ArgumentError, match=rf"arguments 'q_out' {span} and 'iq_out' {span} share memory, "
+                                            r"and the kernel writes 'q_out' and 'iq_out'"):
+        mm(**{**args, "iq_out": inner})
+    # a launch with the arguments of an earlier one reuses its checks, but a runtime dimension's
+    # new size at the same address is another argument set, checked again
+    index = args["index_cache"]
+    buf = torch.zeros((RUNTIME + 2) * page + index.nbytes, dtype=torch.uint8)
+    after = buf[(RUNTIME + 1) * page: (RUNTIME + 1) * page + index.nbytes].view(index.dtype).view(index.shape)
+    mm(**{**args, "k_cache": buf[: RUNTIME * page].view(fp8).view(RUNTIME, page), "index_cache": after})  # a page apart
+    with pytest.raises(ArgumentError, match=rf"arguments 'k_cache' {span} and 'index_cache' {span} share memory"):
+        mm(**{**args, "k_cache": buf[: (RUNTIME + 2) * page].view(fp8).view(RUNTIME + 2, page), "index_cache": after})
+    assert len(host_launch.launches) == 2
+    ds_args = good_args(ds)
+    inside = ds_args["scratch"].view(torch.int32)[: ds_args["kt"].numel()].view(ds_args["kt"].shape)
+    with pytest.raises(ArgumentError, match=r"arguments '(scratch|kt)' .* and '(scratch|kt)' .* share memory, "
+                                            r"and the kernel writes '(scratch|kt)' and '(scratch|kt)'"):
+        ds(**{**ds_args, "kt": inside})
+    assert len(host_launch.launches) == 2

@@ -201,6 +201,15 @@ CASES = [
      "[max_rows, ROTARY_DIM]", "unknown symbol 'max_rows'"),
     ("abi-shape-runtime-dim-in-expression", ("shape: [k_pages, PAGE_BYTES]", "shape: [k_pages * 2, PAGE_BYTES]"),
      "[k_pages * 2, PAGE_BYTES]", "unknown symbol 'k_pages'"),
+    # may_alias: other tensor arguments only
+    ("may-alias-unknown", ("may_alias: [v_cache]", "may_alias: [v_cachee]"), "may_alias: [v_cachee]",
+     "'k_cache' may alias 'v_cachee': that is no ABI argument"),
+    ("may-alias-itself", ("may_alias: [v_cache]", "may_alias: [k_cache]"), "may_alias: [k_cache]",
+     "'k_cache' may alias 'k_cache': that is itself"),
+    ("may-alias-on-a-scalar", ("{name: q_len, dtype: i32,", "{name: q_len, dtype: i32, may_alias: [k_cache],"),
+     "{name: q_len", "'may_alias' applies to tensors only"),
+    ("may-alias-scalar", ("may_alias: [v_cache]", "may_alias: [q_len]"), "may_alias: [q_len]",
+     "'k_cache' may alias 'q_len': that is a scalar"),
     # the mailbox counter: an i32 [2] inout argument, refused at mailbox.counter
     ("mailbox-counter-not-pair", ("  counter: step ", "  counter: seq_lens "), "counter: seq_lens",
      "the counter must name an i32 [2] inout ABI argument, got 'seq_lens'"),

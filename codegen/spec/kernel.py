@@ -137,6 +137,11 @@ def semantic_issues(spec: KernelSpec, file: str, pos) -> list[SpecIssue]:
             if isinstance(d, str) and d in spec.runtime_dims:
                 continue  # bound at launch from the tensor, checked across arguments
             check_expr(d, ("abi", i, "shape", j))
+        for j, other in enumerate(arg.may_alias):
+            if other == arg.name or other not in abi or abi[other].shape is None:
+                why = "itself" if other == arg.name else ("a scalar" if other in abi else "no ABI argument")
+                issue(("abi", i, "may_alias", j), f"{arg.name!r} may alias {other!r}: that is {why}",
+                      "name other tensor arguments of the ABI")
     seen = {}
     for i, region in enumerate(spec.scratch):
         if region.name in seen:

@@ -146,6 +146,11 @@ class AbiArg(Model):
     workspace: Literal["scratch", "step", "timeline"] | None = Field(
         None, description="allocated by kernel.workspace(device)"
     )
+    may_alias: list[Name] = Field(
+        [], description="tensor arguments whose memory may overlap this one's (views of one allocation whose "
+        "parts the kernel keeps apart, e.g. a packed K / V cache); a launch refuses any other overlap "
+        "that involves an argument the kernel writes"
+    )
     doc: str = ""
 
     _check_shape = field_validator("shape")(
@@ -158,6 +163,8 @@ class AbiArg(Model):
             raise ValueError("'range' applies to scalars only; remove it or the shape")
         if self.range is not None and self.range[0] > self.range[1]:
             raise ValueError(f"range {list(self.range)} is empty: lo must be <= hi")
+        if self.may_alias and self.shape is None:
+            raise ValueError("'may_alias' applies to tensors only; remove it or give a shape")
         return self
 
 
