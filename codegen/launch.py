@@ -33,6 +33,7 @@ which raises ``KernelHang`` naming the stage, task, CTA, region and tags."""
 from __future__ import annotations
 
 import functools
+import threading
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -74,15 +75,17 @@ class DeviceError(RuntimeError):
 # compile and prepared launch must find it current (one process a GPU, as tensor-parallel
 # serving runs).
 _process_device: int | None = None
+_process_device_lock = threading.Lock()
 
 
 def _claim_device(kernel: "Kernel") -> None:
     """Make torch's current device this process's kernel device, or refuse another."""
     global _process_device
     current = _torch().cuda.current_device()
-    if _process_device is None:
-        _process_device = current
-    elif current != _process_device:
+    with _process_device_lock:
+        if _process_device is None:
+            _process_device = current
+    if current != _process_device:
         raise _device_error(kernel, current)
 
 
@@ -189,6 +192,7 @@ class Kernel:
         # packed arguments -> their prepared launch: a checked call with the arguments of a
         # recent one (a decode loop's) skips packing the driver's arrays again
         self._prepared_launches: dict[tuple, Any] = {}
+        self._prepared_lock = threading.Lock()  # a miss adds and drops entries; a hit only reads
 
     @functools.cached_property
     def debug(self) -> bool:
@@ -414,9 +418,11 @@ class Kernel:
         prepared = self._prepared_launches.get(key)
         if prepared is None:
             self._check_overlaps(tensors, args)
-            if len(self._prepared_launches) >= PREPARED_LAUNCHES:
-                del self._prepared_launches[next(iter(self._prepared_launches))]  # the oldest
-            prepared = self._prepared_launches[key] = self._prepare(args)
+            prepared = self._prepare(args)
+            with self._prepared_lock:
+                while len(self._prepared_launches) >= PREPARED_LAUNCHES:
+                    del self._prepared_launches[next(iter(self._prepared_launches))]  # the oldest
+                self._prepared_launches[key] = prepared
         self._launch(prepared, tensors)
 
     def bind(self, **tensors) -> "BoundLaunch":
