@@ -326,21 +326,31 @@ class Kernel:
         """No tensor the kernel writes may share memory with another argument (its reads and
         writes would race, or one output overwrite another), but where the spec says the two
         may alias (``may_alias``: views of one allocation whose parts the kernel keeps apart)."""
-        spans = sorted((address, address + tensors[a.name].nbytes, i) for i, (a, (_, address))
-                       in enumerate(zip(self.ir.abi, placed)) if a.is_tensor and address)
-        reaching: list[tuple[int, int, int]] = []  # earlier spans that reach past this one's start
-        for start, end, i in spans:
-            reaching = [r for r in reaching if r[1] > start]
-            a = self.ir.abi[i]
-            for other_start, other_end, j in reaching:
-                b = self.ir.abi[j]
-                if (a.intent != "in" or b.intent != "in") and b.name not in a.may_alias and end > start:
-                    written = " and ".join(repr(x.name) for x in (b, a) if x.intent != "in")
-                    raise ArgumentError(
-                        f"{self.ir.kernel}: arguments {b.name!r} (0x{other_start:x}..0x{other_end:x}) and {a.name!r} "
-                        f"(0x{start:x}..0x{end:x}) share memory, and the kernel writes {written}: give each "
-                        "its own memory (only the spec's may_alias pairs may overlap)")
-            reaching.append((start, end, i))
+        spans = sorted((address, address + tensors[name].nbytes, i) for i, name in self._tensor_positions
+                       if (address := placed[i][1]))  # (a None optional tensor is address 0)
+        reach = 0  # the furthest end of the spans so far: only a span that starts below it overlaps one
+        for k, (start, end, i) in enumerate(spans):
+            if start < reach and end > start:
+                self._refuse_overlap(spans[:k], start, end, i)
+            reach = max(reach, end)
+
+    def _refuse_overlap(self, earlier: list[tuple[int, int, int]], start: int, end: int, i: int) -> None:
+        """``_check_overlaps``' span (start, end) of argument ``i`` against the ``earlier`` spans
+        that reach into it: an error for the first pair not allowed."""
+        a = self.ir.abi[i]
+        for other_start, other_end, j in earlier:
+            b = self.ir.abi[j]
+            if other_end > start and (a.intent != "in" or b.intent != "in") and b.name not in a.may_alias:
+                written = " and ".join(repr(x.name) for x in (b, a) if x.intent != "in")
+                raise ArgumentError(
+                    f"{self.ir.kernel}: arguments {b.name!r} (0x{other_start:x}..0x{other_end:x}) and {a.name!r} "
+                    f"(0x{start:x}..0x{end:x}) share memory, and the kernel writes {written}: give each "
+                    "its own memory (only the spec's may_alias pairs may overlap)")
+
+    @functools.cached_property
+    def _tensor_positions(self) -> list[tuple[int, str]]:
+        """(ABI position, name) of every tensor argument."""
+        return [(i, a.name) for i, a in enumerate(self.ir.abi) if a.is_tensor]
 
     @functools.cached_property
     def _tensor_checks(self) -> dict[str, tuple[Any, tuple[int, ...] | None]]:
