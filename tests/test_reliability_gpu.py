@@ -308,6 +308,24 @@ def test_misaligned_and_wrong_device_arguments():
             kernel.pack(dict(args, ar=other))
 
 
+def test_written_arguments_sharing_memory_refused():
+    """With GPU tensors: the tests' own arguments pass the overlap check (MiniMax's packed K / V
+    views, kv_page_stride 16, overlap as the spec allows); an output over an input (h_out in
+    place of res) is refused by name before any launch, and res is left as it was."""
+    from codegen.launch import ArgumentError
+
+    kernel = codegen.load(SPEC, tokens=2)
+    args = launch_args(make_inputs(2, kernel.target.name, seed=5), kernel.workspace("cuda"))
+    k, v = args["k_cache"], args["v_cache"]
+    assert k.data_ptr() < v.data_ptr() < k.data_ptr() + k.nbytes
+    kernel.pack(args)
+    before = args["res"].clone()
+    with pytest.raises(ArgumentError, match=r"arguments '(res|h_out)' .* share memory, and the kernel writes 'h_out'"):
+        kernel(**dict(args, h_out=args["res"]))
+    torch.cuda.synchronize()
+    assert torch.equal(args["res"].view(torch.int16), before.view(torch.int16))
+
+
 # ---- DeepSeek-V4.1 attn_front ------------------------------------------------------------------
 # The same properties for the DeepSeek front (tests/deepseek_case.py: inputs, launch arguments,
 # mailboxes and the reference checks): its tag is 2 epoch + 1 (no layer), its S > 8 builds
