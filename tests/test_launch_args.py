@@ -338,7 +338,8 @@ def test_checked_launch_reuses_its_prepared_launch(spec, host_launch):
     """A checked launch with the arguments of a recent one reuses that one's prepared launch
     (packing the driver's argument array is most of what is left of a launch's host time after
     the checks); another address prepares anew and launches with it; every call still checks
-    every argument; the oldest of more than PREPARED_LAUNCHES argument sets is dropped."""
+    every argument (a tensor made non-contiguous in place, at the same address, is refused); the
+    oldest of more than PREPARED_LAUNCHES argument sets is dropped."""
     kernel = replace(KERNELS[spec])  # a Kernel of its own: no prepared launches yet
     args = good_args(kernel)
     a = next(a for a in kernel.ir.abi if a.is_tensor)
@@ -352,6 +353,12 @@ def test_checked_launch_reuses_its_prepared_launch(spec, host_launch):
     assert host_launch.prepares == 2 and host_launch.launches[3] == host_launch.launches[0]
     with pytest.raises(ArgumentError, match=f"argument {a.name!r}: expected shape"):
         kernel(**{**args, a.name: args[a.name].flatten()[:-1]})
+    w = next(b for b in kernel.ir.abi if b.is_tensor and len(b.shape) == 2 and all(d > 1 for d in shape_of(b)))
+    tensor = args[w.name]
+    tensor.as_strided_(tensor.shape, (1, tensor.shape[0]))  # the same tensor and address, not contiguous now
+    with pytest.raises(ArgumentError, match=f"argument {w.name!r}: expected a contiguous tensor"):
+        kernel(**args)
+    tensor.as_strided_(tensor.shape, (tensor.shape[1], 1))
     clones = [args[a.name].clone() for _ in range(PREPARED_LAUNCHES)]  # kept alive: addresses of their own
     for clone in clones:
         kernel(**{**args, a.name: clone})
