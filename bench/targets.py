@@ -2,11 +2,20 @@
 cases (ours against the streaming floor, torch.compile against ours) and the JIT's and
 ``make generate``'s times. The issue sets them on an H200, ratios from one run; a run on
 another GPU is judged the same way but says so (its floor differs, so its ratios are not the
-targets' own). ``bench.report`` writes the verdict into each RESULTS entry."""
+targets' own). ``bench.report`` writes the verdict into each RESULTS entry;
+
+    python -m bench.targets [bench/RESULTS.md] [--all]
+
+judges the entries already there: the latest of each kernel on each GPU (``--all``: every
+entry), from their tables and JIT / make generate notes."""
 
 from __future__ import annotations
 
+import argparse
+import re
+import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 TARGET_GPU = "H200"
 
@@ -75,7 +84,10 @@ TIME_TARGETS = (
 
 
 def ratio(row: dict, metric: str) -> float | None:
-    """A case row's ``metric`` ("ours/floor" or "compile/ours"), None where a time is missing."""
+    """A case row's ``metric`` ("ours/floor" or "compile/ours"): the row's own (a RESULTS table's
+    column, from the unrounded times), else from its times; None where a time is missing."""
+    if row.get(metric) is not None:
+        return row[metric]
     top, bottom = {"ours/floor": ("ours_us", "floor_us"), "compile/ours": ("compile_us", "ours_us")}[metric]
     a, b = row.get(top), row.get(bottom)
     return a / b if a and b else None
@@ -102,3 +114,85 @@ def judge(meta: dict, rows: list[dict], extras: dict) -> list[Verdict]:
         if isinstance(value, (int, float)):
             out.append(Verdict(target.label, float(value), target.bound, True))
     return out
+
+
+ENTRY = re.compile(r"^## (?P<kernel>\S+)(?: \((?P<build>.*)\))? on (?P<gpu>[^,]+), "
+                   r"(?P<date>\d{4}-\d\d-\d\d \d\d:\d\d UTC)(?P<dry> \(DRY RUN.*)?$")
+# a RESULTS table's columns -> a case row's keys (bench.report.COLUMNS)
+TABLE_KEYS = {"S": "tokens", "context": "context", "ours us": "ours_us", "compile us": "compile_us",
+              "floor us": "floor_us", "ours/floor": "ours/floor", "compile/ours": "compile/ours"}
+
+
+def _cell(key: str, text: str):
+    if text in ("n/a", "-"):
+        return None
+    if key == "tokens":
+        return int(text)
+    if key == "context":
+        return int(text[:-1]) * 1024 if text.endswith("K") else int(text)
+    return float(text)
+
+
+def _timings(note: str) -> dict:
+    """A RESULTS note's "name value, name value" timings (JIT, make generate) as numbers."""
+    out = {}
+    for part in note.split(", "):
+        name, _, value = part.partition(" ")
+        try:
+            out[name] = float(value)
+        except ValueError:
+            pass
+    return out
+
+
+def results_entries(text: str) -> list[tuple[dict, list[dict], dict]]:
+    """Each entry of a RESULTS.md, oldest first, as judge's (meta, rows, extras); dry runs left out."""
+    entries: list[tuple[dict, list[dict], dict]] = []
+    header: list[str] | None = None
+    for line in text.splitlines():
+        m = ENTRY.match(line)
+        if m:
+            header = None
+            if m["dry"]:
+                entries.append(None)  # its lines follow: read, then dropped
+            else:
+                entries.append(({"kernel": m["kernel"], "build": m["build"] or "", "gpu": m["gpu"],
+                                 "date": m["date"]}, [], {}))
+            continue
+        if not entries or entries[-1] is None:
+            continue
+        meta, rows, extras = entries[-1]
+        if line.startswith("commit `"):
+            meta["commit"] = line[len("commit `"):].split("`")[0]
+        elif line.startswith("| S |"):
+            header = [c.strip() for c in line.strip("|").split("|")]
+        elif line.startswith("|") and header and not line.startswith("|--") and not line.startswith("|---"):
+            cells = [c.strip() for c in line.strip("|").split("|")]
+            rows.append({TABLE_KEYS[h]: _cell(TABLE_KEYS[h], c) for h, c in zip(header, cells) if h in TABLE_KEYS})
+        elif line.startswith("- JIT: "):
+            extras["jit"] = _timings(line[len("- JIT: "):])
+        elif line.startswith("- make generate: "):
+            extras["generate"] = _timings(line[len("- make generate: "):])
+    return [e for e in entries if e is not None]
+
+
+def main(argv=None) -> int:
+    from bench import report
+
+    ap = argparse.ArgumentParser(prog="python -m bench.targets", description=__doc__.splitlines()[0])
+    ap.add_argument("results", nargs="?", default=str(Path(__file__).with_name("RESULTS.md")))
+    ap.add_argument("--all", action="store_true", help="every entry, not only the latest of each kernel and GPU")
+    args = ap.parse_args(argv)
+    entries = results_entries(Path(args.results).read_text())
+    if not args.all:
+        latest = {(meta["kernel"], meta["gpu"]): (meta, rows, extras) for meta, rows, extras in entries}
+        entries = list(latest.values())
+    for meta, rows, extras in entries:
+        build = f" ({meta['build']})" if meta["build"] else ""
+        print(f"{meta['kernel']}{build} on {meta['gpu']}, {meta['date']}, commit {meta.get('commit', '?')[:10]}:")
+        print("  " + (report.targets_note(meta, rows, extras) or "no target applies"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -220,6 +220,33 @@ def test_targets_judged_on_the_issues_cases():
     assert targets.judge({**ds, "build": "TP2, 32 local heads, ratio 1"}, rows, {}) == []
 
 
+def test_targets_of_the_results_entries(tmp_path, capsys):
+    """python -m bench.targets reads RESULTS.md's entries back (header, commit, table, JIT and
+    make generate notes; dry runs left out) and judges them as the bench does: the H200 entries
+    at dbfd29b meet MiniMax's S = 16 / 64K ratio alone (1.42) and none of DeepSeek's."""
+    entries = targets.results_entries((ROOT / "bench" / "RESULTS.md").read_text())
+    at = {(m["kernel"], m["gpu"]): (m, rows, extras) for m, rows, extras in entries
+          if m.get("commit", "").startswith("dbfd29b")}
+    mm, rows, extras = at[("minimax_m3/pre_attn", "NVIDIA H200")]
+    assert mm["date"] == "2026-12-03 20:27 UTC" and len(rows) == 6 and extras["jit"]["warm_cache_s"] == 0.002
+    assert rows[0] == {"tokens": 1, "context": 4096, "ours_us": 11.16, "compile_us": 51.83, "floor_us": 3.83,
+                       "ours/floor": 2.92, "compile/ours": 4.64}
+    met = [(v.label, v.tokens, v.context, v.value) for v in targets.judge(mm, rows, extras) if v.met and v.tokens]
+    assert met == [("ours/floor", 16, 65536, 1.42)]
+    ds = at[("deepseek_v41/attn_front", "NVIDIA H200")]
+    assert ds[0]["build"] == "TP4, 16 local heads, ratio 1"
+    assert not any(v.met for v in targets.judge(*ds) if v.tokens)
+    common = {**mm, "torch": "t", "target": "sm90", "copies": 9, "l2_bytes": 1 << 26, "replays": 50, "gemm": "g"}
+    text = (report.markdown_entry({**common, "commit": "abc", "dry_run": True}, rows, {})  # a dry run: left out
+            + report.markdown_entry({**common, "commit": "def"}, rows[:2], {"generate": {"wall_s": 2.5}}))
+    (tmp_path / "R.md").write_text(text)
+    (only,) = targets.results_entries(text)
+    assert only[0]["commit"] == "def" and len(only[1]) == 2 and only[2] == {"generate": {"wall_s": 2.5}}
+    assert targets.main([str(tmp_path / "R.md")]) == 0
+    out = capsys.readouterr().out
+    assert "commit def:" in out and ": 1 of 4 met." in out and "Met: make generate s <= 10: 2.50" in out
+
+
 def test_watchdog_lets_a_step_in_time_pass():
     fired = []
     dog = Watchdog(5.0, on_fire=fired.append)
