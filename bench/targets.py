@@ -166,7 +166,7 @@ def results_entries(text: str) -> list[tuple[dict, list[dict], dict]]:
             meta["commit"] = line[len("commit `"):].split("`")[0]
         elif line.startswith("| S |"):
             header = [c.strip() for c in line.strip("|").split("|")]
-        elif line.startswith("|") and header and not line.startswith("|--") and not line.startswith("|---"):
+        elif line.startswith("|") and header and not line.startswith("|-"):  # a row, not the rule under the header
             cells = [c.strip() for c in line.strip("|").split("|")]
             rows.append({TABLE_KEYS[h]: _cell(TABLE_KEYS[h], c) for h, c in zip(header, cells) if h in TABLE_KEYS})
         elif line.startswith("- JIT: "):
