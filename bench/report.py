@@ -37,11 +37,10 @@ def table_rows(rows: list[dict]) -> list[list[str]]:
     ctx = _has_context(rows)
     out = []
     for r in rows:
-        ours, comp, floor = r.get("ours_us"), r.get("compile_us"), r.get("floor_us")
         cells = [str(r["tokens"])] + ([context_label(r.get("context"))] if ctx else [])
         out.append(cells + [
-            _f(ours), _f(r.get("eager_us")), _f(comp), _f(floor),
-            _f(ours / floor if ours and floor else None), _f(comp / ours if comp and ours else None),
+            _f(r.get("ours_us")), _f(r.get("eager_us")), _f(r.get("compile_us")), _f(r.get("floor_us")),
+            _f(targets.ratio(r, "ours/floor")), _f(targets.ratio(r, "compile/ours")),
         ])
     return out
 
@@ -111,7 +110,7 @@ def targets_note(meta: dict, rows: list[dict], extras: dict) -> str | None:
             by_target.setdefault((v.label, v.bound, v.at_most), []).append(v)
         parts = []
         for (label, bound, at_most), vs in by_target.items():
-            cases = ", ".join(f"{_case_label(v)}{' ' if _case_label(v) else ''}{_verdict_value(v)}" for v in vs)
+            cases = ", ".join(" ".join(filter(None, (_case_label(v), _verdict_value(v)))) for v in vs)
             parts.append(f"{label} {'<=' if at_most else '>='} {bound:g}: {cases}")
         if parts:
             groups.append(f"{title}: " + "; ".join(parts))

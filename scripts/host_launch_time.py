@@ -48,20 +48,28 @@ def deepseek(tokens: int, target: str | None, device: str):
     return kernel, dc.launch_args(case, kernel.workspace(device), device=device)
 
 
-def stub_gpu() -> None:
-    """``--stub``: launches without a GPU (see the module's docstring)."""
+def place_at_address(self, a, value, packed, current_device):
+    """``Kernel._place`` for CPU tensors: each at its address, without the device checks."""
+    return ("u64", value.data_ptr()) if a.is_tensor and value is not None else packed
+
+
+def stub_gpu(function=None, set_attr=setattr) -> None:
+    """Launches without a GPU (``--stub``, and the CPU tests' launches): CPU tensors placed at
+    their addresses, torch's current stream 0 on cuda:0 (the process's kernel device), every
+    kernel compiled to ``function`` (default: a CudaFunction whose driver calls are no-ops).
+    ``set_attr`` replaces each (pytest's ``monkeypatch.setattr`` undoes them after a test)."""
     from codegen import launch
     from codegen.jit import cuda as jcuda
 
-    function = jcuda.CudaFunction(None, "stub", "handle")
-    jcuda.ensure_context = lambda: None
-    jcuda._driver_call = lambda name, *args: None
-    launch.Kernel._place = lambda self, a, value, packed, current_device: (
-        ("u64", value.data_ptr()) if a.is_tensor and value is not None else packed)
-    launch.Kernel.compile = lambda self: function
-    launch._process_device = 0
-    torch.cuda.current_stream = lambda: types.SimpleNamespace(cuda_stream=0, device_index=0)
-    torch.cuda.synchronize = lambda: None
+    if function is None:
+        function = jcuda.CudaFunction(None, "stub", "handle")
+        set_attr(jcuda, "ensure_context", lambda: None)
+        set_attr(jcuda, "_driver_call", lambda name, *args: None)
+    set_attr(launch.Kernel, "_place", place_at_address)
+    set_attr(launch.Kernel, "compile", lambda self: function)
+    set_attr(launch, "_process_device", 0)
+    set_attr(torch.cuda, "current_stream", lambda: types.SimpleNamespace(cuda_stream=0, device_index=0))
+    set_attr(torch.cuda, "synchronize", lambda: None)
 
 
 def host_us(call, launches: int, rounds: int) -> float:

@@ -21,6 +21,7 @@ import torch
 import codegen
 from codegen.jit._launch import KernelParams
 from codegen.launch import PREPARED_LAUNCHES, ArgumentError, DeviceError, torch_dtype
+from scripts.host_launch_time import place_at_address, stub_gpu
 
 RUNTIME = 4  # the size given to every runtime dimension (cache pages, table columns, ...)
 # spec -> (short id, the build under test, another build whose arguments differ in shape)
@@ -282,16 +283,11 @@ class FakeFunction:
 
 @pytest.fixture
 def host_launch(monkeypatch):
-    """Launches on the CPU: tensors placed at their CPU addresses (the device check is
-    tests/test_reliability_gpu.py's), the current stream 0 on cuda:0, the process's kernel
-    device, and a fake compiled function."""
+    """Launches on the CPU (scripts/host_launch_time.py's stub_gpu, undone after the test):
+    tensors placed at their CPU addresses (the device check is tests/test_reliability_gpu.py's),
+    the current stream 0 on cuda:0, the process's kernel device, and a fake compiled function."""
     fn = FakeFunction()
-    monkeypatch.setattr(codegen.launch.Kernel, "_place",
-                        lambda self, a, value, packed, current_device: ("u64", value.data_ptr())
-                        if a.is_tensor and value is not None else packed)
-    monkeypatch.setattr(codegen.launch.Kernel, "compile", lambda self: fn)
-    monkeypatch.setattr(torch.cuda, "current_stream", lambda: types.SimpleNamespace(cuda_stream=0, device_index=0))
-    monkeypatch.setattr(codegen.launch, "_process_device", 0)
+    stub_gpu(fn, monkeypatch.setattr)
     return fn
 
 
@@ -389,9 +385,7 @@ def test_kernels_run_on_one_gpu_a_process(monkeypatch):
                                                                                     device_index=device[0]))
     monkeypatch.setattr(codegen.launch, "_compute_units", lambda: 1 << 10)
     monkeypatch.setattr(codegen.launch.Kernel, "binary", lambda self: b"")
-    monkeypatch.setattr(codegen.launch.Kernel, "_place",  # CPU tensors at their addresses
-                        lambda self, a, value, packed, current_device: ("u64", value.data_ptr())
-                        if a.is_tensor and value is not None else packed)
+    monkeypatch.setattr(codegen.launch.Kernel, "_place", place_at_address)  # CPU tensors at their addresses
     monkeypatch.setattr(codegen.jit, "load_module", lambda binary, target, backend: FakeModule())
     first, second = (replace(KERNELS[spec]) for spec in SPECS)  # Kernels of their own: none loaded yet
     bound = first.bind(**good_args(first))  # the first compile: cuda:1

@@ -366,13 +366,12 @@ class CudaLaunch:
                  params: KernelParams, cooperative: bool, pdl: bool):
         self.fn, self.grid, self.block, self.dyn_smem = fn, grid, block, dyn_smem
         self.params, self.cooperative, self.pdl = params, cooperative, pdl
-        self._shape = (grid, block, dyn_smem, cooperative)
 
     def __call__(self, stream: int) -> None:
         ensure_context()
         params = self.params.address
         if self.pdl:
-            key = (*self._shape, stream)
+            key = (self.grid, self.block, self.dyn_smem, self.cooperative, stream)
             config = self.fn._launch_configs.get(key)
             if config is None:
                 config = self.fn._launch_configs.setdefault(key, self._config(stream))
