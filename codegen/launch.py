@@ -70,30 +70,26 @@ class DeviceError(RuntimeError):
     """A launch on another GPU than the one this process's kernels are loaded on."""
 
 
-# The GPU this process's kernels are loaded on, set by the first compile(): the backends load
-# each binary once a process and launch in that GPU's context (codegen.jit), so every later
-# compile and prepared launch must find it current (one process a GPU, as tensor-parallel
-# serving runs).
-_process_device: int | None = None
-_process_device_lock = threading.Lock()
+def _claim_device(kernel: "Kernel") -> int:
+    """The GPU this process's kernels are loaded on (``jit.process_device``: the backends load
+    each binary once a process and launch in that GPU's context; the first compile's current
+    device), which must be torch's current device: every compile and prepared launch after
+    the first finds it current, or is refused (one process a GPU, as tensor-parallel serving
+    runs)."""
+    from . import jit
 
-
-def _claim_device(kernel: "Kernel") -> None:
-    """Make torch's current device this process's kernel device, or refuse another."""
-    global _process_device
+    device = jit.process_device(kernel.target, kernel.backend)
     current = _torch().cuda.current_device()
-    with _process_device_lock:
-        if _process_device is None:
-            _process_device = current
-    if current != _process_device:
-        raise _device_error(kernel, current)
+    if current != device:
+        raise _device_error(kernel, current, device)
+    return device
 
 
-def _device_error(kernel: "Kernel", current: int) -> DeviceError:
+def _device_error(kernel: "Kernel", current: int, device: int) -> DeviceError:
     return DeviceError(f"{kernel.ir.kernel} [{kernel.ir.build.label()}]: cuda:{current} is the current device, but "
-                       f"this process's kernels are loaded on cuda:{_process_device} (the backend loads a binary "
+                       f"this process's kernels are loaded on cuda:{device} (the backend loads a binary "
                        f"once a process, in that GPU's context): run one process a GPU, or make "
-                       f"cuda:{_process_device} current (torch.cuda.set_device({_process_device}))")
+                       f"cuda:{device} current (torch.cuda.set_device({device}))")
 
 
 BULK_WAIT_AT = 0xFFFFFFFF  # a hang record's offset for a wait on a TMA bulk copy (kernel.hip.j2)
@@ -187,6 +183,7 @@ class Kernel:
 
     def __post_init__(self):
         self._function = None
+        self._device = None  # the process's kernel device (_claim_device), once compiled
         self.co_resident_ctas = None  # occupancy x SMs, once loaded
         self._scratch = None  # debug builds: the scratch buffer of the last launch (its hang record)
         # packed arguments -> their prepared launch: a checked call with the arguments of a
@@ -254,7 +251,7 @@ class Kernel:
     def compile(self):
         """Compile (or take from the disk cache) and load on this process's GPU (the first
         compile's current device; ``DeviceError`` if another is current); check co-residency."""
-        _claim_device(self)
+        self._device = _claim_device(self)
         if self._function is not None:
             return self._function
         from . import jit
@@ -451,8 +448,8 @@ class Kernel:
         """``prepared`` (``_prepare``) on the current torch stream; in debug builds, the error check."""
         torch = _torch()
         stream = torch.cuda.current_stream()
-        if stream.device_index != _process_device:  # a bound launch's device made no longer current
-            raise _device_error(self, stream.device_index)
+        if stream.device_index != self._device:  # a bound launch's device made no longer current
+            raise _device_error(self, stream.device_index, self._device)
         prepared(stream.cuda_stream)
         if self.debug:  # every launch is checked, except inside a graph capture (check_errors after replays)
             self._scratch = tensors[self.ir.scratch_arg]

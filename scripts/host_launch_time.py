@@ -65,9 +65,16 @@ def stub_gpu(function=None, set_attr=setattr) -> None:
         function = jcuda.CudaFunction(None, "stub", "handle")
         set_attr(jcuda, "ensure_context", lambda: None)
         set_attr(jcuda, "_driver_call", lambda name, *args: None)
+    import codegen.jit
+
+    def compile_stub(self):  # the device claim as compile() makes it, then the stand-in function
+        self._device = launch._claim_device(self)
+        return function
+
     set_attr(launch.Kernel, "_place", place_at_address)
-    set_attr(launch.Kernel, "compile", lambda self: function)
-    set_attr(launch, "_process_device", 0)
+    set_attr(launch.Kernel, "compile", compile_stub)
+    set_attr(codegen.jit, "process_device", lambda target, backend=None: 0)
+    set_attr(torch.cuda, "current_device", lambda: 0)
     set_attr(torch.cuda, "current_stream", lambda: types.SimpleNamespace(cuda_stream=0, device_index=0))
     set_attr(torch.cuda, "synchronize", lambda: None)
 

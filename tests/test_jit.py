@@ -491,9 +491,9 @@ def test_cuda_pdl_launch_config(monkeypatch, cooperative):
 @pytest.mark.parametrize("pdl", [False, True])
 def test_cuda_prepared_launch(monkeypatch, pdl):
     """prepare() packs once: every call passes the same kernelParams array (its values still
-    there after the arguments' list is gone), on the stream it is given; a programmatic
-    dependent launch builds one config per stream and reuses it, as do the function's other
-    prepared launches of that shape (another shape builds its own)."""
+    there after the arguments' list is gone), on the stream it is given; it builds one config
+    per stream (with PDL a CUlaunchConfig, else the CUstream) and reuses it, as do the
+    function's other prepared launches of that shape (another shape builds its own)."""
     from codegen.jit import cuda as jcuda
 
     calls = record_launches(monkeypatch, [ctypes.c_uint64, ctypes.c_int32, ctypes.c_uint32])
@@ -518,6 +518,8 @@ def test_cuda_prepared_launch(monkeypatch, pdl):
         assert [(name, int(passed[8])) for name, passed, _ in calls] == [("cuLaunchCooperativeKernel", s)
                                                                          for s in (0, 77, 0)]
         assert all(passed[1:7] == (4, 2, 1, 256, 1, 1) for _, passed, _ in calls)
+        streams = [passed[8] for _, passed, _ in calls]  # the CUstream, made once a stream
+        assert streams[0] is streams[2] and streams[0] is not streams[1]
     with pytest.raises(OverflowError, match="kernel argument 1 \\(i32\\)"):
         jcuda.CudaFunction(None, "k", "handle").prepare(1, 32, 0, [("u64", 1), ("i32", 2**31)])
 

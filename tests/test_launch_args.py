@@ -364,11 +364,12 @@ def test_checked_launch_reuses_its_prepared_launch(spec, host_launch):
 
 
 def test_kernels_run_on_one_gpu_a_process(monkeypatch):
-    """The first compile makes torch's current device the process's kernel device (the backends
-    load a binary once a process, in that GPU's context); a compile, a newly prepared launch or
+    """The first compile makes torch's current device the process's kernel device (the CUDA
+    backend's primary context, loaded once a process); a compile, a newly prepared launch or
     a bound launch with another device current is refused, naming both devices and the fix, for
     every kernel of the process; with it current again, they go on."""
     import codegen.jit
+    from codegen.jit import cuda as jcuda
 
     launches = []
 
@@ -379,7 +380,9 @@ def test_kernels_run_on_one_gpu_a_process(monkeypatch):
                                          prepare=lambda *a, **k: launches.append)
 
     device = [1]
-    monkeypatch.setattr(codegen.launch, "_process_device", None)
+    monkeypatch.setattr(jcuda, "_primary", {})  # no context yet: the first compile makes it
+    monkeypatch.setattr(jcuda, "_driver_call", lambda name, *args: name)
+    monkeypatch.setattr(jcuda, "_torch_device_ordinal", lambda: device[0])
     monkeypatch.setattr(torch.cuda, "current_device", lambda: device[0])
     monkeypatch.setattr(torch.cuda, "current_stream", lambda: types.SimpleNamespace(cuda_stream=10 + device[0],
                                                                                     device_index=device[0]))
@@ -403,6 +406,7 @@ def test_kernels_run_on_one_gpu_a_process(monkeypatch):
     device[0] = 1
     second(**good_args(second))
     bound()
+    assert jcuda._primary["ordinal"] == 1 and codegen.jit.process_device(first.target) == 1
     assert launches == [11, 11, 11]
 
 

@@ -105,6 +105,13 @@ def resource_report(
     return compile_offline(source, name, target, extra_options)
 
 
+def process_device(target, backend: str | None = None) -> int:
+    """The GPU this process's modules load and launch on: PyTorch's current device when the
+    backend first touched the GPU, fixed for the process's life (a binary loads once a
+    process, in that device's context)."""
+    return _backend_module(backend_for(target, backend)).process_device()
+
+
 _loaded: dict[tuple[str, str], Any] = {}
 _loaded_lock = threading.Lock()
 

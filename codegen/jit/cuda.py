@@ -207,6 +207,12 @@ def _primary_context() -> Any:
         return _primary["ctx"]
 
 
+def process_device() -> int:
+    """The ordinal of the device whose primary context this process's modules live in."""
+    _primary_context()
+    return _primary["ordinal"]
+
+
 def ensure_context() -> Any:
     """Make sure this thread has a current CUDA context and return it: the one
     already current (PyTorch's, once PyTorch has touched the GPU in this thread),
@@ -278,9 +284,9 @@ class CudaFunction:
         self.name = name
         self.handle = handle
         self._dyn_smem_max = 0
-        # (grid, block, LDS, cooperative, stream) -> its cuLaunchKernelEx config (programmatic
-        # dependent launches), shared by every prepared launch of that shape: the config
-        # does not hold the arguments, and building one takes ~20 us of Python
+        # (grid, block, LDS, cooperative, pdl, stream) -> its launch config (CudaLaunch._config),
+        # shared by every prepared launch of that shape: the config does not hold the
+        # arguments, and building one takes ~20 us of Python with PDL (a CUstream ~1 us without)
         self._launch_configs: dict[tuple, Any] = {}
 
     def _attr(self, which: str) -> int:
@@ -358,9 +364,8 @@ class CudaFunction:
 
 class CudaLaunch:
     """One launch of a CudaFunction, prepared (``CudaFunction.prepare``): its dimensions and
-    packed arguments; a programmatic dependent launch takes its config for each stream from the
-    function (built once per shape and stream, never changed after, so calls from several
-    threads are safe)."""
+    packed arguments; it takes its config for each stream from the function (built once per
+    shape and stream, never changed after, so calls from several threads are safe)."""
 
     def __init__(self, fn: CudaFunction, grid: tuple[int, int, int], block: tuple[int, int, int], dyn_smem: int,
                  params: KernelParams, cooperative: bool, pdl: bool):
@@ -370,23 +375,24 @@ class CudaLaunch:
     def __call__(self, stream: int) -> None:
         ensure_context()
         params = self.params.address
+        key = (self.grid, self.block, self.dyn_smem, self.cooperative, self.pdl, stream)
+        config = self.fn._launch_configs.get(key)
+        if config is None:
+            config = self.fn._launch_configs.setdefault(key, self._config(stream))
         if self.pdl:
-            key = (self.grid, self.block, self.dyn_smem, self.cooperative, stream)
-            config = self.fn._launch_configs.get(key)
-            if config is None:
-                config = self.fn._launch_configs.setdefault(key, self._config(stream))
             _driver_call("cuLaunchKernelEx", config, self.fn.handle, params, 0)
-            return
-        shape = (*self.grid, *self.block, self.dyn_smem, _driver().CUstream(int(stream)))
-        if self.cooperative:
-            _driver_call("cuLaunchCooperativeKernel", self.fn.handle, *shape, params)
+        elif self.cooperative:
+            _driver_call("cuLaunchCooperativeKernel", self.fn.handle, *config, params)
         else:
-            _driver_call("cuLaunchKernel", self.fn.handle, *shape, params, 0)
+            _driver_call("cuLaunchKernel", self.fn.handle, *config, params, 0)
 
     def _config(self, stream: int):
-        """cuLaunchKernelEx's config on ``stream``: PROGRAMMATIC_STREAM_SERIALIZATION, and
-        COOPERATIVE when asked."""
+        """The launch's config on ``stream``: without PDL, cuLaunchKernel's dimensions, LDS and
+        CUstream; with it, cuLaunchKernelEx's CUlaunchConfig (PROGRAMMATIC_STREAM_SERIALIZATION,
+        and COOPERATIVE when asked)."""
         driver = _driver()
+        if not self.pdl:
+            return (*self.grid, *self.block, self.dyn_smem, driver.CUstream(int(stream)))
         config = driver.CUlaunchConfig()
         config.gridDimX, config.gridDimY, config.gridDimZ = self.grid
         config.blockDimX, config.blockDimY, config.blockDimZ = self.block

@@ -147,17 +147,25 @@ def _torch_device_ordinal() -> int | None:
     return int(torch.cuda.current_device())
 
 
-def ensure_device() -> int:
-    """Make PyTorch's current device HIP's current device in this thread (HIP
-    keeps one implicit context per device, shared with PyTorch) and return it."""
+def process_device() -> int:
+    """The device this process's modules load and launch on: PyTorch's current device at
+    the first call (HIP initialised then), fixed after."""
     hip, _ = _bindings()
     with _dev_lock:
         if "ordinal" not in _dev:
             ordinal = _torch_device_ordinal()
             _call(hip, "hipInit", 0)
             _dev["ordinal"] = 0 if ordinal is None else ordinal
-    _call(hip, "hipSetDevice", _dev["ordinal"])
     return _dev["ordinal"]
+
+
+def ensure_device() -> int:
+    """Make the process's device (``process_device``) HIP's current device in this thread
+    (HIP keeps one implicit context per device, shared with PyTorch) and return it."""
+    hip, _ = _bindings()
+    ordinal = process_device()
+    _call(hip, "hipSetDevice", ordinal)
+    return ordinal
 
 
 def _device_attr(name: str) -> int:
