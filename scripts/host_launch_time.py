@@ -4,8 +4,9 @@ graph. Each row: median over rounds of (wall time of N launches enqueued back to
 checked with the same arguments each call (its prepared launch reused, as in a decode loop),
 checked with the prepared launches dropped before each call ("fresh": new arguments each call),
 bound; then the bound launch's parts, each timed alone the same way: its address checks, torch's
-current stream (``current_stream().cuda_stream``), the same through torch's private raw-stream
-getter, and the prepared driver call; then the GPU time of one launch from a CUDA graph of N,
+current stream the public way (``current_stream().cuda_stream``, what launches took until
+session 57) and through torch's raw-stream getter (what they take now), and the prepared
+driver call; then the GPU time of one launch from a CUDA graph of N,
 for scale (bench.timing.GpuTimer, the bench's method, but the same weights each launch: warm in
 L2, unlike the bench's rotated copies). N is kept small (100 by default) so that the driver's
 launch queue does not fill and make the host wait for the GPU.
@@ -23,7 +24,6 @@ import argparse
 import statistics
 import sys
 import time
-import types
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -75,7 +75,7 @@ def stub_gpu(function=None, set_attr=setattr) -> None:
     set_attr(launch.Kernel, "compile", compile_stub)
     set_attr(codegen.jit, "process_device", lambda target, backend=None: 0)
     set_attr(torch.cuda, "current_device", lambda: 0)
-    set_attr(torch.cuda, "current_stream", lambda: types.SimpleNamespace(cuda_stream=0, device_index=0))
+    set_attr(launch, "_current_stream_handle", lambda device: 0)
     set_attr(torch.cuda, "synchronize", lambda: None)
 
 

@@ -363,6 +363,21 @@ def test_checked_launch_reuses_its_prepared_launch(spec, host_launch):
     assert host_launch.prepares == 3 + PREPARED_LAUNCHES and host_launch.launches[-1] == host_launch.launches[0]
 
 
+def test_current_stream_handle(monkeypatch):
+    """A launch's stream is torch's current stream of the device, as the driver's handle: through
+    torch's raw getter where torch has one (CUDA and ROCm builds), else the public
+    ``current_stream(device).cuda_stream`` (this CPU build has no getter)."""
+    from codegen.launch import _current_stream_handle
+
+    asked = []
+    monkeypatch.setattr(torch.cuda, "current_stream",
+                        lambda device: asked.append(device) or types.SimpleNamespace(cuda_stream=0x5000 + device))
+    monkeypatch.delattr(torch._C, "_cuda_getCurrentRawStream", raising=False)
+    assert _current_stream_handle(1) == 0x5001 and asked == [1]
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda device: 0x7000 + device, raising=False)
+    assert _current_stream_handle(2) == 0x7002 and asked == [1]
+
+
 def test_kernels_run_on_one_gpu_a_process(monkeypatch):
     """The first compile makes torch's current device the process's kernel device (the CUDA
     backend's primary context, loaded once a process); a compile, a newly prepared launch or
@@ -384,8 +399,7 @@ def test_kernels_run_on_one_gpu_a_process(monkeypatch):
     monkeypatch.setattr(jcuda, "_driver_call", lambda name, *args: name)
     monkeypatch.setattr(jcuda, "_torch_device_ordinal", lambda: device[0])
     monkeypatch.setattr(torch.cuda, "current_device", lambda: device[0])
-    monkeypatch.setattr(torch.cuda, "current_stream", lambda: types.SimpleNamespace(cuda_stream=10 + device[0],
-                                                                                    device_index=device[0]))
+    monkeypatch.setattr(codegen.launch, "_current_stream_handle", lambda index: 10 + index)
     monkeypatch.setattr(codegen.launch, "_compute_units", lambda: 1 << 10)
     monkeypatch.setattr(codegen.launch.Kernel, "binary", lambda self: b"")
     monkeypatch.setattr(codegen.launch.Kernel, "_place", place_at_address)  # CPU tensors at their addresses
