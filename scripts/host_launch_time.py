@@ -58,6 +58,7 @@ def stub_gpu(function=None, set_attr=setattr) -> None:
     their addresses, torch's current stream 0 on cuda:0 (the process's kernel device), every
     kernel compiled to ``function`` (default: a CudaFunction whose driver calls are no-ops).
     ``set_attr`` replaces each (pytest's ``monkeypatch.setattr`` undoes them after a test)."""
+    import codegen.jit
     from codegen import launch
     from codegen.jit import cuda as jcuda
 
@@ -65,7 +66,6 @@ def stub_gpu(function=None, set_attr=setattr) -> None:
         function = jcuda.CudaFunction(None, "stub", "handle")
         set_attr(jcuda, "ensure_context", lambda: None)
         set_attr(jcuda, "_driver_call", lambda name, *args: None)
-    import codegen.jit
 
     def compile_stub(self):  # the device claim as compile() makes it, then the stand-in function
         self._device = launch._claim_device(self)
