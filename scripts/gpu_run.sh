@@ -35,6 +35,8 @@
 #   scorer    the MiniMax scorer's variants side by side (scripts/timeline_probe.py --cold-keys,
 #             S = 1 / 4 / 16 at 4K and 64K): the spec's, then each of SCORER_TUNES ("a=1 b=2;c=3")
 #   host      scripts/host_launch_time.py: host time of an eager launch, checked against bound (kernel.bind)
+#   launch    the GPU tests of the launch path (argument checks, prepared and bound launches, PDL, graphs,
+#             the device check; ~80 s on 8 workers, H100): after a change to codegen/launch.py or codegen/jit
 #   ncu       Nsight Compute's warp samples of MiniMax builds (scripts/ncu_run.sh: NCU_CASES,
 #             NCU_FLAGS, NCU_TAG), as $OUT/ncu.tgz for scripts/ncu_stalls.py
 set -uo pipefail
@@ -96,6 +98,10 @@ for what in "${@:-tests}"; do
                     | tee -a "$OUT/branches.log"; status=$((status | PIPESTATUS[0])) ;;
         variants) eval "python3 scripts/ab_variants.py ${VARIANT_ARGS:?VARIANT_ARGS: scripts/ab_variants.py --help}" 2>&1 \
                 | tee "$OUT/variants.out"; status=$((status | PIPESTATUS[0])) ;;
+        launch) python3 -m pytest -q -m gpu -p no:cacheprovider -n "${TEST_N:-8}" \
+                    -k "bound or launch or pdl or graph or device or argument or shar" tests/test_jit.py \
+                    tests/test_minimax_pre_attn_gpu.py tests/test_deepseek_front_gpu.py tests/test_reliability_gpu.py \
+                    tests/test_launch_args.py 2>&1 | tee "$OUT/launch-tests.log"; status=$((status | PIPESTATUS[0])) ;;
         host) python3 scripts/host_launch_time.py 2>&1 | grep -v Warning | tee "$OUT/host.log"; status=$((status | PIPESTATUS[0])) ;;
         ncu) bash scripts/ncu_run.sh 2>&1 | grep -v '^"' | tee "$OUT/ncu.log"; status=$((status | PIPESTATUS[0])) ;;
         tp) NCCL_NVLS_ENABLE=0 python3 -m torch.distributed.run --nproc-per-node "$(nvidia-smi -L | wc -l)" \
