@@ -5,14 +5,15 @@ checked with the same arguments each call (its prepared launch reused, as in a d
 checked with the prepared launches dropped before each call ("fresh": new arguments each call),
 bound; then the bound launch's parts, each timed alone the same way: its address checks, torch's
 current stream the public way (``current_stream().cuda_stream``, what launches took until
-session 57) and through torch's raw-stream getter (what they take now), and the prepared
+session 57) and the launch's own way (``launch._current_stream_handle``: torch's raw-stream
+getter), and the prepared
 driver call; then the GPU time of one launch from a CUDA graph of N,
 for scale (bench.timing.GpuTimer, the bench's method, but the same weights each launch: warm in
 L2, unlike the bench's rotated copies). N is kept small (100 by default) so that the driver's
 launch queue does not fill and make the host wait for the GPU.
 
 ``--stub`` needs no GPU: our Python's share alone, on CPU tensors (placed at their addresses,
-so without the device checks), torch's current stream a stand-in and every driver call a no-op
+so without the device checks), the launch's stream a stand-in and every driver call a no-op
 (the CUDA backend's, its launch config built as on a GPU); the other columns are "-".
 
     PYTHONPATH=. python scripts/host_launch_time.py [--launches 100] [--rounds 7] [--stub]
@@ -31,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 import codegen  # noqa: E402
+from codegen import launch  # noqa: E402
 from bench.timing import GpuTimer  # noqa: E402
 from tests import deepseek_case as dc  # noqa: E402
 from tests.minimax_case import launch_args, make_inputs  # noqa: E402
@@ -55,11 +57,10 @@ def place_at_address(self, a, value, packed, current_device):
 
 def stub_gpu(function=None, set_attr=setattr) -> None:
     """Launches without a GPU (``--stub``, and the CPU tests' launches): CPU tensors placed at
-    their addresses, torch's current stream 0 on cuda:0 (the process's kernel device), every
+    their addresses, the launch's stream 0 on cuda:0 (the process's kernel device), every
     kernel compiled to ``function`` (default: a CudaFunction whose driver calls are no-ops).
     ``set_attr`` replaces each (pytest's ``monkeypatch.setattr`` undoes them after a test)."""
     import codegen.jit
-    from codegen import launch
     from codegen.jit import cuda as jcuda
 
     if function is None:
@@ -124,7 +125,7 @@ def main(argv=None) -> int:
                 index = torch.cuda.current_device()
                 raw = torch.cuda.current_stream().cuda_stream
                 row.update(stream=us(lambda: torch.cuda.current_stream().cuda_stream),
-                           raw=us(lambda: torch._C._cuda_getCurrentRawStream(index)),
+                           raw=us(lambda: launch._current_stream_handle(index)),
                            driver=us(lambda: bound._prepared(raw)),
                            GPU=GpuTimer(replays=10).graph([bound] * args.launches).median)
             print(f"{name:<24} {s:>3} " + " ".join(f"{row[c]:>8.1f}" if c in row else f"{'-':>8}" for c in cols))

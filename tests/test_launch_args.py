@@ -426,7 +426,7 @@ def test_kernels_run_on_one_gpu_a_process(monkeypatch):
 
 def test_host_launch_time_stub_runs():
     """scripts/host_launch_time.py --stub (our Python's share of a launch, no GPU) runs on this
-    machine, in a process of its own (it replaces the driver and torch's stream for good): a row
+    machine, in a process of its own (it replaces the driver and the launch's stream for good): a row
     of host times for each spec and S, the GPU-only columns left "-"."""
     import subprocess
     import sys
@@ -447,9 +447,9 @@ def test_written_arguments_may_not_share_memory(host_launch):
     """A tensor the kernel writes may not overlap another argument: an output over an input
     (h_out in place of res), an output inside another (iq_out within q_out), an output over the
     workspace (kt inside scratch); refused by both names, their spans and who writes, before any
-    launch, also where only a runtime dimension's size changed. Inputs may share memory, the spec's may_alias pair may overlap (MiniMax's packed K / V
-    cache: the V view starts inside the K view), and tensors side by side in one allocation are
-    apart."""
+    launch, also where only a runtime dimension's size changed. Inputs may share memory, the
+    spec's may_alias pair may overlap (MiniMax's packed K / V cache: the V view starts inside the
+    K view), and tensors side by side in one allocation are apart."""
     mm, ds = KERNELS["minimax_m3/pre_attn"], KERNELS["deepseek_v41/attn_front"]
     assert mm.ir.arg("k_cache").may_alias == ("v_cache",) and mm.ir.arg("v_cache").may_alias == ("k_cache",)
     args = good_args(mm)
